@@ -1,0 +1,39 @@
+# The two commands of the README:  make synth  and  make test.
+# Both set up everything they need from this repository's own files (a virtual environment with
+# pinned Python packages and the pinned CDK CLI from package-lock.json), then run.
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := .make
+# jsii prints a banner on every process under Node 20, whose support ended on 2026-10-30; this
+# repository is tested on Node 20, so the banner is silenced (Node 22 or 24 need nothing).
+export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
+export PATH := $(CURDIR)/$(BIN):$(PATH)
+export PYTHONDONTWRITEBYTECODE := 1
+export CDK_DISABLE_VERSION_CHECK := 1
+
+.PHONY: synth test lint bench clean
+
+synth: $(STAMP)/python $(STAMP)/node
+	npx cdk synth --quiet --no-notices --no-version-reporting $(CDK_ARGS)
+	$(BIN)/python -m rayito_constructs assembly cdk.out
+
+test: $(STAMP)/python
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+bench: $(STAMP)/python
+	$(BIN)/python -m benchmarks.synth
+
+$(STAMP)/python: requirements.txt requirements-dev.txt pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -r requirements-dev.txt
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps -e .
+	mkdir -p $(STAMP) && touch $@
+
+$(STAMP)/node: package.json package-lock.json
+	npm ci --no-audit --no-fund --loglevel=error
+	mkdir -p $(STAMP) && touch $@
+
+clean:
+	rm -rf $(VENV) $(STAMP) node_modules cdk.out

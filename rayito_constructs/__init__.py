@@ -1,0 +1,55 @@
+"""rayito_constructs: AWS CDK v2 constructs for fleets of AI-agent Lambda MicroVMs.
+
+The project model, the recipe and the ``plan`` command are plain Python and load fast. The
+constructs import aws-cdk-lib (which starts a Node.js process through jsii), so they are loaded on
+first use: ``from rayito_constructs import AgentFleet`` works as usual.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from .errors import FleetWarning, Problem, ProjectError
+from .options import EgressOptions, GatewayOptions, ImageOptions, ScalingOptions, ServeOptions
+from .project import AgentProject
+from .recipe import build_recipe, decode_recipe, encode_recipe, plan_recipe
+
+__version__ = "0.1.0"
+
+# Public constructs, by the module that defines them (imported lazily: see the module docstring).
+_CONSTRUCTS = {
+    "AgentFleet": "fleet",
+    "ImportedAgentFleet": "fleet",
+    "FleetStack": "stack",
+    "CallerPolicy": "policies",
+    "ImagePublisherPolicy": "policies",
+    "SandboxLauncherPolicy": "policies",
+    "RecipeParameter": "recipe_parameter",
+    "MetadataIndex": "metadata_index",
+    "MicrovmExecutionRole": "execution_role",
+}
+
+__all__ = [
+    "AgentProject",
+    "EgressOptions",
+    "FleetWarning",
+    "GatewayOptions",
+    "ImageOptions",
+    "Problem",
+    "ProjectError",
+    "ScalingOptions",
+    "ServeOptions",
+    "build_recipe",
+    "decode_recipe",
+    "encode_recipe",
+    "plan_recipe",
+    *_CONSTRUCTS,
+]
+
+
+def __getattr__(name: str) -> Any:
+    module = _CONSTRUCTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'rayito_constructs' has no attribute {name!r}")
+    return getattr(importlib.import_module(f".{module}", __name__), name)

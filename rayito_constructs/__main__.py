@@ -1,0 +1,5 @@
+"""``python -m rayito_constructs``: the same as the ``rayito-constructs`` command."""
+
+from .cli import main
+
+raise SystemExit(main())

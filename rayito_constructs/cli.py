@@ -1,0 +1,225 @@
+"""``rayito-constructs``: see what a fleet will be before deploying it.
+
+* ``plan <agent-folder> [overrides] [--json]``: every resolved option with its origin, the recipe
+  parameter (name, encoding, size), warnings with their codes and a monthly cost estimate.
+* ``assembly [cdk.out]``: what a synth made: stacks, resources by type, outputs.
+
+Invalid input exits with status 2 and one line per problem on stderr, nothing on stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any, Sequence, TextIO
+
+from .cost import FLEET_PRICES_CHECKED, RECIPE_PRICES_CHECKED, REGION, estimate
+from .errors import ProjectError
+from .options import max_concurrency_limit
+from .overrides import read_overrides
+from .project import AgentProject
+from .recipe import plan_recipe
+
+EXIT_INVALID = 2
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line on stderr and exit status 2."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        sys.stderr.write(f"{self.prog}: {message}\n")
+        raise SystemExit(EXIT_INVALID)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="rayito-constructs", description=__doc__.split("\n\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    plan = commands.add_parser("plan", help="show what the fleet of an agent folder will be")
+    plan.add_argument("folder", help="the agent folder (with its rayito-agent.toml)")
+    plan.add_argument("--json", action="store_true", help="print one JSON object")
+    flags = [
+        ("--name", "name", "fleet name (default: the folder's name)"),
+        ("--target", "target", "microvm (default) or agentcore"),
+        ("--memory", "memory_mib", "MiB per VM: 512, 1024, 2048, 4096 or 8192"),
+        ("--max-sessions", "max_concurrency", "sessions at a time in one VM"),
+        ("--queue", "queue_max", "requests that wait when a VM is full"),
+        ("--queue-timeout", "queue_timeout_seconds", "how long a request waits (seconds, or 1m)"),
+        ("--min-vms", "min_vms", "VMs always alive"),
+        ("--max-vms", "max_vms", "VMs at most"),
+        ("--warm", "warm_vms", "parked (suspended) slots"),
+        ("--sessions", "sessions", "shared or dedicated"),
+        ("--scale-in-after", "scale_in_after_seconds", "idle seconds before a VM above min_vms ends"),
+        ("--idle", "idle", "idle time before a VM is suspended (seconds, 10m, or none)"),
+    ]
+    for flag, dest, text in flags:
+        plan.add_argument(flag, dest=dest, metavar=dest.upper().split("_")[0], help=text)
+    plan.add_argument("--env", action="append", metavar="NAME=VALUE", help="a plain env variable")
+    plan.add_argument(
+        "--secret-env", action="append", metavar="NAME=SECRET", help="a secret env variable (only its name is kept)"
+    )
+    plan.add_argument("--allow-out", action="append", metavar="HOST", help="a host the agent may reach")
+    plan.add_argument("--no-save-recipe", dest="save_recipe", action="store_false", default=None)
+
+    assembly = commands.add_parser("assembly", help="summarize a synthesized cloud assembly")
+    assembly.add_argument("outdir", nargs="?", default="cdk.out")
+    assembly.add_argument("--json", action="store_true")
+    return parser
+
+
+def plan_document(project: AgentProject) -> dict[str, Any]:
+    """The ``plan --json`` object of a project."""
+    recipe = plan_recipe(project)
+    cost = estimate(project, has_recipe=recipe.encoded is not None)
+    warnings = [w.to_dict() for w in (*project.warnings, *recipe.warnings)]
+    return {
+        "name": project.name,
+        "target": project.target,
+        "serve": project.serve.model_dump(mode="json") if project.has_fleet else None,
+        "scaling": _scaling(project) if project.has_fleet else None,
+        "scaling_source": project.scaling_source,
+        "image": {
+            "memory_mib": project.image.memory_mib,
+            "architecture": project.image.architecture,
+            "version": project.image.version,
+            "max_concurrency_limit": max_concurrency_limit(project.image.memory_mib),
+        },
+        "env": sorted(project.env),
+        "secret_env": list(project.secret_env),
+        "egress_allow": list(project.egress.allow),
+        "gateways": [g.name for g in project.gateways],
+        "sources": dict(sorted(project.sources.items())),
+        "recipe": recipe.to_dict(),
+        "warnings": warnings,
+        "cost": cost.to_dict(),
+    }
+
+
+def _scaling(project: AgentProject) -> dict[str, Any]:
+    scaling = project.scaling.model_dump(mode="json")
+    scaling["idle_seconds"] = scaling.pop("idle")
+    return scaling
+
+
+def _render(doc: dict[str, Any], out: TextIO) -> None:
+    sources = doc["sources"]
+    rows: list[tuple[str, Any, str]] = [("name", doc["name"], sources.get("name", "default"))]
+    rows.append(("target", doc["target"], sources.get("target", "default")))
+    for section in ("serve", "scaling"):
+        for key, value in (doc[section] or {}).items():
+            rows.append((key, "none" if value is None else value, sources.get(key.replace("idle_seconds", "idle"), "default")))
+    rows.append(("memory_mib", doc["image"]["memory_mib"], sources.get("memory_mib", "default")))
+    rows.append(("architecture", doc["image"]["architecture"], sources.get("architecture", "default")))
+    rows.append(("env", ", ".join(doc["env"]) or "-", sources.get("env", "default")))
+    rows.append(("secret_env", ", ".join(doc["secret_env"]) or "-", sources.get("secret_env", "default")))
+    rows.append(("egress allow", ", ".join(doc["egress_allow"]) or "-", sources.get("allow_out", "default")))
+    rows.append(("gateways", ", ".join(doc["gateways"]) or "-", sources.get("gateways", "default")))
+    width = max(len(r[0]) for r in rows)
+    vwidth = min(48, max(len(str(r[1])) for r in rows))
+    out.write(f"Fleet {doc['name']} ({doc['target']}), scaling from: {doc['scaling_source']}\n\n")
+    out.write(f"  {'option'.ljust(width)}  {'value'.ljust(vwidth)}  from\n")
+    for key, value, origin in rows:
+        out.write(f"  {key.ljust(width)}  {str(value).ljust(vwidth)}  {origin}\n")
+    recipe = doc["recipe"]
+    out.write("\nRecipe\n")
+    if recipe is None:
+        out.write("  none is saved (see warnings)\n")
+    else:
+        out.write(
+            f"  {recipe['parameter_name']}  SecureString, standard tier, {recipe['encoding']}, "
+            f"{recipe['bytes']} of 4096 bytes\n"
+        )
+    out.write("\nWarnings\n")
+    for warning in doc["warnings"] or [{"code": "-", "message": "none"}]:
+        out.write(f"  {warning['code']}: {warning['message']}\n")
+    cost = doc["cost"]
+    extrapolated = " (extrapolated from the page's 2 and 4 GB prices)" if cost["vm_price_extrapolated"] else ""
+    out.write(
+        f"\nMonthly cost, list prices {REGION} (fleet checked {FLEET_PRICES_CHECKED}, recipe "
+        f"checked {RECIPE_PRICES_CHECKED})\n"
+    )
+    out.write(f"  running VM        ${cost['vm_hour_usd']:.3f}/hour each{extrapolated}\n")
+    out.write(f"  base VMs          ${cost['base_vms_monthly_usd']:.2f}\n")
+    out.write(f"  parked slots      ${cost['warm_slots_monthly_usd']:.2f}  (snapshot storage only)\n")
+    out.write(
+        f"  recipe            ${cost['recipe_parameter_monthly_usd'] + cost['recipe_kms_monthly_usd']:.2f}  "
+        f"(standard parameter free; ~{cost['recipe_kms_requests_per_month']} KMS requests, "
+        "20,000 free a month)\n"
+    )
+    out.write(f"  idle fleet        ${cost['baseline_monthly_usd']:.2f}\n")
+    out.write(f"  all max_vms busy  ${cost['peak_monthly_usd']:.2f}\n")
+
+
+def _plan(args: argparse.Namespace, out: TextIO) -> int:
+    raw = {
+        key: value
+        for key, value in vars(args).items()
+        if key not in {"command", "folder", "json"} and value is not None
+    }
+    project = AgentProject.load(args.folder, **read_overrides(raw))
+    doc = plan_document(project)
+    if args.json:
+        out.write(json.dumps(doc, indent=2, sort_keys=False) + "\n")
+    else:
+        _render(doc, out)
+    return 0
+
+
+def assembly_summary(outdir: Path) -> dict[str, Any]:
+    """Stacks of a cloud assembly with their resource counts by type and their outputs."""
+    manifest = json.loads((outdir / "manifest.json").read_text())
+    stacks = {}
+    for artifact_id, artifact in manifest.get("artifacts", {}).items():
+        if artifact.get("type") != "aws:cloudformation:stack":
+            continue
+        template_file = outdir / artifact["properties"]["templateFile"]
+        template = json.loads(template_file.read_text())
+        counts: dict[str, int] = {}
+        for resource in template.get("Resources", {}).values():
+            counts[resource["Type"]] = counts.get(resource["Type"], 0) + 1
+        stacks[artifact_id] = {
+            "template": str(template_file),
+            "bytes": template_file.stat().st_size,
+            "resources": dict(sorted(counts.items())),
+            "outputs": sorted(template.get("Outputs", {})),
+        }
+    return stacks
+
+
+def _assembly(args: argparse.Namespace, out: TextIO) -> int:
+    outdir = Path(args.outdir)
+    if not (outdir / "manifest.json").is_file():
+        sys.stderr.write(f"assembly: {str(outdir)!r} has no manifest.json; run the synth first\n")
+        return EXIT_INVALID
+    stacks = assembly_summary(outdir)
+    if args.json:
+        out.write(json.dumps(stacks, indent=2) + "\n")
+        return 0
+    for name, stack in stacks.items():
+        total = sum(stack["resources"].values())
+        out.write(f"{name}: {total} resources, {stack['bytes']} bytes ({stack['template']})\n")
+        for kind, count in stack["resources"].items():
+            out.write(f"  {count:3d}  {kind}\n")
+        if stack["outputs"]:
+            out.write(f"  outputs: {', '.join(stack['outputs'])}\n")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
+    """Run the command line; returns the exit status."""
+    out = out or sys.stdout
+    args = _parser().parse_args(argv)
+    try:
+        if args.command == "plan":
+            return _plan(args, out)
+        return _assembly(args, out)
+    except ProjectError as exc:
+        for problem in exc.problems:
+            sys.stderr.write(f"{problem.message}\n")
+        return EXIT_INVALID
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())

@@ -1,0 +1,228 @@
+"""``AgentFleet``: one fleet of agent MicroVMs, composed from an :class:`AgentProject`.
+
+It makes the fleet's recipe (a SecureString written by a custom resource), its three managed
+policies, the execution role of its MicroVMs (unless one is given) and, on request, the metadata
+index. ``AgentFleet.from_fleet_name`` gives another stack or app the same ``grant_*`` methods on a
+fleet it does not own.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Optional, Sequence
+
+import aws_cdk as cdk
+from aws_cdk import aws_dynamodb as dynamodb
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_kms as kms
+from constructs import Construct
+
+from .execution_role import MicrovmExecutionRole
+from .metadata_index import MetadataIndex
+from .permissions import (
+    FleetAccess,
+    caller_statements,
+    fleet_access,
+    grant_all,
+    launcher_statements,
+    publisher_statements,
+    recipe_parameter_arn,
+)
+from .policies import CallerPolicy, ImagePublisherPolicy, SandboxLauncherPolicy
+from .project import AgentProject
+from .recipe import parameter_name, plan_recipe
+from .recipe_parameter import RecipeParameter
+
+_IMAGE_NAME = re.compile(r":microvm-image:([A-Za-z0-9_-]{1,64})$")
+
+
+def _image_name(image_arn: Optional[str], fleet_name: str) -> Optional[str]:
+    """The image's name when it can be read at synth; the fleet's name for the default image."""
+    if image_arn is None:
+        return fleet_name
+    if cdk.Token.is_unresolved(image_arn):
+        return None
+    match = _IMAGE_NAME.search(image_arn)
+    if not match:
+        raise ValueError(
+            f"image_arn: {image_arn!r} is not a MicroVM image ARN "
+            "(arn:<partition>:lambda:<region>:<account>:microvm-image:<name>)"
+        )
+    return match.group(1)
+
+
+class _FleetGrants(Construct):
+    """The ``grant_*`` methods, shared by owned and imported fleets."""
+
+    fleet_name: str
+    access: FleetAccess
+
+    def grant_invoke(self, grantee: iam.IGrantable) -> iam.Grant:
+        """What ``CallerPolicy`` allows: route to, connect to and grow the fleet, save its recipe."""
+        return grant_all(caller_statements(self.access), grantee, self)
+
+    def grant_launch(self, grantee: iam.IGrantable) -> iam.Grant:
+        """What ``SandboxLauncherPolicy`` allows: the MicroVM lifecycle, read and delete the recipe."""
+        return grant_all(launcher_statements(self.access), grantee, self)
+
+    def grant_publish(self, grantee: iam.IGrantable) -> iam.Grant:
+        """What ``ImagePublisherPolicy`` allows: manage the fleet's image, save its recipe."""
+        return grant_all(publisher_statements(self.access), grantee, self)
+
+    @property
+    def recipe_parameter_name(self) -> str:
+        """``/rayito/agents/<name>/recipe``."""
+        return parameter_name(self.fleet_name)
+
+    @property
+    def recipe_parameter_arn(self) -> str:
+        """The recipe parameter's ARN."""
+        return recipe_parameter_arn(cdk.Stack.of(self), self.fleet_name)
+
+
+class ImportedAgentFleet(_FleetGrants):
+    """A fleet deployed elsewhere, known by name: grants only, nothing is created."""
+
+    def __init__(self, scope: Construct, id: str, *, fleet_name: str, access: FleetAccess) -> None:
+        super().__init__(scope, id)
+        self.fleet_name = fleet_name
+        self.access = access
+
+
+class AgentFleet(_FleetGrants):
+    """One fleet of agent MicroVMs: recipe, policies, execution role and optional metadata index.
+
+    :param project: the agent project (``AgentProject.load(folder, **overrides)``).
+    :param image_arn: the fleet's MicroVM image. Default: the image named after the fleet in this
+        account and region (what ``rayito agent deploy`` publishes).
+    :param execution_role: the role the MicroVMs run as. Default: a new
+        :class:`MicrovmExecutionRole` scoped to the image.
+    :param metadata_index: create the session index (dedicated sessions). Default: False.
+    :param metadata_index_removal_policy: Default: ``RemovalPolicy.RETAIN``.
+    :param recipe_key: customer KMS key for the recipe (and the index). Default: ``aws/ssm``.
+    :param keep_recipe: keep the recipe when the fleet is deleted. Default: False.
+    :param build_role: the image build role, for ``ImagePublisherPolicy``'s PassRole. Default: none.
+    :param network_connectors: customer network connector ARNs the MicroVMs use. Default: none.
+    :param scope_microvm_actions_to_image: scope MicroVM lifecycle actions to the image ARN
+        instead of ``"*"``. Default: False (see docs/iam.md).
+    """
+
+    def __init__(
+        self,
+        scope: Construct,
+        id: str,
+        *,
+        project: AgentProject,
+        image_arn: Optional[str] = None,
+        execution_role: Optional[iam.IRole] = None,
+        metadata_index: bool = False,
+        metadata_index_removal_policy: cdk.RemovalPolicy = cdk.RemovalPolicy.RETAIN,
+        recipe_key: Optional[kms.IKey] = None,
+        keep_recipe: bool = False,
+        build_role: Optional[iam.IRole] = None,
+        network_connectors: Sequence[str] = (),
+        scope_microvm_actions_to_image: bool = False,
+    ) -> None:
+        if not project.has_fleet:
+            raise ValueError(
+                f"target: {project.target!r} has no fleet (option_not_supported); AgentFleet "
+                "deploys to Lambda MicroVMs (target = 'microvm')"
+            )
+        image_name = _image_name(image_arn, project.name)
+        super().__init__(scope, id)
+        self.project = project
+        """The project this fleet was built from."""
+        self.fleet_name = project.name
+        """The fleet's name."""
+        self.execution_role: iam.IRole = execution_role or MicrovmExecutionRole(
+            self, "ExecutionRole", image_name=image_name
+        )
+        """The role the fleet's MicroVMs run as."""
+        self.metadata_index: Optional[MetadataIndex] = (
+            MetadataIndex(self, "MetadataIndex", encryption_key=recipe_key, removal_policy=metadata_index_removal_policy)
+            if metadata_index
+            else None
+        )
+        """The session index, when ``metadata_index=True``."""
+        self.access = fleet_access(
+            self,
+            fleet_name=project.name,
+            image_arn=image_arn,
+            execution_role=self.execution_role,
+            build_role=build_role,
+            network_connectors=network_connectors,
+            recipe_key_arn=recipe_key.key_arn if recipe_key else None,
+            table_arn=self.metadata_index.table_arn if self.metadata_index else None,
+            scope_microvm_actions_to_image=scope_microvm_actions_to_image,
+        )
+        """The ARNs this fleet's permissions are about."""
+        self.image_arn = self.access.image_arns[0]
+        """The fleet's MicroVM image ARN."""
+
+        plan = plan_recipe(project)
+        for warning in (*project.warnings, *plan.warnings):
+            cdk.Annotations.of(self).add_warning_v2(f"rayito:{warning.code}", f"{warning.code}: {warning.message}")
+        self.recipe: Optional[RecipeParameter] = (
+            RecipeParameter(
+                self,
+                "Recipe",
+                fleet_name=project.name,
+                recipe=plan.encoded,
+                encryption_key=recipe_key,
+                keep_recipe=keep_recipe,
+            )
+            if plan.encoded is not None
+            else None
+        )
+        """The recipe parameter, or None when the fleet has no recipe (see the warnings)."""
+
+        self.caller_policy = CallerPolicy(self, "CallerPolicy", fleet_name=project.name, access=self.access)
+        """Managed policy for the deployer and the fleet client."""
+        self.image_publisher_policy = ImagePublisherPolicy(
+            self, "ImagePublisherPolicy", fleet_name=project.name, access=self.access
+        )
+        """Managed policy for whoever publishes the fleet's image."""
+        self.sandbox_launcher_policy = SandboxLauncherPolicy(
+            self, "SandboxLauncherPolicy", fleet_name=project.name, access=self.access
+        )
+        """Managed policy for what starts and stops the fleet's sandboxes."""
+
+    @property
+    def metadata_table(self) -> Optional[dynamodb.ITable]:
+        """The metadata index's table, when there is one."""
+        return self.metadata_index.table if self.metadata_index else None
+
+    @classmethod
+    def from_fleet_name(
+        cls,
+        scope: Construct,
+        id: str,
+        fleet_name: str,
+        *,
+        image_arn: Optional[str] = None,
+        execution_role: Optional[iam.IRole] = None,
+        build_role: Optional[iam.IRole] = None,
+        recipe_key: Optional[kms.IKey] = None,
+        metadata_table: Optional[dynamodb.ITable] = None,
+        network_connectors: Sequence[str] = (),
+        scope_microvm_actions_to_image: bool = False,
+    ) -> ImportedAgentFleet:
+        """A fleet deployed by another stack or app, to grant on by name.
+
+        Pass the same optional resources the fleet was deployed with, so the grants match:
+        ``execution_role`` (for ``iam:PassRole``; ``iam.Role.from_role_arn``), ``recipe_key``,
+        ``metadata_table`` (``dynamodb.Table.from_table_name``).
+        """
+        _image_name(image_arn, fleet_name)
+        access = fleet_access(
+            scope,
+            fleet_name=fleet_name,
+            image_arn=image_arn,
+            execution_role=execution_role,
+            build_role=build_role,
+            network_connectors=network_connectors,
+            recipe_key_arn=recipe_key.key_arn if recipe_key else None,
+            table_arn=metadata_table.table_arn if metadata_table else None,
+            scope_microvm_actions_to_image=scope_microvm_actions_to_image,
+        )
+        return ImportedAgentFleet(scope, id, fleet_name=fleet_name, access=access)

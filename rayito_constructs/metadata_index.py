@@ -1,0 +1,82 @@
+"""``MetadataIndex``: the optional session index of a fleet (session id → MicroVM).
+
+With dedicated sessions, a session id the user chose (a chat thread) is only remembered inside the
+process that deployed the fleet. The index lets any process find that session's VM. It is off by
+default (``AgentFleet(metadata_index=False)``): see docs/metadata-index.md for its cost.
+
+Item schema (one item per session; no secondary index):
+
+=================  ====  ======================================================================
+attribute          type  meaning
+=================  ====  ======================================================================
+``session_id``     S     partition key: the session id the client chose
+``fleet``          S     the fleet name
+``microvm_id``     S     the MicroVM serving the session (``microvm-<uuid>``)
+``endpoint``       S     the MicroVM's HTTPS endpoint
+``created_at``     N     epoch seconds when the session was placed
+``expires_at``     N     TTL: epoch seconds after which DynamoDB deletes the item (the VM's end)
+=================  ====  ======================================================================
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import aws_cdk as cdk
+from aws_cdk import aws_dynamodb as dynamodb
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_kms as kms
+from constructs import Construct
+
+PARTITION_KEY = "session_id"
+TTL_ATTRIBUTE = "expires_at"
+
+
+class MetadataIndex(Construct):
+    """A DynamoDB table that maps a session id to the MicroVM that serves it.
+
+    On demand, point-in-time recovery, encrypted, with a TTL attribute.
+
+    :param encryption_key: customer KMS key. Default: an AWS managed key (``aws/dynamodb``).
+    :param removal_policy: what happens to the table when it leaves the stack.
+        Default: ``RemovalPolicy.RETAIN`` (sessions outlive a mistaken delete).
+    """
+
+    def __init__(
+        self,
+        scope: Construct,
+        id: str,
+        *,
+        encryption_key: Optional[kms.IKey] = None,
+        removal_policy: cdk.RemovalPolicy = cdk.RemovalPolicy.RETAIN,
+    ) -> None:
+        super().__init__(scope, id)
+        self.table = dynamodb.Table(
+            self,
+            "Table",
+            partition_key=dynamodb.Attribute(name=PARTITION_KEY, type=dynamodb.AttributeType.STRING),
+            billing_mode=dynamodb.BillingMode.PAY_PER_REQUEST,
+            point_in_time_recovery_specification=dynamodb.PointInTimeRecoverySpecification(
+                point_in_time_recovery_enabled=True
+            ),
+            encryption=(
+                dynamodb.TableEncryption.CUSTOMER_MANAGED if encryption_key else dynamodb.TableEncryption.AWS_MANAGED
+            ),
+            encryption_key=encryption_key,
+            time_to_live_attribute=TTL_ATTRIBUTE,
+            removal_policy=removal_policy,
+        )
+
+    @property
+    def table_name(self) -> str:
+        """The table's name."""
+        return self.table.table_name
+
+    @property
+    def table_arn(self) -> str:
+        """The table's ARN."""
+        return self.table.table_arn
+
+    def grant_read_write_data(self, grantee: iam.IGrantable) -> iam.Grant:
+        """Let ``grantee`` read and write session items."""
+        return self.table.grant_read_write_data(grantee)

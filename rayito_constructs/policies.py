@@ -1,0 +1,131 @@
+"""The three managed policies of the product page: ``CallerPolicy``, ``ImagePublisherPolicy`` and
+``SandboxLauncherPolicy``.
+
+Each is usable for one fleet (``fleet_name="mi-agente"``: its recipe parameter and its image only)
+or account-wide (``fleet_name=None``: ``parameter/rayito/agents/*`` and every MicroVM image).
+The statements come from :mod:`rayito_constructs.permissions`; ``docs/iam.md`` explains each.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Optional, Sequence
+
+import aws_cdk as cdk
+from aws_cdk import aws_dynamodb as dynamodb
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_kms as kms
+from constructs import Construct
+
+from .permissions import (
+    STAR_REASONS,
+    FleetAccess,
+    Statement,
+    caller_statements,
+    fleet_access,
+    launcher_statements,
+    publisher_statements,
+)
+
+
+class _FleetPolicy(iam.ManagedPolicy):
+    _statements: Callable[[FleetAccess], list[Statement]]
+    _description: str
+
+    def __init__(
+        self,
+        scope: Construct,
+        id: str,
+        *,
+        fleet_name: Optional[str] = None,
+        image_arn: Optional[str] = None,
+        execution_role: Optional[iam.IRole] = None,
+        build_role: Optional[iam.IRole] = None,
+        network_connectors: Sequence[str] = (),
+        recipe_key: Optional[kms.IKey] = None,
+        metadata_table: Optional[dynamodb.ITable] = None,
+        code_object_arns: Sequence[str] = (),
+        scope_microvm_actions_to_image: bool = False,
+        managed_policy_name: Optional[str] = None,
+        access: Optional[FleetAccess] = None,
+    ) -> None:
+        """
+        :param fleet_name: the fleet these permissions are for. Default: every fleet of the
+            account (``parameter/rayito/agents/*``, every MicroVM image).
+        :param image_arn: the fleet's MicroVM image. Default: the image named after the fleet in
+            this account and region (every image when ``fleet_name`` is None).
+        :param execution_role: the role the fleet's MicroVMs run as; adds ``iam:PassRole`` on it.
+            Default: no PassRole (MicroVMs run without AWS credentials).
+        :param build_role: the image build role (ImagePublisherPolicy). Default: no PassRole.
+        :param network_connectors: customer network connector ARNs passed to RunMicrovm, besides
+            the AWS-managed ones. Default: none.
+        :param recipe_key: customer KMS key of the recipe. Default: ``aws/ssm``, no KMS permission.
+        :param metadata_table: the fleet's metadata index. Default: none.
+        :param code_object_arns: S3 object ARNs of the image's code artifact
+            (ImagePublisherPolicy). Default: none.
+        :param scope_microvm_actions_to_image: scope the MicroVM lifecycle actions to the image
+            ARN instead of ``"*"``. Default: False (see docs/iam.md for why).
+        :param managed_policy_name: Default: a name CloudFormation generates.
+        :param access: the gathered ARNs, instead of the parameters above (used by AgentFleet).
+        """
+        if access is None:
+            access = fleet_access(
+                scope,
+                fleet_name=fleet_name,
+                image_arn=image_arn,
+                execution_role=execution_role,
+                build_role=build_role,
+                network_connectors=network_connectors,
+                recipe_key_arn=recipe_key.key_arn if recipe_key else None,
+                table_arn=metadata_table.table_arn if metadata_table else None,
+                code_object_arns=code_object_arns,
+                scope_microvm_actions_to_image=scope_microvm_actions_to_image,
+            )
+        statements = type(self)._statements(access)
+        super().__init__(
+            scope,
+            id,
+            managed_policy_name=managed_policy_name,
+            description=self._description + (f" ({fleet_name})" if fleet_name else " (every fleet)"),
+            statements=[s.to_policy_statement() for s in statements],
+        )
+        self.access = access
+        """The ARNs this policy is about."""
+        for statement in statements:
+            if "*" in statement.resources:
+                reason = STAR_REASONS["Microvms" if statement.sid == "Microvms" else "ListMicrovms"]
+                cdk.Validations.of(self).acknowledge(
+                    cdk.Acknowledgment(id="AwsSolutions-IAM5[Resource::*]", reason=reason)
+                )
+        if any(r.endswith(":*") or r.endswith("/*") for s in statements for r in s.resources):
+            cdk.Validations.of(self).acknowledge(
+                cdk.Acknowledgment(
+                    id="AwsSolutions-IAM5",
+                    reason=(
+                        "wildcards only where a set is meant: the versions of one image (<image>:*), "
+                        "the AWS-managed network connectors, or every fleet's recipe when the policy "
+                        "is account-wide"
+                    ),
+                )
+            )
+
+
+class CallerPolicy(_FleetPolicy):
+    """For the deployer and the fleet client: route, connect, grow the fleet, write its recipe."""
+
+    _statements = staticmethod(caller_statements)
+    _description = "Rayito CallerPolicy: route to, connect to and grow an agent fleet, save its recipe"
+
+
+class ImagePublisherPolicy(_FleetPolicy):
+    """For whoever publishes the agent's MicroVM image: images, versions, builds, the recipe."""
+
+    _statements = staticmethod(publisher_statements)
+    _description = "Rayito ImagePublisherPolicy: create and manage an agent's MicroVM image, save its recipe"
+
+
+class SandboxLauncherPolicy(_FleetPolicy):
+    """For what starts and stops sandboxes: the MicroVM lifecycle, and reading (never writing) the
+    recipe (the AgentRecipe statement)."""
+
+    _statements = staticmethod(launcher_statements)
+    _description = "Rayito SandboxLauncherPolicy: create, list, connect to, suspend, resume and kill sandboxes"

@@ -1,0 +1,199 @@
+"""The fleet recipe: the document saved at ``/rayito/agents/<name>/recipe`` (pure, no CDK, no AWS).
+
+The recipe is the project as it ended up after overrides: env, secret env *names*, the egress
+allow-list, gateways and their presets, the image and its version, the scaling, and whether
+gateway keys are renewed. It never holds a secret value or an access token.
+
+Encoding (product page, "The fleet recipe", "Size"):
+
+* JSON when it fits in 4,096 bytes, the size of a standard SSM parameter;
+* otherwise compressed: ``rz1:`` followed by the base64 of the zlib-compressed JSON;
+* when even that does not fit, there is no recipe and the warning is ``recipe_too_large``.
+
+The JSON is canonical (sorted keys, no spaces, UTF-8), so the same project gives the same bytes
+and a redeploy never rewrites a parameter that did not change.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import zlib
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal, Mapping, Optional
+
+from .errors import FleetWarning
+
+if TYPE_CHECKING:
+    from .project import AgentProject
+
+RECIPE_VERSION = 1
+STANDARD_PARAMETER_BYTES = 4096
+COMPRESSED_PREFIX = "rz1:"
+PARAMETER_PREFIX = "/rayito/agents/"
+
+Encoding = Literal["json", "compressed"]
+
+
+class RecipeDecodeError(ValueError):
+    """The stored value is not a recipe this library can read (the page's ``recipe_unreadable``)."""
+
+    code = "recipe_unreadable"
+
+
+class RecipeTooLarge(ValueError):
+    """Even compressed, the recipe does not fit in a standard parameter (``recipe_too_large``)."""
+
+    code = "recipe_too_large"
+
+    def __init__(self, json_bytes: int, compressed_bytes: int):
+        self.json_bytes = json_bytes
+        self.compressed_bytes = compressed_bytes
+        super().__init__(
+            f"recipe_too_large: the recipe is {json_bytes} bytes as JSON and {compressed_bytes} "
+            f"compressed, above the {STANDARD_PARAMETER_BYTES} bytes of a standard parameter"
+        )
+
+
+@dataclass(frozen=True)
+class EncodedRecipe:
+    """A recipe ready for Parameter Store: the ``value`` string, its ``encoding`` and size."""
+
+    value: str
+    encoding: Encoding
+    bytes: int
+    json_bytes: int
+
+
+@dataclass(frozen=True)
+class RecipePlan:
+    """What a deploy of a project writes, or why it writes nothing."""
+
+    parameter_name: str
+    encoded: Optional[EncodedRecipe]
+    warnings: tuple[FleetWarning, ...]
+
+    def to_dict(self) -> Optional[dict[str, Any]]:
+        if self.encoded is None:
+            return None
+        return {
+            "parameter_name": self.parameter_name,
+            "encoding": self.encoded.encoding,
+            "bytes": self.encoded.bytes,
+            "json_bytes": self.encoded.json_bytes,
+        }
+
+
+def parameter_name(fleet_name: str) -> str:
+    """``/rayito/agents/<name>/recipe``."""
+    return f"{PARAMETER_PREFIX}{fleet_name}/recipe"
+
+
+def build_recipe(project: "AgentProject") -> dict[str, Any]:
+    """The recipe document of a project, as plain JSON-ready data."""
+    doc: dict[str, Any] = {
+        "version": RECIPE_VERSION,
+        "name": project.name,
+        "target": project.target,
+        "image": {
+            "memory_mib": project.image.memory_mib,
+            "architecture": project.image.architecture,
+            "version": project.image.version,
+        },
+        "env": dict(project.env),
+        "secret_env": list(project.secret_env),
+        "egress": {"allow": list(project.egress.allow)},
+        "gateways": [g.model_dump(exclude_none=True, mode="json") for g in project.gateways],
+        "gateway_presets": sorted({g.preset for g in project.gateways if g.preset}),
+        "renew_gateway_keys": project.renew_gateway_keys,
+    }
+    if project.instructions is not None:
+        doc["instructions"] = project.instructions
+    if project.has_fleet:
+        doc["serve"] = project.serve.model_dump(mode="json")
+        scaling = project.scaling.model_dump(mode="json")
+        scaling["idle_seconds"] = scaling.pop("idle")
+        doc["scaling"] = scaling
+    return doc
+
+
+def canonical_json(doc: Mapping[str, Any]) -> bytes:
+    """Sorted keys, no whitespace, UTF-8: the same document always gives the same bytes."""
+    return json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def encode_recipe(doc: Mapping[str, Any], limit: int = STANDARD_PARAMETER_BYTES) -> EncodedRecipe:
+    """Encode a recipe for a standard parameter; raises :class:`RecipeTooLarge`."""
+    raw = canonical_json(doc)
+    if len(raw) <= limit:
+        return EncodedRecipe(raw.decode(), "json", len(raw), len(raw))
+    packed = COMPRESSED_PREFIX + base64.b64encode(zlib.compress(raw, 9)).decode("ascii")
+    if len(packed) <= limit:
+        return EncodedRecipe(packed, "compressed", len(packed), len(raw))
+    raise RecipeTooLarge(len(raw), len(packed))
+
+
+def decode_recipe(value: str) -> dict[str, Any]:
+    """Read back either encoding; raises :class:`RecipeDecodeError`."""
+    try:
+        if value.startswith(COMPRESSED_PREFIX):
+            raw = zlib.decompress(base64.b64decode(value[len(COMPRESSED_PREFIX) :], validate=True))
+        else:
+            raw = value.encode()
+        doc = json.loads(raw)
+    except (binascii.Error, zlib.error, UnicodeError, ValueError) as exc:
+        raise RecipeDecodeError(f"recipe_unreadable: {exc}") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("version"), int):
+        raise RecipeDecodeError("recipe_unreadable: not a recipe document (no version)")
+    if doc["version"] > RECIPE_VERSION:
+        raise RecipeDecodeError(
+            f"recipe_unreadable: version {doc['version']} is newer than this library reads "
+            f"({RECIPE_VERSION})"
+        )
+    return doc
+
+
+def plan_recipe(project: "AgentProject") -> RecipePlan:
+    """Decide what the deploy writes: the encoded recipe, or nothing and the page's warning."""
+    name = parameter_name(project.name)
+    if project.name in (".", ".."):
+        warning = FleetWarning(
+            "recipe_not_saved", f"a fleet named {project.name!r} has no recipe; set name in rayito-agent.toml"
+        )
+        return RecipePlan(name, None, (warning,))
+    if not project.save_recipe:
+        warning = FleetWarning("recipe_not_saved", "save_recipe is off (--no-save-recipe): no recipe is saved")
+        return RecipePlan(name, None, (warning,))
+    try:
+        encoded = encode_recipe(build_recipe(project))
+    except RecipeTooLarge as exc:
+        return RecipePlan(name, None, (FleetWarning(exc.code, str(exc).split(": ", 1)[1]),))
+    return RecipePlan(name, encoded, ())
+
+
+def recipe_to_project_data(recipe: Mapping[str, Any]) -> dict[str, Any]:
+    """Turn a decoded recipe back into the tables of a ``rayito-agent.toml``."""
+    data: dict[str, Any] = {
+        "target": recipe.get("target", "microvm"),
+        "env": dict(recipe.get("env", {})),
+        "secret_env": list(recipe.get("secret_env", [])),
+        "renew_gateway_keys": bool(recipe.get("renew_gateway_keys", False)),
+        "gateways": [dict(g) for g in recipe.get("gateways", [])],
+    }
+    image = {k: v for k, v in dict(recipe.get("image", {})).items() if v is not None}
+    if image:
+        data["image"] = image
+    allow = dict(recipe.get("egress", {})).get("allow")
+    if allow:
+        data["egress"] = {"allow": list(allow)}
+    if "instructions" in recipe:
+        data["instructions"] = recipe["instructions"]
+    if "serve" in recipe:
+        data["serve"] = dict(recipe["serve"])
+    if "scaling" in recipe:
+        scaling = {k: v for k, v in dict(recipe["scaling"]).items() if v is not None}
+        if "idle_seconds" in scaling:
+            scaling["idle"] = scaling.pop("idle_seconds")
+        data["scaling"] = scaling
+    return data

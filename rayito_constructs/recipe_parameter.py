@@ -1,0 +1,133 @@
+"""``RecipeParameter``: the fleet recipe as an SSM SecureString at ``/rayito/agents/<name>/recipe``.
+
+CloudFormation cannot create a SecureString, so a custom resource writes it, backed by one small
+Python function per stack (``lambdas/recipe_writer``) that never logs the value. Its role may put
+and delete exactly the recipe parameters of that stack's fleets, and use the customer key if one
+is given. The value is the encoded recipe: it holds secret *names* only, and it is visible in the
+template like any other property (see docs/recipe.md).
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import aws_cdk as cdk
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_kms as kms
+from aws_cdk import aws_lambda as lambda_
+from aws_cdk import aws_logs as logs
+from constructs import Construct
+
+from ._assets import lambda_code_dir
+from .permissions import recipe_parameter_arn
+from .recipe import EncodedRecipe
+
+RESOURCE_TYPE = "Custom::RayitoRecipe"
+_PROVIDER_ID = "RayitoRecipeWriter"
+
+
+class RecipeWriter(Construct):
+    """The function behind every ``RecipeParameter`` of a stack (one per stack)."""
+
+    def __init__(self, scope: Construct, id: str) -> None:
+        super().__init__(scope, id)
+        self.log_group = logs.LogGroup(
+            self, "Logs", retention=logs.RetentionDays.THREE_MONTHS, removal_policy=cdk.RemovalPolicy.DESTROY
+        )
+        self.role = iam.Role(
+            self,
+            "Role",
+            assumed_by=iam.ServicePrincipal("lambda.amazonaws.com"),
+            description="Rayito recipe writer: puts and deletes fleet recipe parameters",
+        )
+        self.role.add_to_policy(
+            iam.PolicyStatement(
+                sid="Logs",
+                actions=["logs:CreateLogStream", "logs:PutLogEvents"],
+                resources=[self.log_group.log_group_arn],
+            )
+        )
+        self.function = lambda_.Function(
+            self,
+            "Function",
+            description="Writes Rayito fleet recipes as SecureString parameters (never logs them)",
+            runtime=lambda_.Runtime.PYTHON_3_14,
+            architecture=lambda_.Architecture.ARM_64,
+            handler="index.handler",
+            code=lambda_.Code.from_asset(str(lambda_code_dir("recipe_writer"))),
+            role=self.role,
+            timeout=cdk.Duration.seconds(60),
+            memory_size=256,
+            log_group=self.log_group,
+            logging_format=lambda_.LoggingFormat.JSON,
+            recursive_loop=lambda_.RecursiveLoop.TERMINATE,
+        )
+        # The role's logs statement names the log group's own ARN, which CDK renders with a
+        # trailing ":*" (log streams); that is the narrowest form the action accepts.
+        cdk.Validations.of(self.role).acknowledge(
+            cdk.Acknowledgment(
+                id="AwsSolutions-IAM5",
+                reason="log streams of this function's own log group (<log group ARN>:*) only",
+            )
+        )
+
+    @classmethod
+    def of(cls, scope: Construct) -> "RecipeWriter":
+        """The writer of ``scope``'s stack, created on first use."""
+        stack = cdk.Stack.of(scope)
+        existing = stack.node.try_find_child(_PROVIDER_ID)
+        return existing if isinstance(existing, RecipeWriter) else cls(stack, _PROVIDER_ID)
+
+
+class RecipeParameter(Construct):
+    """The SecureString recipe of one fleet, written at deploy, deleted with the stack.
+
+    :param fleet_name: the fleet; the parameter is ``/rayito/agents/<fleet_name>/recipe``.
+    :param recipe: the encoded recipe (``rayito_constructs.recipe.encode_recipe``).
+    :param encryption_key: customer KMS key. Default: the AWS managed key ``aws/ssm``.
+    :param keep_recipe: keep the parameter when the stack or the fleet is deleted. Default: False.
+    """
+
+    def __init__(
+        self,
+        scope: Construct,
+        id: str,
+        *,
+        fleet_name: str,
+        recipe: EncodedRecipe,
+        encryption_key: Optional[kms.IKey] = None,
+        keep_recipe: bool = False,
+    ) -> None:
+        super().__init__(scope, id)
+        stack = cdk.Stack.of(self)
+        self.parameter_name = f"/rayito/agents/{fleet_name}/recipe"
+        """``/rayito/agents/<name>/recipe``."""
+        self.parameter_arn = recipe_parameter_arn(stack, fleet_name)
+        """The parameter's ARN."""
+        self.encoding = recipe.encoding
+        writer = RecipeWriter.of(self)
+        grant = iam.Grant.add_to_principal(
+            grantee=writer.role,
+            actions=["ssm:PutParameter", "ssm:DeleteParameter"],
+            resource_arns=[self.parameter_arn],
+        )
+        if encryption_key is not None:
+            encryption_key.grant(writer.role, "kms:Encrypt")
+        properties = {
+            "ParameterName": self.parameter_name,
+            "Value": recipe.value,
+            "Encoding": recipe.encoding,
+            "KeepOnDelete": "true" if keep_recipe else "false",
+        }
+        if encryption_key is not None:
+            properties["KeyId"] = encryption_key.key_arn
+        self.resource = cdk.CustomResource(
+            self,
+            "Resource",
+            service_token=writer.function.function_arn,
+            resource_type=RESOURCE_TYPE,
+            properties=properties,
+            removal_policy=cdk.RemovalPolicy.RETAIN if keep_recipe else cdk.RemovalPolicy.DESTROY,
+        )
+        # The parameter must be written after the role may write it, and deleted before it may not.
+        grant.apply_before(self.resource)

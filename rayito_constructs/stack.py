@@ -1,0 +1,62 @@
+"""``FleetStack``: a deployable stack holding one :class:`AgentFleet`, with its outputs."""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import aws_cdk as cdk
+from constructs import Construct
+
+from .fleet import AgentFleet
+from .project import AgentProject
+
+
+class FleetStack(cdk.Stack):
+    """A stack with one fleet and outputs for what a deployer needs next.
+
+    :param project: the agent project.
+    :param image_arn: see :class:`AgentFleet`. Default: the image named after the fleet.
+    :param metadata_index: see :class:`AgentFleet`. Default: False.
+    :param keep_recipe: see :class:`AgentFleet`. Default: False.
+    :param scope_microvm_actions_to_image: see :class:`AgentFleet`. Default: False.
+    :param stack_props: ``cdk.Stack`` keyword arguments (``env``, ``description``, ``synthesizer``...).
+    """
+
+    def __init__(
+        self,
+        scope: Construct,
+        id: str,
+        *,
+        project: AgentProject,
+        image_arn: Optional[str] = None,
+        metadata_index: bool = False,
+        keep_recipe: bool = False,
+        scope_microvm_actions_to_image: bool = False,
+        **stack_props: Any,
+    ) -> None:
+        stack_props.setdefault("description", f"Rayito agent fleet {project.name} (rayito_constructs)")
+        super().__init__(scope, id, **stack_props)
+        self.fleet = AgentFleet(
+            self,
+            "Fleet",
+            project=project,
+            image_arn=image_arn,
+            metadata_index=metadata_index,
+            keep_recipe=keep_recipe,
+            scope_microvm_actions_to_image=scope_microvm_actions_to_image,
+        )
+        """The fleet."""
+        fleet = self.fleet
+        cdk.CfnOutput(self, "FleetName", value=fleet.fleet_name)
+        cdk.CfnOutput(self, "ImageArn", value=fleet.image_arn)
+        cdk.CfnOutput(
+            self,
+            "RecipeParameterName",
+            value=fleet.recipe_parameter_name if fleet.recipe else "none (see the synth warnings)",
+        )
+        cdk.CfnOutput(self, "ExecutionRoleArn", value=fleet.execution_role.role_arn)
+        cdk.CfnOutput(self, "CallerPolicyArn", value=fleet.caller_policy.managed_policy_arn)
+        cdk.CfnOutput(self, "ImagePublisherPolicyArn", value=fleet.image_publisher_policy.managed_policy_arn)
+        cdk.CfnOutput(self, "SandboxLauncherPolicyArn", value=fleet.sandbox_launcher_policy.managed_policy_arn)
+        if fleet.metadata_index:
+            cdk.CfnOutput(self, "MetadataIndexTableName", value=fleet.metadata_index.table_name)

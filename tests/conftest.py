@@ -1,0 +1,27 @@
+"""Shared fixtures: paths, the example project and a factory for agent folders."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+from typing import Callable
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLE = ROOT / "examples" / "mi-agente"
+
+
+@pytest.fixture
+def agent_folder(tmp_path: Path) -> Callable[..., Path]:
+    """Make an agent folder with the given rayito-agent.toml text (or none)."""
+
+    def make(toml: str | None = None, name: str = "agente") -> Path:
+        folder = tmp_path / name
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "Dockerfile").write_text("FROM scratch\n")
+        if toml is not None:
+            (folder / "rayito-agent.toml").write_text(textwrap.dedent(toml))
+        return folder
+
+    return make

@@ -1,0 +1,234 @@
+"""The project model: every option, default and limit of the product page, and how errors read."""
+
+from __future__ import annotations
+
+import pytest
+
+from rayito_constructs import AgentProject, ProjectError
+from rayito_constructs.options import max_concurrency_limit
+
+from .conftest import EXAMPLE
+
+
+def load_error(folder, **overrides) -> list[str]:
+    with pytest.raises(ProjectError) as info:
+        AgentProject.load(folder, **overrides)
+    return [p.message for p in info.value.problems]
+
+
+def test_defaults_without_a_project_file(agent_folder) -> None:
+    project = AgentProject.load(agent_folder(None, name="solo"))
+    assert project.name == "solo"
+    assert project.target == "microvm"
+    assert project.serve.model_dump() == {"max_concurrency": 1, "queue_max": 0, "queue_timeout_seconds": 30}
+    assert project.scaling.model_dump() == {
+        "min_vms": 1,
+        "max_vms": 1,
+        "warm_vms": 0,
+        "sessions": "shared",
+        "scale_in_after_seconds": 900,
+        "idle": None,
+    }
+    assert project.image.memory_mib == 2048
+    assert project.scaling_source == "default"
+    assert set(project.sources.values()) == {"default"}
+    assert project.warnings == ()
+    assert project.recipe_parameter_name == "/rayito/agents/solo/recipe"
+
+
+def test_example_uses_every_option() -> None:
+    project = AgentProject.load(EXAMPLE)
+    assert project.name == "mi-agente"
+    assert project.scaling_source == "project"
+    fleet_options = [
+        "max_concurrency", "queue_max", "queue_timeout_seconds", "min_vms", "max_vms", "warm_vms",
+        "sessions", "scale_in_after_seconds", "idle", "memory_mib",
+    ]
+    assert {k: project.sources[k] for k in fleet_options} == {k: "project" for k in fleet_options}
+    assert project.scaling.idle == 600
+    assert project.secret_env == ("MODEL_API_KEY",)
+    assert [g.name for g in project.gateways] == ["model"]
+
+
+def test_name_defaults_to_the_folder_name(agent_folder) -> None:
+    folder = agent_folder("[scaling]\nmax_vms = 2\n", name="mi-agente")
+    assert AgentProject.load(folder).name == "mi-agente"
+    assert AgentProject.load(str(folder) + "/").name == "mi-agente"
+
+
+def test_explicit_beats_project_beats_default(agent_folder) -> None:
+    folder = agent_folder("[scaling]\nmax_vms = 3\n")
+    project = AgentProject.load(folder, min_vms=2)
+    assert (project.scaling.min_vms, project.sources["min_vms"]) == (2, "explicit")
+    assert (project.scaling.max_vms, project.sources["max_vms"]) == (3, "project")
+    assert (project.scaling.warm_vms, project.sources["warm_vms"]) == (0, "default")
+    assert project.scaling_source == "explicit"
+    assert AgentProject.load(folder).scaling_source == "project"
+
+
+# Each limit at its boundary (accepted) and just past it (rejected with the page's wording).
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"max_vms": 65}, "max_vms: 65 is above the limit of 64"),
+        ({"max_vms": 0}, "max_vms: 0 is below the minimum of 1"),
+        ({"min_vms": -1}, "min_vms: -1 is below the minimum of 0"),
+        ({"warm_vms": -1}, "warm_vms: -1 is below the minimum of 0"),
+        ({"queue_max": 257}, "queue_max: 257 is above the limit of 256"),
+        ({"queue_max": -1}, "queue_max: -1 is below the minimum of 0"),
+        ({"queue_timeout_seconds": 901}, "queue_timeout_seconds: 901 is above the limit of 900"),
+        ({"queue_timeout_seconds": 0}, "queue_timeout_seconds: 0 is below the minimum of 1"),
+        ({"scale_in_after_seconds": 59}, "scale_in_after_seconds: 59 is below the minimum of 60"),
+        ({"idle": 59}, "idle: 59 is below the minimum of 60"),
+        ({"max_concurrency": 0}, "max_concurrency: 0 is below the minimum of 1"),
+        ({"sessions": "solo"}, "sessions: 'solo' is not one of 'shared' or 'dedicated'"),
+        ({"memory_mib": 3000}, "memory_mib: 3000 is not a MicroVM size class (512, 1024, 2048, 4096, 8192 MiB)"),
+        ({"min_vms": 3, "max_vms": 2}, "min_vms: 3 is above max_vms (2)"),
+        ({"min_vms": 1, "max_vms": 3, "warm_vms": 3}, "warm_vms: 3 is above the limit of 2 (max_vms - min_vms = 3 - 1)"),
+        ({"target": "lambda"}, "target: 'lambda' is not one of 'microvm', 'agentcore'"),
+    ],
+)
+def test_limit_just_past(agent_folder, overrides, message) -> None:
+    assert message in load_error(agent_folder(None), **overrides)
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"max_vms": 64},
+        {"max_vms": 1},
+        {"min_vms": 0},
+        {"queue_max": 256},
+        {"queue_max": 0},
+        {"queue_timeout_seconds": 900},
+        {"queue_timeout_seconds": 1},
+        {"scale_in_after_seconds": 60},
+        {"idle": 60},
+        {"min_vms": 1, "max_vms": 3, "warm_vms": 2},
+        {"min_vms": 2, "max_vms": 2},
+        {"sessions": "dedicated"},
+        {"memory_mib": 512},
+        {"memory_mib": 8192},
+    ],
+)
+def test_limit_at_boundary(agent_folder, overrides) -> None:
+    project = AgentProject.load(agent_folder(None), **overrides)
+    for key, value in overrides.items():
+        section = {"memory_mib": project.image, "queue_max": project.serve, "queue_timeout_seconds": project.serve}
+        assert getattr(section.get(key, project.scaling), key) == value
+
+
+@pytest.mark.parametrize(("memory", "limit"), [(512, 7), (1024, 7), (2048, 7), (4096, 15), (8192, 31)])
+def test_max_concurrency_follows_memory(agent_folder, memory, limit) -> None:
+    assert max_concurrency_limit(memory) == limit
+    folder = agent_folder(None)
+    assert AgentProject.load(folder, memory_mib=memory, max_concurrency=limit).serve.max_concurrency == limit
+    (message,) = load_error(folder, memory_mib=memory, max_concurrency=limit + 1)
+    assert message.startswith(f"max_concurrency: {limit + 1} is above the limit of {limit} for {memory} MiB")
+
+
+def test_dedicated_sessions_serve_one_session_per_vm(agent_folder) -> None:
+    (message,) = load_error(agent_folder(None), sessions="dedicated", max_concurrency=2)
+    assert message.startswith("max_concurrency: 2 is above the limit of 1 with sessions = 'dedicated'")
+
+
+def test_every_problem_at_once_and_no_wrong_types(agent_folder) -> None:
+    folder = agent_folder(
+        """
+        [serve]
+        max_concurrency = "2"
+        [scaling]
+        max_vm = 3
+        min_vms = 1.5
+        sessions = true
+        [image]
+        memory_mib = 4096
+        [sevre]
+        """
+    )
+    messages = load_error(folder, max_vms=65)
+    assert sorted(messages) == sorted([
+        "sevre: unknown key in rayito-agent.toml; did you mean 'serve'?",
+        "max_concurrency: '2' is not a whole number",
+        "scaling.max_vm: unknown key in [scaling]; did you mean 'max_vms'?",
+        "min_vms: 1.5 is not a whole number",
+        "max_vms: 65 is above the limit of 64",
+        "sessions: true is not one of 'shared' or 'dedicated'",
+    ])
+
+
+def test_bool_is_not_a_number(agent_folder) -> None:
+    assert load_error(agent_folder("[scaling]\nmin_vms = true\n")) == ["min_vms: true is not a whole number"]
+
+
+def test_unknown_override_suggests_the_nearest(agent_folder) -> None:
+    assert load_error(agent_folder(None), max_vm=3) == ["max_vm: unknown option; did you mean 'max_vms'?"]
+
+
+def test_durations(agent_folder) -> None:
+    folder = agent_folder('[scaling]\nidle = "15m"\nscale_in_after_seconds = "1h"\n')
+    project = AgentProject.load(folder)
+    assert (project.scaling.idle, project.scaling.scale_in_after_seconds) == (900, 3600)
+    assert AgentProject.load(folder, idle="none").scaling.idle is None
+    assert load_error(folder, idle="soon") == ["idle: 'soon' is not a whole number"]
+
+
+def test_explicit_secret_env_is_rejected_file_env_is_warned(agent_folder) -> None:
+    folder = agent_folder('[env]\nGITHUB_TOKEN = "ghp_x"\nAUTH_MODE = "oidc"\n')
+    project = AgentProject.load(folder)
+    assert project.env == {"AUTH_MODE": "oidc", "GITHUB_TOKEN": "ghp_x"}  # stored as is
+    assert [(w.code, w.message.split(" ")[1]) for w in project.warnings] == [("env_looks_secret", "GITHUB_TOKEN")]
+    (message,) = load_error(folder, env={"DB_PASS": "hunter2"})
+    assert message == (
+        "env: DB_PASS looks like a secret (it has a PASS segment); pass it with "
+        "--secret-env DB_PASS=<secret> so the recipe keeps only its name"
+    )
+    explicit = AgentProject.load(folder, env={"AUTHOR_NAME": "ana"}, secret_env={"DB_PASS": "hunter2"})
+    assert explicit.env["AUTHOR_NAME"] == "ana" and explicit.sources["env"] == "explicit"
+    assert explicit.secret_env == ("DB_PASS",)
+    assert "hunter2" not in explicit.model_dump_json()
+
+
+def test_a_name_is_plain_or_secret_not_both(agent_folder) -> None:
+    folder = agent_folder('secret_env = ["LOG_LEVEL"]\n[env]\nLOG_LEVEL = "info"\n')
+    assert load_error(folder) == ["secret_env: LOG_LEVEL is also in env; a variable is either plain or secret"]
+
+
+def test_agentcore_has_no_fleet(agent_folder) -> None:
+    folder = agent_folder('target = "agentcore"\n[scaling]\nmax_vms = 3\n[image]\nmemory_mib = 4096\n')
+    project = AgentProject.load(folder)
+    assert [w.code for w in project.warnings] == ["option_not_supported"]
+    assert "max_vms = 3 in [scaling] is ignored" in project.warnings[0].message
+    assert project.scaling.max_vms == 1 and not project.has_fleet
+    (message,) = load_error(folder, warm_vms=1)
+    assert message.startswith("warm_vms: option_not_supported: 1 given")
+    assert AgentProject.load(agent_folder(None), target="agentcore").target == "agentcore"
+
+
+def test_names_that_cannot_name_a_fleet(agent_folder, tmp_path) -> None:
+    (message,) = load_error(agent_folder(None, name="mi agente"))
+    assert message.startswith("name: 'mi agente' must be 1 to 64 letters, digits, '-' or '_'")
+    assert AgentProject.load(agent_folder('name = "otro"\n', name="mi agente")).name == "otro"
+
+
+def test_dot_folder_gives_dot_name(agent_folder, monkeypatch) -> None:
+    monkeypatch.chdir(agent_folder(None))
+    assert AgentProject.load(".").name == "."
+
+
+def test_not_a_folder(tmp_path) -> None:
+    assert load_error(tmp_path / "nope") == [f"folder: {str(tmp_path / 'nope')!r} is not a directory"]
+
+
+def test_bad_toml(agent_folder) -> None:
+    (message,) = load_error(agent_folder("[scaling\n"))
+    assert message.startswith("rayito-agent.toml: not valid TOML")
+
+
+def test_gateways_validated(agent_folder) -> None:
+    folder = agent_folder('[[gateways]]\npreset = "bedrock"\nupstrem = "x"\n[[gateways]]\nname = "a"\n[[gateways]]\nname = "a"\n')
+    assert load_error(folder) == [
+        "gateways[0].name: is required",
+        "gateways[0].upstrem: unknown key; did you mean 'upstream'?",
+        "gateways: 'a' is declared more than once",
+    ]

@@ -1,0 +1,141 @@
+"""The recipe: content, canonical bytes, the 4,096-byte boundary, compression and decoding."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rayito_constructs import AgentProject, build_recipe, decode_recipe, encode_recipe, plan_recipe
+from rayito_constructs.recipe import (
+    COMPRESSED_PREFIX,
+    STANDARD_PARAMETER_BYTES,
+    RecipeDecodeError,
+    RecipeTooLarge,
+    canonical_json,
+)
+
+from .conftest import EXAMPLE
+
+
+def test_example_recipe_content() -> None:
+    project = AgentProject.load(EXAMPLE, secret_env={"EXTRA_TOKEN": "s3cr3t-value"})
+    doc = build_recipe(project)
+    assert doc["version"] == 1
+    assert doc["name"] == "mi-agente"
+    assert doc["scaling"] == {
+        "min_vms": 1, "max_vms": 3, "warm_vms": 1, "sessions": "shared",
+        "scale_in_after_seconds": 900, "idle_seconds": 600,
+    }
+    assert doc["serve"] == {"max_concurrency": 2, "queue_max": 4, "queue_timeout_seconds": 30}
+    assert doc["image"] == {"memory_mib": 4096, "architecture": "ARM_64", "version": None}
+    assert doc["secret_env"] == ["EXTRA_TOKEN", "MODEL_API_KEY"]
+    assert doc["egress"] == {"allow": ["bedrock-runtime.us-east-1.amazonaws.com", "api.example.com"]}
+    assert doc["gateway_presets"] == ["bedrock"]
+    assert doc["renew_gateway_keys"] is False
+    # Secret names only, never a value.
+    assert "s3cr3t-value" not in json.dumps(doc)
+
+
+def test_same_project_same_bytes() -> None:
+    first = plan_recipe(AgentProject.load(EXAMPLE)).encoded
+    second = plan_recipe(AgentProject.load(EXAMPLE)).encoded
+    assert first is not None and first == second
+    # Key order in the file does not matter either.
+    a = AgentProject.from_dict({"env": {"A": "1", "B": "2"}}, name="x")
+    b = AgentProject.from_dict({"env": {"B": "2", "A": "1"}}, name="x")
+    assert encode_recipe(build_recipe(a)).value == encode_recipe(build_recipe(b)).value
+
+
+def _project_of_json_size(size: int) -> AgentProject:
+    """A project whose canonical recipe JSON is exactly ``size`` bytes."""
+    base = AgentProject.from_dict({"instructions": ""}, name="sized")
+    pad = size - len(canonical_json(build_recipe(base)))
+    assert pad >= 0
+    return AgentProject.from_dict({"instructions": "x" * pad}, name="sized")
+
+
+def test_exactly_4096_bytes_is_json() -> None:
+    encoded = encode_recipe(build_recipe(_project_of_json_size(4096)))
+    assert (encoded.encoding, encoded.bytes) == ("json", 4096)
+
+
+def test_4097_bytes_is_compressed_and_reads_back() -> None:
+    doc = build_recipe(_project_of_json_size(4097))
+    encoded = encode_recipe(doc)
+    assert encoded.encoding == "compressed"
+    assert encoded.value.startswith(COMPRESSED_PREFIX)
+    assert encoded.json_bytes == 4097 and encoded.bytes < 4096
+    assert decode_recipe(encoded.value) == doc
+
+
+def test_too_large_even_compressed() -> None:
+    import random
+
+    rng = random.Random(7)
+    noise = "".join(rng.choice("abcdefghijklmnopqrstuvwxyz0123456789") for _ in range(9000))
+    project = AgentProject.from_dict({"instructions": noise}, name="big")
+    with pytest.raises(RecipeTooLarge) as info:
+        encode_recipe(build_recipe(project))
+    assert info.value.compressed_bytes > STANDARD_PARAMETER_BYTES
+    plan = plan_recipe(project)
+    assert plan.encoded is None
+    assert [w.code for w in plan.warnings] == ["recipe_too_large"]
+
+
+@pytest.mark.parametrize("name", [".", ".."])
+def test_dot_names_have_no_recipe(name: str) -> None:
+    plan = plan_recipe(AgentProject.from_dict({}, name=name))
+    assert plan.encoded is None and [w.code for w in plan.warnings] == ["recipe_not_saved"]
+
+
+def test_save_recipe_off() -> None:
+    plan = plan_recipe(AgentProject.load(EXAMPLE, save_recipe=False))
+    assert plan.encoded is None and [w.code for w in plan.warnings] == ["recipe_not_saved"]
+    assert plan.parameter_name == "/rayito/agents/mi-agente/recipe"
+
+
+def test_agentcore_recipe_has_no_scaling() -> None:
+    doc = build_recipe(AgentProject.load(EXAMPLE, target="agentcore"))
+    assert doc["target"] == "agentcore" and "scaling" not in doc and "serve" not in doc
+
+
+def test_recipe_round_trips_to_a_project() -> None:
+    original = AgentProject.load(EXAMPLE)
+    restored = AgentProject.from_recipe(decode_recipe(plan_recipe(original).encoded.value))
+    assert restored.scaling == original.scaling and restored.serve == original.serve
+    assert restored.image == original.image and restored.env == original.env
+    assert restored.gateways == original.gateways and restored.secret_env == original.secret_env
+    assert restored.scaling_source == "recipe"
+    assert build_recipe(restored) == build_recipe(original)
+
+
+@pytest.mark.parametrize(
+    "value",
+    ["not json", "[]", '{"name": "x"}', COMPRESSED_PREFIX + "!!!", COMPRESSED_PREFIX + "aGVsbG8=", '{"version": 99}'],
+)
+def test_unreadable_values(value: str) -> None:
+    with pytest.raises(RecipeDecodeError) as info:
+        decode_recipe(value)
+    assert str(info.value).startswith("recipe_unreadable")
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=40),
+    lambda children: st.lists(children, max_size=5) | st.dictionaries(st.text(max_size=10), children, max_size=5),
+    max_leaves=60,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(body=st.dictionaries(st.text(max_size=12), json_values, max_size=8), padding=st.text(max_size=6000))
+def test_decode_encode_round_trip(body, padding) -> None:
+    doc = {**body, "version": 1, "padding": padding}
+    try:
+        encoded = encode_recipe(doc)
+    except RecipeTooLarge:
+        return
+    assert decode_recipe(encoded.value) == doc
+    assert len(encoded.value.encode()) == encoded.bytes <= STANDARD_PARAMETER_BYTES
