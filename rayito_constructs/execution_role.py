@@ -15,6 +15,7 @@ import aws_cdk as cdk
 from aws_cdk import aws_iam as iam
 from constructs import Construct
 
+from ._nag import acknowledge_wildcard_resources
 from .permissions import LAMBDA_SERVICE, image_arn_for
 
 
@@ -43,24 +44,19 @@ class MicrovmExecutionRole(iam.Role):
             assumed_by=principal,
             description=description or "Rayito: the role a fleet's MicroVMs run as",
         )
-        log_group = f"/aws/lambda-microvms/{image_name or '*'}"
+        log_streams = stack.format_arn(
+            service="logs",
+            resource="log-group",
+            resource_name=f"/aws/lambda-microvms/{image_name or '*'}:*",
+            arn_format=cdk.ArnFormat.COLON_RESOURCE_NAME,
+        )
         self.add_to_policy(
             iam.PolicyStatement(
                 sid="MicrovmLogs",
                 actions=["logs:CreateLogGroup", "logs:CreateLogStream", "logs:PutLogEvents"],
-                resources=[
-                    stack.format_arn(
-                        service="logs",
-                        resource="log-group",
-                        resource_name=f"{log_group}:*",
-                        arn_format=cdk.ArnFormat.COLON_RESOURCE_NAME,
-                    )
-                ],
+                resources=[log_streams],
             )
         )
-        cdk.Validations.of(self).acknowledge(
-            cdk.Acknowledgment(
-                id="AwsSolutions-IAM5",
-                reason="the log streams of the image's own log group (/aws/lambda-microvms/<image>:*)",
-            )
+        acknowledge_wildcard_resources(
+            self, [log_streams], "the log streams of the image's own log group (/aws/lambda-microvms/<image>:*)"
         )

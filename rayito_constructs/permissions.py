@@ -21,6 +21,7 @@ Facts the statements rest on (``shared/research/microvms.md``, section 2):
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional, Sequence
 
@@ -74,12 +75,17 @@ LAMBDA_SERVICE = "lambda.amazonaws.com"
 #: Why a statement may use ``Resource: "*"``; printed in docs/iam.md and in the cdk-nag
 #: acknowledgements that sit next to each policy.
 STAR_REASONS = {
-    "ListMicrovms": "ListMicrovms and the image catalog lists act on no resource: IAM only accepts Resource '*'",
+    "ListMicrovms": "ListMicrovms acts on no resource: IAM only accepts Resource '*'",
+    "MicrovmImageCatalog": "the image catalog lists act on no resource: IAM only accepts Resource '*'",
     "Microvms": (
         "whether MicroVM lifecycle actions support resource-level permissions is unconfirmed (sources "
         "disagree); scope_microvm_actions_to_image=True scopes them to the image ARN"
     ),
 }
+WILDCARD_REASON = (
+    "a wildcard only where a set is meant: the versions of one image (<image ARN>:*), the AWS-managed "
+    "network connectors, or every fleet's recipe (parameter/rayito/agents/*) in an account-wide policy"
+)
 
 
 @dataclass(frozen=True)
@@ -162,7 +168,7 @@ def fleet_access(
     image = image_arn or image_arn_for(stack, fleet_name)
     images = (image,) if image.endswith(":*") else (image, f"{image}:*")
     managed = (
-        f"arn:{cdk.Aws.PARTITION}:lambda:{stack.region}:aws:network-connector:aws-network-connector:*"
+        f"arn:{stack.partition}:lambda:{stack.region}:aws:network-connector:aws-network-connector:*"
     )
     return FleetAccess(
         recipe_parameter_arns=(recipe_parameter_arn(stack, fleet_name),),
@@ -257,4 +263,4 @@ def publisher_statements(access: FleetAccess) -> list[Statement]:
 def grant_all(statements: Sequence[Statement], grantee: iam.IGrantable, scope: IConstruct) -> iam.Grant:
     """Add every statement to ``grantee``'s policy; one combined :class:`iam.Grant`."""
     grants = [s.grant(grantee, scope) for s in statements]
-    return grants[0] if len(grants) == 1 else iam.Grant.combine(grants[0], *grants[1:])
+    return functools.reduce(lambda combined, grant: combined.combine(grant), grants)

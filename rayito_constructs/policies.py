@@ -16,8 +16,10 @@ from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
 from constructs import Construct
 
+from ._nag import acknowledge_wildcard_resources
 from .permissions import (
     STAR_REASONS,
+    WILDCARD_REASON,
     FleetAccess,
     Statement,
     caller_statements,
@@ -91,22 +93,10 @@ class _FleetPolicy(iam.ManagedPolicy):
         self.access = access
         """The ARNs this policy is about."""
         for statement in statements:
-            if "*" in statement.resources:
-                reason = STAR_REASONS["Microvms" if statement.sid == "Microvms" else "ListMicrovms"]
-                cdk.Validations.of(self).acknowledge(
-                    cdk.Acknowledgment(id="AwsSolutions-IAM5[Resource::*]", reason=reason)
-                )
-        if any(r.endswith(":*") or r.endswith("/*") for s in statements for r in s.resources):
-            cdk.Validations.of(self).acknowledge(
-                cdk.Acknowledgment(
-                    id="AwsSolutions-IAM5",
-                    reason=(
-                        "wildcards only where a set is meant: the versions of one image (<image>:*), "
-                        "the AWS-managed network connectors, or every fleet's recipe when the policy "
-                        "is account-wide"
-                    ),
-                )
-            )
+            reason = STAR_REASONS.get(statement.sid, WILDCARD_REASON)
+            if statement.sid == "Microvms" and "*" not in statement.resources:
+                reason = WILDCARD_REASON
+            acknowledge_wildcard_resources(self, statement.resources, reason)
 
 
 class CallerPolicy(_FleetPolicy):

@@ -25,3 +25,13 @@ def agent_folder(tmp_path: Path) -> Callable[..., Path]:
         return folder
 
     return make
+
+
+@pytest.fixture
+def snapshot_json(snapshot):
+    """syrupy JSON snapshots with asset hashes neutralized."""
+    from syrupy.extensions.json import JSONSnapshotExtension
+
+    from .cdk_helpers import neutralize
+
+    return snapshot.with_defaults(extension_class=JSONSnapshotExtension, matcher=neutralize)

@@ -22,6 +22,10 @@ import boto3
 
 LOG = logging.getLogger("rayito.recipe_writer")
 LOG.setLevel(os.environ.get("LOG_LEVEL", "INFO"))
+# botocore logs request bodies at DEBUG, and the body of PutParameter is the recipe: keep the SDK's
+# loggers quiet whatever log level the function is given.
+for _sdk_logger in ("botocore", "boto3", "urllib3"):
+    logging.getLogger(_sdk_logger).setLevel(logging.WARNING)
 PARAMETER_PREFIX = "/rayito/agents/"
 
 

@@ -1,0 +1,62 @@
+"""Helpers to synthesize stacks the same way on every machine, and to lint and nag them."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+import aws_cdk as cdk
+import cdk_nag
+from aws_cdk.assertions import Template
+from cfnlint.api import ManualArgs, lint
+
+from .conftest import ROOT
+
+#: The feature flags of cdk.json, so tests synthesize what `cdk synth` does.
+FLAGS: dict[str, Any] = json.loads((ROOT / "cdk.json").read_text())["context"]
+ENV = cdk.Environment(account="123456789012", region="us-east-1")
+ASSET_HASH = re.compile(r"^[0-9a-f]{64}(\.zip)?$")
+
+
+def new_app(**context: Any) -> cdk.App:
+    """An App with pinned feature flags, no analytics and no bootstrap-version rule."""
+    return cdk.App(analytics_reporting=False, context={**FLAGS, **context})
+
+
+def new_stack(app: cdk.App, id: str = "Test", **props: Any) -> cdk.Stack:
+    props.setdefault("env", ENV)
+    props.setdefault("synthesizer", cdk.DefaultStackSynthesizer(generate_bootstrap_version_rule=False))
+    return cdk.Stack(app, id, **props)
+
+
+def stack_props(**props: Any) -> dict[str, Any]:
+    props.setdefault("env", ENV)
+    props.setdefault("synthesizer", cdk.DefaultStackSynthesizer(generate_bootstrap_version_rule=False))
+    return props
+
+
+def lint_template(template: Template) -> list[str]:
+    """cfn-lint errors and warnings (W3005, the DependsOn CDK adds on purpose, aside)."""
+    matches = lint(
+        json.dumps(template.to_json()),
+        config=ManualArgs(regions=["us-east-1"], ignore_checks=["W3005"]),
+    )
+    return [f"{m.rule.id} {m.message} ({'/'.join(str(p) for p in m.path)})" for m in matches]
+
+
+def nag(app: cdk.App) -> list[str]:
+    """Unacknowledged AwsSolutions violations as 'rule path' lines."""
+    report = cdk_nag.AwsSolutionsChecks().validate_scope(app)
+    found = []
+    for violation in report.violations:
+        for resource in violation.violating_resources:
+            found.append(f"{violation.rule_name} {resource.construct_path}")
+    return sorted(found)
+
+
+def neutralize(data: Any, path: Any = None) -> Any:
+    """syrupy matcher: asset hashes change with any byte of handler code or any CDK upgrade."""
+    if isinstance(data, str) and ASSET_HASH.match(data):
+        return "<asset-hash>.zip" if data.endswith(".zip") else "<asset-hash>"
+    return data
