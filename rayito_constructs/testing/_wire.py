@@ -1,0 +1,256 @@
+"""The ``lambda-microvms`` wire protocol, read from the installed botocore model.
+
+Routes, status codes, input locations, constraints and error shapes all come from
+``botocore/data/lambda-microvms/2025-09-09/service-2.json`` rather than being retyped, so the
+emulator follows the SDK its users run.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import json
+import re
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any, Mapping, Optional
+from urllib.parse import parse_qs, unquote
+
+import botocore.session
+from botocore.model import OperationModel, ServiceModel, Shape
+
+SERVICE = "lambda-microvms"
+
+
+@lru_cache(maxsize=1)
+def service_model() -> ServiceModel:
+    """The botocore model of Lambda MicroVMs (botocore 1.43.35 or newer)."""
+    return botocore.session.get_session().get_service_model(SERVICE)
+
+
+@dataclass(frozen=True)
+class Route:
+    operation: str
+    method: str
+    pattern: re.Pattern[str]
+    status: int
+
+
+def _compile(uri: str) -> re.Pattern[str]:
+    path = uri.split("?", 1)[0]
+    regex = ""
+    for part in re.split(r"(\{[^}]+\})", path):
+        if part.startswith("{"):
+            name = part[1:-1]
+            greedy = name.endswith("+")
+            name = name.rstrip("+")
+            regex += f"(?P<{name}>{'.+' if greedy else '[^/]+'})"
+        else:
+            regex += re.escape(part)
+    return re.compile(f"^{regex}$")
+
+
+@lru_cache(maxsize=1)
+def routes() -> tuple[Route, ...]:
+    """One route per operation of the model."""
+    model = service_model()
+    found = []
+    for name in model.operation_names:
+        op = model.operation_model(name)
+        found.append(Route(name, op.http["method"], _compile(op.http["requestUri"]), int(op.http.get("responseCode", 200))))
+    return tuple(found)
+
+
+def match(method: str, path: str) -> Optional[tuple[Route, dict[str, str]]]:
+    """The operation a request names, with its URI labels (URL-decoded)."""
+    for route in routes():
+        found = route.pattern.match(path)
+        if found and route.method == method:
+            return route, {k: unquote(v) for k, v in found.groupdict().items()}
+    return None
+
+
+def path_exists(path: str) -> bool:
+    return any(r.pattern.match(path) for r in routes())
+
+
+class WireError(Exception):
+    """An error the service answers, shaped as the model's error shape ``code``."""
+
+    def __init__(self, code: str, message: str, *, status: Optional[int] = None, **fields: Any) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.fields = {k: v for k, v in fields.items() if v is not None}
+        if status is None:
+            try:
+                status = int(service_model().shape_for(code).metadata["error"]["httpStatusCode"])
+            except Exception:  # noqa: BLE001 - a code outside the model (NotImplemented...)
+                status = 500
+        self.status = status
+
+    def encode(self) -> tuple[int, dict[str, str], bytes]:
+        """Status, headers and body, with header-bound members (Retry-After) as headers."""
+        headers = {"x-amzn-ErrorType": self.code, "Content-Type": "application/json"}
+        body: dict[str, Any] = {"message": self.message}
+        try:
+            shape = service_model().shape_for(self.code)
+            members = shape.members
+        except Exception:  # noqa: BLE001
+            members = {}
+        for key, value in self.fields.items():
+            member = members.get(key)
+            if member is not None and member.serialization.get("location") == "header":
+                headers[member.serialization["name"]] = str(value)
+            else:
+                body[key] = value
+        return self.status, headers, json.dumps(body).encode()
+
+
+def validation(message: str) -> WireError:
+    return WireError("ValidationException", message)
+
+
+def parse_input(op: OperationModel, labels: Mapping[str, str], query: str, body: bytes) -> dict[str, Any]:
+    """Decode a request into the operation's input members, then check them against the model."""
+    shape = op.input_shape
+    params: dict[str, Any] = {}
+    if body:
+        try:
+            decoded = json.loads(body)
+        except ValueError:
+            raise validation("The request body is not valid JSON") from None
+        if not isinstance(decoded, dict):
+            raise validation("The request body must be a JSON object")
+        params.update(decoded)
+    if shape is None:
+        return params
+    qs = parse_qs(query, keep_blank_values=True)
+    for name, member in shape.members.items():
+        location = member.serialization.get("location")
+        wire_name = member.serialization.get("name", name)
+        if location == "uri":
+            if wire_name in labels:
+                params[name] = labels[wire_name]
+        elif location == "querystring" and wire_name in qs:
+            values = qs[wire_name]
+            if member.type_name == "list":
+                params[name] = values
+            elif member.type_name == "integer":
+                try:
+                    params[name] = int(values[0])
+                except ValueError:
+                    raise validation(f"{name} must be an integer") from None
+            elif member.type_name == "boolean":
+                params[name] = values[0].lower() == "true"
+            else:
+                params[name] = values[0]
+    check(shape, params, "")
+    return params
+
+
+def check(shape: Shape, value: Any, path: str) -> None:
+    """Check a value against a model shape: what the service rejects and botocore lets through
+    (maximums, enums, patterns), and everything else a hand-made request could get wrong."""
+    where = path or shape.name
+    kind = shape.type_name
+    meta = shape.metadata
+    if kind == "structure":
+        if not isinstance(value, dict):
+            raise validation(f"{where} must be an object")
+        for required in shape.required_members:
+            if value.get(required) is None:
+                raise validation(f"{_join(path, required)} is required")
+        if meta.get("union") and sum(1 for k in value if k in shape.members) != 1:
+            raise validation(f"{where} must set exactly one of {', '.join(shape.members)}")
+        for key, member in shape.members.items():
+            if key in value and value[key] is not None:
+                check(member, value[key], _join(path, key))
+        return
+    if kind == "list":
+        if not isinstance(value, list):
+            raise validation(f"{where} must be a list")
+        _size(where, len(value), meta, "items")
+        for i, item in enumerate(value):
+            check(shape.member, item, f"{where}[{i}]")
+        return
+    if kind == "map":
+        if not isinstance(value, dict):
+            raise validation(f"{where} must be a map")
+        _size(where, len(value), meta, "entries")
+        for key, item in value.items():
+            check(shape.key, key, f"{where} key")
+            check(shape.value, item, f"{where}.{key}")
+        return
+    if kind == "string":
+        if not isinstance(value, str):
+            raise validation(f"{where} must be a string")
+        _size(where, len(value), meta, "characters")
+        if "enum" in meta and value not in meta["enum"]:
+            raise validation(f"{where}: '{value}' is not one of {', '.join(meta['enum'])}")
+        pattern = meta.get("pattern")
+        if pattern and not _pattern(pattern).fullmatch(value):
+            raise validation(f"{where}: '{value}' does not match {pattern}")
+        return
+    if kind in ("integer", "long"):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise validation(f"{where} must be an integer")
+        if "min" in meta and value < meta["min"]:
+            raise validation(f"{where}: {value} is below the minimum of {meta['min']}")
+        if "max" in meta and value > meta["max"]:
+            raise validation(f"{where}: {value} is above the maximum of {meta['max']}")
+        return
+    if kind == "boolean" and not isinstance(value, bool):
+        raise validation(f"{where} must be a boolean")
+
+
+def _join(path: str, key: str) -> str:
+    return f"{path}.{key}" if path else key
+
+
+def _size(where: str, size: int, meta: Mapping[str, Any], unit: str) -> None:
+    if "min" in meta and size < meta["min"]:
+        raise validation(f"{where} must have at least {meta['min']} {unit}")
+    if "max" in meta and size > meta["max"]:
+        raise validation(f"{where} must have at most {meta['max']} {unit}")
+
+
+@lru_cache(maxsize=256)
+def _pattern(pattern: str) -> re.Pattern[str]:
+    # The model's patterns use \p{L}-style classes in a few places (tags); Python's re lacks them.
+    return re.compile(pattern.replace(r"\p{L}", "A-Za-z\u00c0-\uffff").replace(r"\p{Z}", " ").replace(r"\p{N}", "0-9"))
+
+
+def encode_output(op: OperationModel, data: Mapping[str, Any]) -> bytes:
+    """Serialize an operation's output members as its JSON body (timestamps as epoch seconds)."""
+    shape = op.output_shape
+    if shape is None or not shape.members:
+        return b"{}" if op.http.get("responseCode", 200) != 204 else b""
+    body = {k: _plain(v) for k, v in data.items() if v is not None and k in shape.members}
+    return json.dumps(body).encode()
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, dt.datetime):
+        return value.timestamp()
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items() if v is not None}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def page_token(offset: int) -> str:
+    return base64.urlsafe_b64encode(json.dumps({"o": offset}).encode()).decode()
+
+
+def read_page_token(token: Optional[str]) -> int:
+    if not token:
+        return 0
+    try:
+        offset = json.loads(base64.urlsafe_b64decode(token.encode()))["o"]
+        if isinstance(offset, int) and offset >= 0:
+            return offset
+    except Exception:  # noqa: BLE001
+        pass
+    raise validation("The nextToken is not valid")
