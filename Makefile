@@ -25,9 +25,11 @@ test: $(STAMP)/python
 bench: $(STAMP)/python
 	$(BIN)/python -m benchmarks.synth
 
-$(STAMP)/python: requirements.txt requirements-dev.txt pyproject.toml
+$(STAMP)/python: requirements.txt requirements-dev.txt requirements-lambda-runtime.txt pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -r requirements-dev.txt
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps --upgrade \
+		--target $(STAMP)/lambda-runtime -r requirements-lambda-runtime.txt
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps -e .
 	mkdir -p $(STAMP) && touch $@
 

@@ -1,0 +1,180 @@
+"""Control-plane rate budgets shared by every fleet's reconciler in an account and region.
+
+One token bucket per MicroVMs operation, kept as a GCRA "theoretical arrival time" (``tat``) so
+that acquiring is one conditional ``UpdateItem`` with no read before the write: the refill is
+computed from the stored time. An empty bucket is a structured :class:`Deferral` with the seconds
+until a token; it never raises and never retries blindly. A 429 (``retryAfterSeconds``), a 402
+quota or InsufficientCapacity puts the operation in a *backoff* state (``backoff_until``) that
+every reconciler sharing the table sees.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any, Mapping, Optional, Union
+
+#: Documented default quotas (per second, burst); ListMicrovms is not published: assumed.
+DEFAULT_BUDGETS: dict[str, tuple[float, float]] = {
+    "RunMicrovm": (5, 5),
+    "ResumeMicrovm": (5, 5),
+    "SuspendMicrovm": (2, 2),
+    "TerminateMicrovm": (10, 10),
+    "GetMicrovm": (100, 100),
+    "CreateMicrovmAuthToken": (50, 50),
+    "ListMicrovms": (10, 10),
+}
+
+
+EPSILON = 1e-6  # float sums of 1/rate must not lose a token at the edge of the burst
+
+
+@dataclass(frozen=True)
+class Granted:
+    operation: str
+    cost: int
+
+
+@dataclass(frozen=True)
+class Deferral:
+    """No token now: come back in ``retry_after_seconds``; ``reason`` is ``budget_empty`` or
+    ``backoff:<why>``."""
+
+    operation: str
+    retry_after_seconds: float
+    reason: str
+
+
+Decision = Union[Granted, Deferral]
+
+
+class _Gcra:
+    def __init__(self, budgets: Mapping[str, tuple[float, float]]) -> None:
+        self.budgets = {**DEFAULT_BUDGETS, **budgets}
+
+    def shape(self, operation: str) -> tuple[float, float]:
+        rate, burst = self.budgets.get(operation, (10.0, 10.0))
+        return 1.0 / rate, float(burst)
+
+
+class MemoryBudget(_Gcra):
+    """The same buckets in one process (tests, the benchmark, a single reconciler)."""
+
+    def __init__(self, budgets: Mapping[str, tuple[float, float]] = {}) -> None:  # noqa: B006
+        super().__init__(budgets)
+        self._lock = threading.Lock()
+        self._tat: dict[str, float] = {}
+        self._backoff: dict[str, tuple[float, str]] = {}
+
+    def acquire(self, operation: str, now: float, cost: int = 1) -> Decision:
+        interval, burst = self.shape(operation)
+        with self._lock:
+            until, why = self._backoff.get(operation, (0.0, ""))
+            if until > now:
+                return Deferral(operation, until - now, f"backoff:{why}")
+            tat = max(self._tat.get(operation, now), now)
+            limit = now + (burst - cost) * interval + EPSILON
+            if tat > limit:
+                return Deferral(operation, tat - limit, "budget_empty")
+            self._tat[operation] = tat + cost * interval
+            return Granted(operation, cost)
+
+    def backoff(self, operation: str, until: float, reason: str) -> None:
+        with self._lock:
+            if self._backoff.get(operation, (0.0, ""))[0] < until:
+                self._backoff[operation] = (until, reason)
+
+    def remaining(self, operation: str, now: float) -> float:
+        interval, burst = self.shape(operation)
+        with self._lock:
+            tat = max(self._tat.get(operation, now), now)
+        return max(0.0, burst - (tat - now) / interval)
+
+
+class DynamoDBBudget(_Gcra):
+    """Buckets in a DynamoDB table (partition key ``operation``), shared by every reconciler."""
+
+    @staticmethod
+    def create_table(dynamodb: Any, table_name: str) -> None:
+        """Create the table as the construct does (for local runs and tests)."""
+        dynamodb.create_table(
+            TableName=table_name,
+            KeySchema=[{"AttributeName": "operation", "KeyType": "HASH"}],
+            AttributeDefinitions=[{"AttributeName": "operation", "AttributeType": "S"}],
+            BillingMode="PAY_PER_REQUEST",
+        )
+
+    def __init__(self, dynamodb: Any, table_name: str, budgets: Mapping[str, tuple[float, float]] = {}) -> None:  # noqa: B006
+        super().__init__(budgets)
+        self._ddb = dynamodb
+        self._table = table_name
+        self._last_tat: dict[str, float] = {}
+
+    def acquire(self, operation: str, now: float, cost: int = 1) -> Decision:
+        interval, burst = self.shape(operation)
+        key = {"operation": {"S": operation}}
+        not_in_backoff = "(attribute_not_exists(backoff_until) OR backoff_until <= :now)"
+        idle_first = self._last_tat.get(operation, 0.0) <= now
+        attempts = ("idle", "busy") if idle_first else ("busy", "idle")
+        old: Optional[dict[str, Any]] = None
+        for attempt in attempts:
+            values = {":now": _n(now)}
+            if attempt == "idle":
+                update = "SET tat = :new"
+                condition = f"(attribute_not_exists(tat) OR tat <= :now) AND {not_in_backoff}"
+                values[":new"] = _n(now + cost * interval)
+                if cost > burst:
+                    continue
+            else:
+                update = "SET tat = tat + :step"
+                condition = f"tat > :now AND tat <= :limit AND {not_in_backoff}"
+                values.update({":step": _n(cost * interval), ":limit": _n(now + (burst - cost) * interval + EPSILON)})
+            try:
+                result = self._ddb.update_item(
+                    TableName=self._table,
+                    Key=key,
+                    UpdateExpression=update,
+                    ConditionExpression=condition,
+                    ExpressionAttributeValues=values,
+                    ReturnValues="UPDATED_NEW",
+                    ReturnValuesOnConditionCheckFailure="ALL_OLD",
+                )
+                self._last_tat[operation] = float(result["Attributes"]["tat"]["N"])
+                return Granted(operation, cost)
+            except self._ddb.exceptions.ConditionalCheckFailedException as exc:
+                old = exc.response.get("Item") or old
+                if old is None:
+                    continue
+                until = float(old.get("backoff_until", {}).get("N", 0))
+                if until > now:
+                    return Deferral(operation, until - now, f"backoff:{old.get('backoff_reason', {}).get('S', '')}")
+                tat = float(old.get("tat", {}).get("N", now))
+                self._last_tat[operation] = tat
+                limit = now + (burst - cost) * interval + EPSILON
+                if tat > limit:
+                    return Deferral(operation, tat - limit, "budget_empty")
+        tat = self._last_tat.get(operation, now)
+        return Deferral(operation, max(interval, tat - now - (burst - cost) * interval), "budget_empty")
+
+    def backoff(self, operation: str, until: float, reason: str) -> None:
+        try:
+            self._ddb.update_item(
+                TableName=self._table,
+                Key={"operation": {"S": operation}},
+                UpdateExpression="SET backoff_until = :until, backoff_reason = :why",
+                ConditionExpression="attribute_not_exists(backoff_until) OR backoff_until < :until",
+                ExpressionAttributeValues={":until": _n(until), ":why": {"S": reason}},
+            )
+        except self._ddb.exceptions.ConditionalCheckFailedException:
+            pass  # a longer backoff is already in force
+
+    def remaining(self, operation: str, now: float) -> float:
+        interval, burst = self.shape(operation)
+        item = self._ddb.get_item(TableName=self._table, Key={"operation": {"S": operation}}).get("Item", {})
+        tat = max(float(item.get("tat", {}).get("N", now)), now)
+        return max(0.0, burst - (tat - now) / interval)
+
+
+def _n(value: float) -> dict[str, str]:
+    return {"N": str(Decimal(repr(round(value, 6))))}

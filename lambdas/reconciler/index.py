@@ -1,0 +1,115 @@
+"""Lambda entry point of the fleet reconciler: wires AWS clients to :class:`.tick.Reconciler`.
+
+Configuration comes from the environment the construct sets:
+
+``FLEET_NAME``, ``IMAGE_ARN``, ``MIN_VMS``, ``MAX_VMS``, ``WARM_VMS``, ``MAX_LIFETIME_SECONDS``,
+``IDLE_SECONDS`` (optional), ``EXECUTION_ROLE_ARN`` (optional), ``LEDGER_TABLE``,
+``BUDGET_TABLE``, ``BUDGETS`` (JSON ``{operation: [rate, burst]}``), ``DEAD_LETTER_QUEUE_URL``,
+``SUCCESSOR_LEAD_SECONDS``, ``MAX_START_ATTEMPTS``, ``MAX_STARTS_PER_STEP``, ``TICK_SECONDS``.
+
+The Lambda Python runtime's bundled botocore may predate ``lambda-microvms`` (botocore 1.43.35):
+the service model ships with this function (``data/``) and is put first on botocore's search path.
+
+Events: the scheduler's ``{"source": "schedule", ...}`` runs a tick; ``{"action": "redrive"}``
+resets dead-lettered slots to queued; anything else runs a tick on demand.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Optional
+
+import boto3
+import botocore.session
+
+from .budget import DynamoDBBudget
+from .core import DEAD, QUEUED, FleetSpec
+from .ledger import DynamoDBLedger
+from .tick import Reconciler
+
+DATA_DIR = Path(__file__).resolve().parent / "data"
+
+
+def session() -> boto3.Session:
+    """A boto3 session whose botocore knows ``lambda-microvms`` whatever its version."""
+    core_session = botocore.session.get_session()
+    loader = core_session.get_component("data_loader")
+    if str(DATA_DIR) not in loader.search_paths:
+        loader.search_paths.insert(0, str(DATA_DIR))
+    return boto3.Session(botocore_session=core_session)
+
+
+def spec_from_env(env: Optional[dict[str, str]] = None) -> FleetSpec:
+    env = dict(os.environ if env is None else env)
+
+    def number(key: str, default: Optional[float] = None) -> Optional[float]:
+        value = env.get(key)
+        return float(value) if value not in (None, "") else default
+
+    idle = number("IDLE_SECONDS")
+    return FleetSpec(
+        fleet=env["FLEET_NAME"],
+        image_arn=env["IMAGE_ARN"],
+        min_vms=int(env["MIN_VMS"]),
+        max_vms=int(env["MAX_VMS"]),
+        warm_vms=int(env.get("WARM_VMS", "0")),
+        max_lifetime_seconds=int(number("MAX_LIFETIME_SECONDS", 28_800)),
+        idle_seconds=int(idle) if idle else None,
+        execution_role_arn=env.get("EXECUTION_ROLE_ARN") or None,
+        successor_lead_seconds=number("SUCCESSOR_LEAD_SECONDS", 900.0),
+        max_start_attempts=int(number("MAX_START_ATTEMPTS", 3)),
+        max_starts_per_step=int(number("MAX_STARTS_PER_STEP", 10)),
+    )
+
+
+def build(env: Optional[dict[str, str]] = None, telemetry: Any = None) -> Reconciler:
+    """A reconciler for the fleet the environment names."""
+    env = dict(os.environ if env is None else env)
+    aws = session()
+    dynamodb = aws.client("dynamodb")
+    budgets = {k: tuple(v) for k, v in json.loads(env.get("BUDGETS") or "{}").items()}
+    spec = spec_from_env(env)
+    if telemetry is None:
+        from .telemetry import PowertoolsTelemetry
+
+        telemetry = PowertoolsTelemetry(spec.fleet)
+    queue_url = env.get("DEAD_LETTER_QUEUE_URL")
+    sqs = aws.client("sqs") if queue_url else None
+
+    def dead_letter(record: dict[str, Any]) -> None:
+        if sqs is not None:
+            sqs.send_message(QueueUrl=queue_url, MessageBody=json.dumps(record, default=str, sort_keys=True))
+
+    return Reconciler(
+        spec=spec,
+        microvms=aws.client("lambda-microvms"),
+        ledger=DynamoDBLedger(dynamodb, env["LEDGER_TABLE"]),
+        budget=DynamoDBBudget(dynamodb, env["BUDGET_TABLE"], budgets),
+        telemetry=telemetry,
+        dead_letters=dead_letter,
+    )
+
+
+def redrive(reconciler: Reconciler) -> dict[str, Any]:
+    """Reset dead-lettered slots so the next step tries them again."""
+    slots, _ = reconciler.ledger.load(reconciler.spec.fleet)
+    reset = []
+    for slot in slots.values():
+        if slot.phase == DEAD:
+            slot.phase, slot.attempts, slot.reason, slot.noted = QUEUED, 0, "redriven", None
+            slot.generation += 1
+            reconciler.ledger.save(reconciler.spec.fleet, slot)
+            reset.append(slot.slot_id)
+    reconciler.telemetry.event(reconciler.spec.fleet, {"event": "slots_redriven", "slots": reset})
+    return {"fleet": reconciler.spec.fleet, "redriven": reset}
+
+
+def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
+    reconciler = build()
+    if isinstance(event, dict) and event.get("action") == "redrive":
+        return redrive(reconciler)
+    remaining = context.get_remaining_time_in_millis() / 1000 if context is not None else 60.0
+    deadline = min(float(os.environ.get("TICK_SECONDS", "50")), max(1.0, remaining - 5))
+    return reconciler.tick(deadline_seconds=deadline, lease_seconds=remaining + 30)

@@ -1,0 +1,95 @@
+"""What the reconciler tells: a timeline of decisions (one structured log line each) and metrics in
+CloudWatch embedded metric format, namespace ``Rayito/Fleet``, dimension ``fleet`` (and
+``operation`` for deferrals and throttles).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections import defaultdict
+from typing import Any, Optional
+
+NAMESPACE = "Rayito/Fleet"
+SERVICE = "rayito-reconciler"
+
+#: Metric names and units; the construct's ``metric_*`` methods use the same names.
+METRICS = {
+    "LiveBaseVMs": "Count",
+    "DesiredBaseVMs": "Count",
+    "ParkedSlots": "Count",
+    "DesiredParkedSlots": "Count",
+    "Members": "Count",
+    "LiveVMs": "Count",
+    "Deficit": "Count",
+    "DeadLetteredSlots": "Count",
+    "WaitTime": "Seconds",
+    "ClaimToComplete": "Seconds",
+    "RunMicrovmAttempts": "Count",
+    "SlotsFilled": "Count",
+    "RetryAmplification": "None",
+    "Deferrals": "Count",
+    "Throttles": "Count",
+}
+
+
+class MemoryTelemetry:
+    """Keeps everything in lists: for tests and the benchmark."""
+
+    def __init__(self) -> None:
+        self.events: list[dict[str, Any]] = []
+        self.metrics: dict[str, list[float]] = defaultdict(list)
+        self.by_operation: dict[tuple[str, str], float] = defaultdict(float)
+
+    def event(self, fleet: str, event: dict[str, Any]) -> None:
+        self.events.append({"fleet": fleet, **event})
+
+    def metric(self, fleet: str, name: str, value: float, operation: Optional[str] = None) -> None:
+        self.metrics[name].append(value)
+        if operation:
+            self.by_operation[(name, operation)] += value
+
+    def flush(self) -> None:
+        pass
+
+
+class PowertoolsTelemetry:
+    """Powertools Logger (timeline) and Metrics (EMF) in the Lambda function."""
+
+    def __init__(self, fleet: str) -> None:
+        from aws_lambda_powertools import Logger, Metrics
+        from aws_lambda_powertools.metrics import MetricUnit
+
+        self._unit = MetricUnit
+        self.logger = Logger(service=SERVICE, log_uncaught_exceptions=True)
+        self.logger.append_keys(fleet=fleet)
+        self.metrics = Metrics(namespace=NAMESPACE, service=SERVICE)
+        self.metrics.set_default_dimensions(fleet=fleet)
+        self._fleet = fleet
+
+    def event(self, fleet: str, event: dict[str, Any]) -> None:
+        self.logger.info(event["event"], extra={k: v for k, v in event.items() if k != "event"})
+
+    def metric(self, fleet: str, name: str, value: float, operation: Optional[str] = None) -> None:
+        unit = getattr(self._unit, METRICS.get(name, "Count").upper().replace("NONE", "NoUnit"), self._unit.Count)
+        if name == "RetryAmplification":
+            unit = self._unit.NoUnit
+        if operation is None:
+            self.metrics.add_metric(name=name, unit=unit, value=value)
+            return
+        from aws_lambda_powertools.metrics import single_metric
+
+        with single_metric(name=name, unit=unit, value=value, namespace=NAMESPACE,
+                           default_dimensions={"fleet": fleet, "service": SERVICE}) as metric:
+            metric.add_dimension(name="operation", value=operation)
+
+    def flush(self) -> None:
+        self.metrics.flush_metrics()
+
+
+class JsonTelemetry(MemoryTelemetry):
+    """Plain JSON lines on stdout, for running a reconciler by hand without Powertools."""
+
+    def event(self, fleet: str, event: dict[str, Any]) -> None:
+        super().event(fleet, event)
+        sys.stdout.write(json.dumps({"fleet": fleet, **event}) + "\n")

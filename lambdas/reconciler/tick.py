@@ -1,0 +1,277 @@
+"""The reconciler's shell: observe, plan (pure, :mod:`.core`), then act under the shared budget.
+
+A *step* lists the fleet's VMs, reconciles the ledger, and makes the calls the plan asks for, each
+one admitted by the control-plane budget. A *tick* (one scheduled invocation) holds the fleet's
+tick lease and runs steps until nothing is left to do or its deadline comes, sleeping between
+steps for exactly as long as the budget or a pending VM asks.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+from botocore.exceptions import ClientError
+
+from . import core
+from .budget import Deferral, Granted
+
+PENDING_POLL_SECONDS = 5.0
+QUOTA_BACKOFF_SECONDS = 60.0
+CAPACITY_BACKOFF_SECONDS = 30.0
+SLOT_FAILURES = {"ValidationException", "ResourceNotFoundException", "AccessDeniedException"}
+
+
+@dataclass
+class StepResult:
+    wake_after: Optional[float]
+    api_calls: int = 0
+    runs: int = 0
+    deferrals: int = 0
+
+
+@dataclass
+class Reconciler:
+    """One fleet's reconciler. ``microvms`` is a boto3 ``lambda-microvms`` client (or the
+    emulator's direct client); ``ledger`` and ``budget`` are the stores; ``clock`` returns now."""
+
+    spec: core.FleetSpec
+    microvms: Any
+    ledger: Any
+    budget: Any
+    telemetry: Any
+    clock: Callable[[], float] = time.time
+    dead_letters: Optional[Callable[[dict[str, Any]], None]] = None
+    holder: str = field(default_factory=lambda: uuid.uuid4().hex)
+    api_calls: int = 0
+
+    # ------------------------------------------------------------------ ticks and steps
+
+    def tick(self, deadline_seconds: float = 50.0, sleep: Callable[[float], None] = time.sleep,
+             lease_seconds: float = 120.0) -> dict[str, Any]:
+        """One scheduled run: take the tick lease, step until done or the deadline, release."""
+        start = self.clock()
+        if not self.ledger.acquire_tick(self.spec.fleet, self.holder, start, lease_seconds):
+            self._emit({"event": "tick_skipped", "reason": "another tick holds the lease"})
+            return {"fleet": self.spec.fleet, "skipped": "tick_in_progress"}
+        steps = 0
+        try:
+            while True:
+                result = self.step()
+                steps += 1
+                if result.wake_after is None:
+                    break
+                if self.clock() + result.wake_after > start + deadline_seconds:
+                    break
+                sleep(result.wake_after)
+        finally:
+            self.ledger.release_tick(self.spec.fleet, self.holder)
+            self.telemetry.flush()
+        return {"fleet": self.spec.fleet, "steps": steps, "api_calls": self.api_calls}
+
+    def step(self) -> StepResult:
+        """Observe, plan, act. Returns when the next step is worth taking (None: not this tick)."""
+        now = self.clock()
+        fleet = self.spec.fleet
+        observed = self._list(now)
+        if isinstance(observed, Deferral):
+            self._deferred(observed)
+            return StepResult(observed.retry_after_seconds, deferrals=1)
+        slots, stats = self.ledger.load(fleet)
+        plan = core.plan(self.spec, slots, observed, now)
+        self._persist(slots, plan.slots)
+        for event in plan.events:
+            self._emit(event)
+            if event["event"] == "slot_dead_lettered" and self.dead_letters:
+                self.dead_letters({"fleet": fleet, **event})
+        for name, value in plan.gauges.items():
+            self.telemetry.metric(fleet, name, value)
+        waits: list[float] = []
+        live = plan.live_vms
+        width = self.spec.max_starts_per_step
+        runs = attempts = filled = deferrals = 0
+        slots = plan.slots
+        for intent in plan.intents:
+            if intent.kind == "run":
+                slot = slots.get(intent.slot_id)
+                if slot is None:
+                    continue
+                if live >= self.spec.max_vms:
+                    self._note(slot, "max_vms_reached", intent)
+                    continue
+                if runs >= width:
+                    waits.append(0.0)
+                    continue
+                outcome = self._run(slot, intent, stats["epoch"], now)
+                if isinstance(outcome, Deferral):
+                    deferrals += 1
+                    waits.append(outcome.retry_after_seconds)
+                    break  # the bucket is empty for every run after this one too
+                attempts += 1
+                runs += 1
+                if outcome == "started":
+                    live += 1
+                    filled += 1
+                elif outcome == "retry":
+                    waits.append(1.0)
+            else:
+                decision = self._call(intent, now)
+                if isinstance(decision, Deferral):
+                    deferrals += 1
+                    waits.append(decision.retry_after_seconds)
+        if attempts or filled:
+            self.ledger.add_stats(fleet, run_attempts=attempts, slots_filled=filled)
+            total_attempts = stats["run_attempts"] + attempts
+            total_filled = stats["slots_filled"] + filled
+            self.telemetry.metric(fleet, "RunMicrovmAttempts", attempts)
+            self.telemetry.metric(fleet, "SlotsFilled", filled)
+            if total_filled:
+                self.telemetry.metric(fleet, "RetryAmplification", round(total_attempts / total_filled, 4))
+        if plan.wake_soon:
+            waits.append(PENDING_POLL_SECONDS)
+        return StepResult(min(waits) if waits else None, runs=runs, deferrals=deferrals)
+
+    # ------------------------------------------------------------------ calls
+
+    def _admit(self, operation: str, now: float) -> Granted | Deferral:
+        decision = self.budget.acquire(operation, now)
+        if isinstance(decision, Deferral):
+            self._deferred(decision)
+        return decision
+
+    def _list(self, now: float) -> list[core.Observed] | Deferral:
+        observed: list[core.Observed] = []
+        token: Optional[str] = None
+        while True:
+            decision = self._admit("ListMicrovms", now)
+            if isinstance(decision, Deferral):
+                return decision
+            kwargs: dict[str, Any] = {"imageIdentifier": self.spec.image_arn, "maxResults": 50}
+            if token:
+                kwargs["nextToken"] = token
+            try:
+                page = self._api("list_microvms", **kwargs)
+            except ClientError as exc:
+                return self._failed("ListMicrovms", exc, now)
+            for item in page["items"]:
+                started = item["startedAt"]
+                observed.append(core.Observed(item["microvmId"], item["state"], _epoch(started)))
+            token = page.get("nextToken")
+            if not token:
+                return observed
+
+    def _run(self, slot: core.Slot, intent: core.Intent, epoch: str, now: float) -> str | Deferral:
+        decision = self._admit("RunMicrovm", now)
+        if isinstance(decision, Deferral):
+            self._note(slot, decision.reason, intent)
+            return decision
+        slot = core.admit_run(slot, intent, now)
+        # Written before the call: a step killed after it leaves a slot the next step finishes.
+        self.ledger.save(self.spec.fleet, slot)
+        token = core.client_token(epoch, self.spec.fleet, slot.slot_id, slot.generation)
+        self._emit(core._event("run_requested", slot, successor=intent.successor or None,
+                               wait_time=core._since(slot.queued_at, now)))
+        if slot.queued_at is not None:
+            self.telemetry.metric(self.spec.fleet, "WaitTime", round(now - slot.queued_at, 3))
+        try:
+            vm = self._api("run_microvm", clientToken=token, **self.spec.run_parameters(slot.role))
+        except ClientError as exc:
+            code = exc.response.get("Error", {}).get("Code", "")
+            self._failed("RunMicrovm", exc, now)
+            if code in SLOT_FAILURES or code == "ConflictException":
+                slot.attempts += 1
+                slot.reason = f"{code}: {exc.response.get('Error', {}).get('Message', '')}"[:500]
+                if slot.attempts >= self.spec.max_start_attempts:
+                    slot.phase = core.DEAD
+                    self._emit(core._event("slot_dead_lettered", slot, reason=slot.reason))
+                    if self.dead_letters:
+                        self.dead_letters({"fleet": self.spec.fleet, "event": "slot_dead_lettered", **slot.to_dict()})
+                else:
+                    slot.generation += 1  # a Conflict means the token's parameters changed
+                    slot.phase = core.QUEUED
+                self.ledger.save(self.spec.fleet, slot)
+                return "failed"
+            return "retry"  # throttled, quota, capacity, internal: same token next time
+        slot.microvm_id = vm["microvmId"]
+        slot.vm_started_at = _epoch(vm["startedAt"])
+        self.ledger.save(self.spec.fleet, slot)
+        self._emit(core._event("run_accepted", slot, state=vm["state"]))
+        return "started"
+
+    def _call(self, intent: core.Intent, now: float) -> Optional[Deferral]:
+        operation, method = {
+            "suspend": ("SuspendMicrovm", "suspend_microvm"),
+            "terminate": ("TerminateMicrovm", "terminate_microvm"),
+            "describe": ("GetMicrovm", "get_microvm"),
+        }[intent.kind]
+        decision = self._admit(operation, now)
+        if isinstance(decision, Deferral):
+            return decision
+        try:
+            result = self._api(method, microvmIdentifier=intent.microvm_id)
+        except ClientError as exc:
+            code = exc.response.get("Error", {}).get("Code", "")
+            if code not in ("ConflictException", "ResourceNotFoundException"):
+                self._failed(operation, exc, now)
+            return None
+        if intent.kind == "describe":
+            self._emit({"event": "vm_end_reason", "slot": intent.slot_id, "microvm_id": intent.microvm_id,
+                        "state": result.get("state"), "reason": result.get("stateReason")})
+        elif intent.kind == "suspend":
+            self._emit({"event": "park_requested", "slot": intent.slot_id, "microvm_id": intent.microvm_id})
+        else:
+            self._emit({"event": "vm_terminated", "slot": intent.slot_id, "microvm_id": intent.microvm_id,
+                        "reason": intent.reason})
+        return None
+
+    def _api(self, method: str, **kwargs: Any) -> Any:
+        self.api_calls += 1
+        return getattr(self.microvms, method)(**kwargs)
+
+    def _failed(self, operation: str, exc: ClientError, now: float) -> Deferral:
+        """Turn a service error into a shared backoff when it is about capacity or rate."""
+        code = exc.response.get("Error", {}).get("Code", "")
+        retry_after = float(exc.response.get("retryAfterSeconds") or 1)
+        if code == "ThrottlingException":
+            self.telemetry.metric(self.spec.fleet, "Throttles", 1, operation=operation)
+            self.budget.backoff(operation, now + retry_after, "throttled")
+        elif code == "ServiceQuotaExceededException":
+            retry_after = QUOTA_BACKOFF_SECONDS
+            self.budget.backoff(operation, now + retry_after, "memory_quota")
+        elif code == "InsufficientCapacityException":
+            retry_after = CAPACITY_BACKOFF_SECONDS
+            self.budget.backoff(operation, now + retry_after, "insufficient_capacity")
+        self._emit({"event": "api_error", "operation": operation, "code": code,
+                    "message": exc.response.get("Error", {}).get("Message"), "retry_after": retry_after})
+        return Deferral(operation, retry_after, f"error:{code}")
+
+    # ------------------------------------------------------------------ persistence and telling
+
+    def _persist(self, before: dict[str, core.Slot], after: dict[str, core.Slot]) -> None:
+        for slot_id, slot in after.items():
+            if before.get(slot_id) != slot:
+                self.ledger.save(self.spec.fleet, slot)
+        for slot_id in before.keys() - after.keys():
+            self.ledger.delete(self.spec.fleet, slot_id)
+
+    def _deferred(self, deferral: Deferral) -> None:
+        self.telemetry.metric(self.spec.fleet, "Deferrals", 1, operation=deferral.operation)
+
+    def _note(self, slot: core.Slot, reason: str, intent: core.Intent) -> None:
+        """Record why a slot waits, once per reason (not on every step)."""
+        if slot.noted == reason:
+            return
+        slot.noted = reason
+        self.ledger.save(self.spec.fleet, slot)
+        kind = "no_headroom_for_rolling_replacement" if intent.successor and reason == "max_vms_reached" else "run_deferred"
+        self._emit(core._event(kind, slot, reason=reason))
+
+    def _emit(self, event: dict[str, Any]) -> None:
+        self.telemetry.event(self.spec.fleet, {"time": round(self.clock(), 3), **event})
+
+
+def _epoch(value: Any) -> float:
+    return value.timestamp() if hasattr(value, "timestamp") else float(value)
+

@@ -1,0 +1,323 @@
+"""The reconciler against the MicroVMs emulator (HTTP, real boto3) and moto's DynamoDB and SQS."""
+
+from __future__ import annotations
+
+import json
+import threading
+import uuid
+from collections import Counter
+from typing import Any, Iterator
+
+import pytest
+
+from lambdas.reconciler import core
+from lambdas.reconciler.budget import Deferral, DynamoDBBudget, Granted
+from lambdas.reconciler.core import FleetSpec
+from lambdas.reconciler.ledger import DynamoDBLedger
+from lambdas.reconciler.telemetry import MemoryTelemetry
+from lambdas.reconciler.tick import Reconciler
+from rayito_constructs.testing import MicrovmsEmulator, VirtualClock
+
+from .emulator_helpers import microvms_client
+from .moto_server import client as aws_client
+from .moto_server import moto_server
+
+
+@pytest.fixture(scope="module")
+def aws() -> Iterator[str]:
+    with moto_server() as endpoint:
+        yield endpoint
+
+
+@pytest.fixture
+def tables(aws) -> dict[str, Any]:
+    ddb = aws_client("dynamodb", aws)
+    suffix = uuid.uuid4().hex[:8]
+    ledger, budget = f"ledger-{suffix}", f"budget-{suffix}"
+    DynamoDBLedger.create_table(ddb, ledger)
+    DynamoDBBudget.create_table(ddb, budget)
+    sqs = aws_client("sqs", aws)
+    queue = sqs.create_queue(QueueName=f"dlq-{suffix}")["QueueUrl"]
+    return {"ddb": ddb, "ledger": ledger, "budget": budget, "sqs": sqs, "queue": queue}
+
+
+@pytest.fixture
+def clock() -> VirtualClock:
+    return VirtualClock()
+
+
+@pytest.fixture
+def emulator(clock) -> Iterator[MicrovmsEmulator]:
+    with MicrovmsEmulator(clock=clock, seed=11, pending_seconds=12, suspending_seconds=1, terminating_seconds=3) as emu:
+        yield emu
+
+
+def reconciler(emulator, tables, clock, *, fleet="mi-agente", image=None, budgets=None, **spec) -> Reconciler:
+    image = image or emulator.image_arn(fleet)
+    if not emulator.has_image(fleet):
+        emulator.create_image(fleet)
+    spec.setdefault("min_vms", 2)
+    spec.setdefault("max_vms", 6)
+    spec.setdefault("warm_vms", 1)
+    return Reconciler(
+        spec=FleetSpec(fleet=fleet, image_arn=image, **spec),
+        microvms=microvms_client(emulator.endpoint_url),
+        ledger=DynamoDBLedger(tables["ddb"], tables["ledger"]),
+        budget=DynamoDBBudget(tables["ddb"], tables["budget"], budgets or {}),
+        telemetry=MemoryTelemetry(),
+        clock=clock.now,
+        dead_letters=lambda record: tables["sqs"].send_message(QueueUrl=tables["queue"], MessageBody=json.dumps(record)),
+    )
+
+
+def tick(r: Reconciler, clock: VirtualClock, seconds: float = 50) -> dict[str, Any]:
+    return r.tick(deadline_seconds=seconds, sleep=clock.advance)
+
+
+def live(emulator, states=("PENDING", "RUNNING", "SUSPENDING", "SUSPENDED")) -> list[dict[str, Any]]:
+    return [vm for vm in emulator.microvms() if vm["state"] in states]
+
+
+def events(r: Reconciler, kind: str) -> list[dict[str, Any]]:
+    return [e for e in r.telemetry.events if e["event"] == kind]
+
+
+def assert_one_vm_per_slot_generation(emulator) -> None:
+    tokens = Counter(vm["clientToken"] for vm in emulator.microvms() if (vm["clientToken"] or "").startswith("rz1-"))
+    assert all(count == 1 for count in tokens.values()), tokens
+
+
+def test_convergence_from_empty(emulator, tables, clock) -> None:
+    r = reconciler(emulator, tables, clock, min_vms=3, max_vms=8, warm_vms=2)
+    summary = tick(r, clock)
+    assert summary["steps"] >= 2
+    states = Counter(vm["state"] for vm in emulator.microvms())
+    assert states == {"RUNNING": 3, "SUSPENDED": 2}
+    slots, stats = r.ledger.load("mi-agente")
+    assert sorted(slots) == ["base-0", "base-1", "base-2", "warm-0", "warm-1"]
+    assert {s.phase for s in slots.values() if s.role == "base"} == {"running"}
+    assert {s.phase for s in slots.values() if s.role == "warm"} == {"parked"}
+    assert stats["run_attempts"] == stats["slots_filled"] == 5
+    # The timeline tells the story, one line per decision.
+    kinds = [e["event"] for e in r.telemetry.events]
+    assert kinds.count("slot_queued") == 5 and kinds.count("run_requested") == 5
+    assert kinds.count("vm_running") == 3 and kinds.count("vm_parked") == 2
+    assert all({"fleet", "slot", "generation"} <= e.keys() for e in events(r, "run_requested"))
+    metrics = r.telemetry.metrics
+    assert metrics["LiveBaseVMs"][-1] == 3 and metrics["ParkedSlots"][-1] == 2 and metrics["Deficit"][-1] == 0
+    # A second tick finds nothing to do: one ListMicrovms, no mutation.
+    calls_before = dict(emulator.calls)
+    tick(r, clock)
+    assert {k: v - calls_before.get(k, 0) for k, v in emulator.calls.items() if v != calls_before.get(k, 0)} == {"ListMicrovms": 1}
+    assert_one_vm_per_slot_generation(emulator)
+
+
+def test_clients_take_warm_slots_and_the_pool_refills(emulator, tables, clock) -> None:
+    r = reconciler(emulator, tables, clock, min_vms=1, max_vms=4, warm_vms=2)
+    tick(r, clock)
+    client = microvms_client(emulator.endpoint_url)
+    parked = [vm["microvmId"] for vm in emulator.microvms() if vm["state"] == "SUSPENDED"]
+    client.resume_microvm(microvmIdentifier=parked[0])  # a client takes a warm slot
+    clock.advance(60)
+    tick(r, clock)
+    slots, _ = r.ledger.load("mi-agente")
+    assert slots[f"member-{parked[0]}"].role == "member"
+    assert len(events(r, "warm_slot_taken")) == 1
+    assert Counter(vm["state"] for vm in emulator.microvms()) == {"RUNNING": 2, "SUSPENDED": 2}
+    # A second client takes the other one: base + 2 members + 1 parked = max_vms, so the second
+    # refill waits instead of going above max_vms.
+    client.resume_microvm(microvmIdentifier=parked[1])
+    clock.advance(60)
+    tick(r, clock)
+    assert len(live(emulator)) == 4
+    assert events(r, "run_deferred")[-1]["reason"] == "max_vms_reached"
+    # A member ends (scale-in): the pool is refilled; a client's own VM is adopted as a member.
+    client.terminate_microvm(microvmIdentifier=parked[0])
+    client.run_microvm(imageIdentifier=r.spec.image_arn, clientToken="client-1")
+    clock.advance(60)
+    tick(r, clock)
+    assert len(events(r, "vm_adopted")) == 1 and len(events(r, "member_released")) == 1
+    assert len(live(emulator)) == 4
+
+
+def test_expiry_replacement_without_a_dip(emulator, tables, clock) -> None:
+    r = reconciler(emulator, tables, clock, min_vms=2, max_vms=4, warm_vms=0, max_lifetime_seconds=3600,
+                   successor_lead_seconds=300)
+    tick(r, clock)
+    lowest = 2
+    for _ in range(3 * 3600 // 30):  # three lifetimes, a tick every minute, sampled every 30 s
+        clock.advance(30)
+        if int(clock.now()) % 60 < 30:
+            tick(r, clock, seconds=25)
+        running = len(live(emulator, ("RUNNING",)))
+        lowest = min(lowest, running)
+    assert lowest >= 2
+    assert len(events(r, "vm_retired")) >= 4
+    assert not events(r, "no_headroom_for_rolling_replacement")
+    assert_one_vm_per_slot_generation(emulator)
+
+
+def test_no_headroom_is_said(emulator, tables, clock) -> None:
+    r = reconciler(emulator, tables, clock, min_vms=1, max_vms=1, warm_vms=0, max_lifetime_seconds=3600,
+                   successor_lead_seconds=300)
+    tick(r, clock)
+    clock.advance(3600 - 200)
+    tick(r, clock)
+    assert events(r, "no_headroom_for_rolling_replacement")
+    clock.advance(200 + 3)
+    tick(r, clock)
+    assert len(live(emulator)) == 1  # replaced when the old one ended
+
+
+def test_crash_loop_goes_to_the_dead_letter_path(emulator, tables, clock) -> None:
+    emulator.inject("RunMicrovm", "crash", after_seconds=20, reason="app_crashloop", times=None)
+    r = reconciler(emulator, tables, clock, min_vms=1, max_vms=2, warm_vms=0, max_start_attempts=3)
+    for _ in range(6):
+        tick(r, clock)
+        clock.advance(60)
+    runs = emulator.calls["RunMicrovm"]
+    assert runs == 3
+    slots, _ = r.ledger.load("mi-agente")
+    assert slots["base-0"].phase == "dead" and "3 times" in slots["base-0"].reason
+    reasons = [e["reason"] for e in events(r, "vm_end_reason")]
+    assert reasons and set(reasons) == {"app_crashloop"}
+    messages = tables["sqs"].receive_message(QueueUrl=tables["queue"], MaxNumberOfMessages=10)["Messages"]
+    assert [json.loads(m["Body"])["event"] for m in messages] == ["slot_dead_lettered"]
+    for _ in range(3):
+        tick(r, clock)
+        clock.advance(60)
+    assert emulator.calls["RunMicrovm"] == runs  # not retried forever
+    assert r.telemetry.metrics["DeadLetteredSlots"][-1] == 1
+
+
+def test_two_ticks_at_once(emulator, tables, clock) -> None:
+    first = reconciler(emulator, tables, clock, min_vms=3, max_vms=6, warm_vms=0)
+    second = reconciler(emulator, tables, clock, min_vms=3, max_vms=6, warm_vms=0)
+    assert first.ledger.acquire_tick("mi-agente", first.holder, clock.now(), 120)
+    assert tick(second, clock) == {"fleet": "mi-agente", "skipped": "tick_in_progress"}
+    first.ledger.release_tick("mi-agente", first.holder)
+    results: list[dict[str, Any]] = []
+    threads = [threading.Thread(target=lambda r=r: results.append(r.tick(deadline_seconds=0))) for r in (first, second)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(live(emulator)) <= 3
+    clock.advance(60)
+    tick(first, clock)
+    tick(second, clock)
+    assert len(live(emulator)) == 3
+    assert_one_vm_per_slot_generation(emulator)
+
+
+def test_a_tick_killed_halfway_is_finished_by_the_next(emulator, tables, clock) -> None:
+    r = reconciler(emulator, tables, clock, min_vms=2, max_vms=4, warm_vms=0)
+    real_run = r.microvms.run_microvm
+
+    def run_then_die(**kwargs: Any) -> Any:
+        real_run(**kwargs)  # the VM exists, but the Lambda dies before it learns the id
+        raise SystemExit("killed")
+
+    r.microvms.run_microvm = run_then_die
+    r.ledger.release_tick = lambda *a: None  # a killed Lambda runs no finally: the lease stays
+    with pytest.raises(SystemExit):
+        r.tick(deadline_seconds=50, sleep=clock.advance, lease_seconds=90)
+    assert len(live(emulator)) == 1
+    slots, _ = r.ledger.load("mi-agente")
+    assert slots["base-0"].phase == "starting" and slots["base-0"].microvm_id is None
+    r.microvms.run_microvm = real_run
+    other = reconciler(emulator, tables, clock, min_vms=2, max_vms=4, warm_vms=0)
+    assert tick(other, clock)["skipped"] == "tick_in_progress"  # the dead tick's lease holds
+    clock.advance(91)
+    fresh = reconciler(emulator, tables, clock, min_vms=2, max_vms=4, warm_vms=0)
+    tick(fresh, clock)
+    assert len(live(emulator)) == 2
+    slots, _ = fresh.ledger.load("mi-agente")
+    assert {s.generation for s in slots.values()} == {0}
+    assert_one_vm_per_slot_generation(emulator)
+
+
+def test_throttling_storm_is_a_shared_backoff(emulator, tables, clock) -> None:
+    # The service is stricter than the budget the reconcilers were configured with.
+    emulator.set_rate_limit("RunMicrovm", 0.5, 1)
+    emulator.create_image("otra")
+    a = reconciler(emulator, tables, clock, fleet="mi-agente", min_vms=4, max_vms=8, warm_vms=0)
+    b = reconciler(emulator, tables, clock, fleet="otra", min_vms=4, max_vms=8, warm_vms=0)
+    tick(a, clock, seconds=0)
+    throttles = emulator.throttled.get("RunMicrovm", 0)
+    assert throttles == 1
+    decision = b.budget.acquire("RunMicrovm", clock.now())
+    assert isinstance(decision, Deferral) and decision.reason == "backoff:throttled"
+    for _ in range(40):
+        clock.advance(1)
+        tick(a, clock, seconds=0)
+        tick(b, clock, seconds=0)
+    assert len(live(emulator)) == 8
+    # Every 429 put both reconcilers in a pause of retryAfterSeconds: no RunMicrovm from either
+    # until it ended, so two 429s are never closer than the pause the first one asked for.
+    throttles = sorted(
+        (e["time"], e["retry_after"]) for r in (a, b) for e in events(r, "api_error") if e["code"] == "ThrottlingException"
+    )
+    assert throttles == sorted(set(throttles))
+    assert all(later[0] - earlier[0] >= earlier[1] for earlier, later in zip(throttles, throttles[1:]))
+    assert len(throttles) == emulator.throttled["RunMicrovm"] < emulator.calls["RunMicrovm"] - len(throttles)
+    assert a.telemetry.by_operation[("Throttles", "RunMicrovm")] >= 1
+
+
+def test_memory_quota_backs_off(clock, tables) -> None:
+    with MicrovmsEmulator(clock=clock, memory_quota_mib=3 * 2048, pending_seconds=1) as emulator:
+        emulator.create_image("mi-agente")
+        r = reconciler(emulator, tables, clock, min_vms=5, max_vms=8, warm_vms=0)
+        tick(r, clock)
+        assert len(live(emulator)) == 3
+        calls = emulator.calls["RunMicrovm"]
+        assert calls == 4  # three started, one 402, then the backoff
+        errors = [e for e in events(r, "api_error") if e["code"] == "ServiceQuotaExceededException"]
+        assert len(errors) == 1
+        assert isinstance(r.budget.acquire("RunMicrovm", clock.now()), Deferral)
+        clock.advance(61)
+        assert isinstance(r.budget.acquire("RunMicrovm", clock.now()), Granted)
+
+
+def test_stale_states_do_not_duplicate_or_overshoot(emulator, tables, clock) -> None:
+    emulator.stale_seconds = 20
+    r = reconciler(emulator, tables, clock, min_vms=2, max_vms=3, warm_vms=1)
+    for _ in range(5):
+        tick(r, clock)
+        clock.advance(60)
+        assert len(live(emulator)) <= 3
+    assert Counter(vm["state"] for vm in emulator.microvms()) == {"RUNNING": 2, "SUSPENDED": 1}
+    assert_one_vm_per_slot_generation(emulator)
+
+
+def test_lost_responses_never_make_two_vms_for_one_slot(emulator, tables, clock) -> None:
+    emulator.inject("RunMicrovm", "lost_response", times=3)
+    r = reconciler(emulator, tables, clock, min_vms=3, max_vms=5, warm_vms=0)
+    for _ in range(3):
+        tick(r, clock)
+        clock.advance(60)
+    assert len(live(emulator)) == 3
+    assert_one_vm_per_slot_generation(emulator)
+
+
+def test_spec_shrinks_without_terminating_busy_vms(emulator, tables, clock) -> None:
+    r = reconciler(emulator, tables, clock, min_vms=3, max_vms=6, warm_vms=2)
+    tick(r, clock)
+    smaller = reconciler(emulator, tables, clock, min_vms=1, max_vms=6, warm_vms=1)
+    clock.advance(60)
+    tick(smaller, clock)
+    states = Counter(vm["state"] for vm in live(emulator))
+    assert states["RUNNING"] == 3  # the two base VMs above min_vms are members now, not killed
+    assert states["SUSPENDED"] == 1 and len(events(smaller, "vm_terminated")) == 1
+    slots, _ = smaller.ledger.load("mi-agente")
+    assert Counter(s.role for s in slots.values()) == {"base": 1, "warm": 1, "member": 2}
+
+
+def test_budget_is_one_conditional_update_per_grant(tables, clock) -> None:
+    budget = DynamoDBBudget(tables["ddb"], tables["budget"], {"SuspendMicrovm": (2, 2)})
+    now = clock.now()
+    grants = [budget.acquire("SuspendMicrovm", now) for _ in range(3)]
+    assert [type(g).__name__ for g in grants] == ["Granted", "Granted", "Deferral"]
+    assert grants[2].reason == "budget_empty" and grants[2].retry_after_seconds == pytest.approx(0.5, abs=1e-3)
+    assert isinstance(budget.acquire("SuspendMicrovm", now + 0.5), Granted)
+    assert budget.remaining("SuspendMicrovm", now + 10) == 2
