@@ -28,6 +28,9 @@ _CONSTRUCTS = {
     "RecipeParameter": "recipe_parameter",
     "MetadataIndex": "metadata_index",
     "MicrovmExecutionRole": "execution_role",
+    "FleetReconciler": "reconciler",
+    "ControlPlaneBudget": "control_plane_budget",
+    "FleetLedger": "fleet_ledger",
 }
 
 __all__ = [

@@ -9,7 +9,7 @@ fleet it does not own.
 from __future__ import annotations
 
 import re
-from typing import Optional, Sequence
+from typing import Mapping, Optional, Sequence
 
 import aws_cdk as cdk
 from aws_cdk import aws_dynamodb as dynamodb
@@ -32,6 +32,7 @@ from .policies import CallerPolicy, ImagePublisherPolicy, SandboxLauncherPolicy
 from .project import AgentProject
 from .recipe import parameter_name, plan_recipe
 from .recipe_parameter import RecipeParameter
+from .reconciler import FleetReconciler
 
 _IMAGE_NAME = re.compile(r":microvm-image:([A-Za-z0-9_-]{1,64})$")
 
@@ -105,6 +106,12 @@ class AgentFleet(_FleetGrants):
     :param network_connectors: customer network connector ARNs the MicroVMs use. Default: none.
     :param scope_microvm_actions_to_image: scope MicroVM lifecycle actions to the image ARN
         instead of ``"*"``. Default: False (see docs/iam.md).
+    :param reconciler: run the reconciler that keeps ``min_vms`` and ``warm_vms``. Default: True.
+    :param max_lifetime_seconds: ``maximumDurationInSeconds`` of the fleet's VMs. Default: 28,800.
+    :param control_plane_budget: the budget table shared by every reconciler of the account and
+        region. Default: one per stack (``ControlPlaneBudget.of``).
+    :param control_plane_budgets: ``{operation: (rate, burst)}`` over the documented quotas.
+    :param reconciler_alarms: create the reconciler's alarms. Default: True.
     """
 
     def __init__(
@@ -122,6 +129,11 @@ class AgentFleet(_FleetGrants):
         build_role: Optional[iam.IRole] = None,
         network_connectors: Sequence[str] = (),
         scope_microvm_actions_to_image: bool = False,
+        reconciler: bool = True,
+        max_lifetime_seconds: int = 28_800,
+        control_plane_budget: Optional[dynamodb.ITable] = None,
+        control_plane_budgets: Optional[Mapping[str, tuple[float, float]]] = None,
+        reconciler_alarms: bool = True,
     ) -> None:
         if not project.has_fleet:
             raise ValueError(
@@ -186,6 +198,21 @@ class AgentFleet(_FleetGrants):
             self, "SandboxLauncherPolicy", fleet_name=project.name, access=self.access
         )
         """Managed policy for what starts and stops the fleet's sandboxes."""
+        self.reconciler: Optional[FleetReconciler] = None
+        """The reconciler, unless ``reconciler=False``."""
+        if reconciler:
+            self.reconciler = FleetReconciler(
+                self,
+                "Reconciler",
+                project=project,
+                access=self.access,
+                execution_role_arn=self.execution_role.role_arn,
+                max_lifetime_seconds=max_lifetime_seconds,
+                budgets=control_plane_budgets,
+                control_plane_budget=control_plane_budget,
+            )
+            if reconciler_alarms:
+                self.reconciler.add_alarms()
 
     @property
     def metadata_table(self) -> Optional[dynamodb.ITable]:

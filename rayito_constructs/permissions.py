@@ -198,7 +198,7 @@ def _kms(sid: str, actions: tuple[str, ...], access: FleetAccess) -> list[Statem
     return [Statement(sid, actions, (access.recipe_key_arn,), via)]
 
 
-def _run_microvms(access: FleetAccess) -> list[Statement]:
+def microvm_statements(access: FleetAccess) -> list[Statement]:
     """What creating and handling MicroVMs needs, RunMicrovm's dependent permissions included."""
     microvm_resources = access.image_arns if access.scope_microvm_actions_to_image else ("*",)
     statements = [
@@ -225,7 +225,7 @@ def launcher_statements(access: FleetAccess) -> list[Statement]:
     """SandboxLauncherPolicy: create, list, connect to, suspend, resume and kill sandboxes, and
     the AgentRecipe statement (read and delete the recipe, never write it)."""
     return [
-        *_run_microvms(access),
+        *microvm_statements(access),
         Statement("AgentRecipe", RECIPE_READ_DELETE, access.recipe_parameter_arns),
         *_kms("AgentRecipeKey", ("kms:Decrypt",), access),
         *_metadata_index(access),
@@ -236,7 +236,7 @@ def caller_statements(access: FleetAccess) -> list[Statement]:
     """CallerPolicy: the deployer and the fleet client route, connect and grow the fleet, and
     save, read and delete its recipe."""
     return [
-        *_run_microvms(access),
+        *microvm_statements(access),
         Statement("AgentRecipe", RECIPE_READ_DELETE, access.recipe_parameter_arns),
         Statement("AgentRecipeWrite", RECIPE_WRITE, access.recipe_parameter_arns),
         *_kms("AgentRecipeKey", ("kms:Decrypt", "kms:Encrypt"), access),

@@ -58,5 +58,8 @@ class FleetStack(cdk.Stack):
         cdk.CfnOutput(self, "CallerPolicyArn", value=fleet.caller_policy.managed_policy_arn)
         cdk.CfnOutput(self, "ImagePublisherPolicyArn", value=fleet.image_publisher_policy.managed_policy_arn)
         cdk.CfnOutput(self, "SandboxLauncherPolicyArn", value=fleet.sandbox_launcher_policy.managed_policy_arn)
+        if fleet.reconciler:
+            cdk.CfnOutput(self, "ReconcilerFunctionName", value=fleet.reconciler.function.function_name)
+            cdk.CfnOutput(self, "ReconcilerDeadLetterQueueUrl", value=fleet.reconciler.dead_letter_queue.queue_url)
         if fleet.metadata_index:
             cdk.CfnOutput(self, "MetadataIndexTableName", value=fleet.metadata_index.table_name)

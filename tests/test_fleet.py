@@ -40,12 +40,14 @@ def test_example_resources(example) -> None:
     _, _, template = example
     template.resource_count_is("AWS::IAM::ManagedPolicy", 3)
     template.resource_count_is("Custom::RayitoRecipe", 1)
-    template.resource_count_is("AWS::Lambda::Function", 1)
-    template.resource_count_is("AWS::DynamoDB::Table", 0)
+    template.resource_count_is("AWS::Lambda::Function", 2)  # the recipe writer and the reconciler
+    template.resource_count_is("AWS::DynamoDB::Table", 2)  # the reconciler's ledger and budget
+    template.resource_count_is("AWS::Scheduler::Schedule", 1)
     outputs = template.to_json()["Outputs"]
     assert set(outputs) == {
         "FleetName", "ImageArn", "RecipeParameterName", "ExecutionRoleArn", "CallerPolicyArn",
-        "ImagePublisherPolicyArn", "SandboxLauncherPolicyArn",
+        "ImagePublisherPolicyArn", "SandboxLauncherPolicyArn", "ReconcilerFunctionName",
+        "ReconcilerDeadLetterQueueUrl",
     }
     assert outputs["RecipeParameterName"]["Value"] == "/rayito/agents/mi-agente/recipe"
     assert outputs["ImageArn"]["Value"] == "arn:aws:lambda:us-east-1:123456789012:microvm-image:mi-agente"
@@ -103,7 +105,7 @@ def test_execution_role_trust(example) -> None:
 
 def test_metadata_index(with_index) -> None:
     _, stack, template = with_index
-    template.resource_count_is("AWS::DynamoDB::Table", 1)
+    template.resource_count_is("AWS::DynamoDB::Table", 3)  # the index, the ledger, the budget
     template.has_resource(
         "AWS::DynamoDB::Table",
         {
@@ -199,7 +201,8 @@ def test_given_image_arn_and_role() -> None:
     image = "arn:aws:lambda:us-east-1:123456789012:microvm-image:shared-agent"
     fleet = AgentFleet(stack, "Fleet", project=AgentProject.load(EXAMPLE), image_arn=image, execution_role=role)
     template = Template.from_stack(stack)
-    template.resource_count_is("AWS::IAM::Role", 1)  # only the recipe writer's
+    roles = template.find_resources("AWS::IAM::Role")
+    assert not [k for k in roles if k.startswith("FleetExecutionRole")]  # the given role is used
     policies = json.dumps(template.find_resources("AWS::IAM::ManagedPolicy"))
     assert "arn:aws:iam::123456789012:role/agent" in policies and image + ":*" in policies
     assert fleet.image_arn == image
@@ -270,7 +273,7 @@ def test_existing_app_with_its_own_resources() -> None:
     names = {s.stack_name for s in assembly.stacks}
     assert names == {"Core", "Security"}
     core_template = Template.from_stack(core)
-    core_template.resource_count_is("AWS::SQS::Queue", 1)
+    core_template.resource_count_is("AWS::SQS::Queue", 2)  # the app's, and the reconciler's dead letters
     core_template.resource_count_is("Custom::RayitoRecipe", 1)
     Template.from_stack(security).resource_count_is("AWS::IAM::ManagedPolicy", 2)
 
@@ -281,7 +284,8 @@ def test_fifty_fleets_share_one_writer() -> None:
     for i in range(3):
         AgentFleet(stack, f"Fleet{i}", project=AgentProject.load(EXAMPLE, name=f"agente-{i}"))
     template = Template.from_stack(stack)
-    template.resource_count_is("AWS::Lambda::Function", 1)
+    writers = template.find_resources("AWS::Lambda::Function", {"Properties": {"Handler": "index.handler"}})
+    assert len(writers) == 1
     template.resource_count_is("Custom::RayitoRecipe", 3)
 
 

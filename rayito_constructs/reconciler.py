@@ -1,0 +1,267 @@
+"""``FleetReconciler``: the small Lambda that keeps a fleet's ``min_vms`` and ``warm_vms`` against
+ListMicrovms, on EventBridge Scheduler every minute and on demand (docs/reconciler.md).
+
+No Docker at synth: the code is ``lambdas/reconciler`` as is, with the ``lambda-microvms`` botocore
+model bundled (the runtime's botocore may predate it); Powertools comes from its public layer.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Mapping, Optional
+
+import aws_cdk as cdk
+from aws_cdk import aws_cloudwatch as cloudwatch
+from aws_cdk import aws_dynamodb as dynamodb
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_lambda as lambda_
+from aws_cdk import aws_lambda_destinations as destinations
+from aws_cdk import aws_logs as logs
+from aws_cdk import aws_scheduler as scheduler
+from aws_cdk import aws_scheduler_targets as scheduler_targets
+from aws_cdk import aws_sqs as sqs
+from constructs import Construct
+
+from ._assets import lambda_code_dir
+from ._nag import acknowledge_wildcard_resources
+from .control_plane_budget import ControlPlaneBudget
+from .fleet_ledger import FleetLedger
+from .permissions import STAR_REASONS, WILDCARD_REASON, FleetAccess, microvm_statements
+from .project import AgentProject
+
+NAMESPACE = "Rayito/Fleet"
+#: Powertools for AWS Lambda (Python) v3 public layer, pinned (override with powertools_layer_arn).
+POWERTOOLS_LAYER_VERSION = 27
+POWERTOOLS_ACCOUNT = "017000801446"
+
+
+class FleetReconciler(Construct):
+    """Keeps one fleet's base VMs and parked slots.
+
+    :param project: the fleet's project (``min_vms``, ``max_vms``, ``warm_vms``, ``idle``).
+    :param access: the fleet's ARNs (image, execution role, connectors), from ``AgentFleet``.
+    :param execution_role: the role the fleet's MicroVMs run as. Default: none.
+    :param schedule: how often a tick runs. Default: every minute.
+    :param tick_seconds: how long a tick may keep working. Default: 50 seconds.
+    :param max_lifetime_seconds: ``maximumDurationInSeconds`` of every VM. Default: 28,800.
+    :param successor_lead_seconds: how long before a VM's end its successor starts. Default: 900.
+    :param max_start_attempts: failed starts in a row before a slot is dead-lettered. Default: 3.
+    :param max_starts_per_step: RunMicrovm calls one step may make (admission width). Default: 10.
+    :param budgets: ``{operation: (rate_per_second, burst)}`` over the documented default quotas,
+        to match the account's applied quotas or to leave room for clients. Default: none.
+    :param control_plane_budget: the shared budget table. Default: one per stack.
+    :param ledger: the ledger table. Default: one per stack.
+    :param powertools_layer_arn: Default: the public Powertools v3 layer, version 27, for
+        python3.14 on arm64 in the stack's region.
+    """
+
+    def __init__(
+        self,
+        scope: Construct,
+        id: str,
+        *,
+        project: AgentProject,
+        access: FleetAccess,
+        execution_role_arn: Optional[str] = None,
+        schedule: cdk.Duration = cdk.Duration.minutes(1),
+        tick_seconds: int = 50,
+        max_lifetime_seconds: int = 28_800,
+        successor_lead_seconds: int = 900,
+        max_start_attempts: int = 3,
+        max_starts_per_step: int = 10,
+        budgets: Optional[Mapping[str, tuple[float, float]]] = None,
+        control_plane_budget: Optional[dynamodb.ITable] = None,
+        ledger: Optional[dynamodb.ITable] = None,
+        powertools_layer_arn: Optional[str] = None,
+    ) -> None:
+        super().__init__(scope, id)
+        stack = cdk.Stack.of(self)
+        if not 1 <= max_lifetime_seconds <= 28_800:
+            raise ValueError(f"max_lifetime_seconds: {max_lifetime_seconds} is not within 1 to 28800 (8 hours)")
+        if tick_seconds >= schedule.to_seconds():
+            raise ValueError(f"tick_seconds: {tick_seconds} leaves no room before the next tick ({schedule.to_seconds()} s)")
+        self.fleet_name = project.name
+        budget_table = control_plane_budget or ControlPlaneBudget.of(self).table
+        ledger_table = ledger or FleetLedger.of(self).table
+        self.ledger_table = ledger_table
+        """The slot ledger."""
+        self.budget_table = budget_table
+        """The shared control-plane budget."""
+
+        self.dead_letter_queue = sqs.Queue(
+            self,
+            "DeadLetters",
+            enforce_ssl=True,
+            encryption=sqs.QueueEncryption.SQS_MANAGED,
+            retention_period=cdk.Duration.days(14),
+        )
+        """Failed invocations and dead-lettered slots, with their reasons."""
+        cdk.Validations.of(self.dead_letter_queue).acknowledge(
+            cdk.Acknowledgment(id="AwsSolutions-SQS3", reason="this queue is the dead-letter queue itself")
+        )
+
+        log_group = logs.LogGroup(self, "Logs", retention=logs.RetentionDays.THREE_MONTHS,
+                                  removal_policy=cdk.RemovalPolicy.DESTROY)
+        role = iam.Role(self, "Role", assumed_by=iam.ServicePrincipal("lambda.amazonaws.com"),
+                        description=f"Rayito reconciler of fleet {project.name}")
+        role.add_to_policy(iam.PolicyStatement(sid="Logs", actions=["logs:CreateLogStream", "logs:PutLogEvents"],
+                                               resources=[log_group.log_group_arn]))
+        statements = microvm_statements(access)
+        for statement in statements:
+            role.add_to_policy(statement.to_policy_statement())
+            reason = STAR_REASONS.get(statement.sid, WILDCARD_REASON)
+            if statement.sid == "Microvms" and "*" not in statement.resources:
+                reason = WILDCARD_REASON
+            acknowledge_wildcard_resources(role, statement.resources, reason)
+        role.add_to_policy(iam.PolicyStatement(
+            sid="Ledger",
+            actions=["dynamodb:Query", "dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem", "dynamodb:DeleteItem"],
+            resources=[ledger_table.table_arn],
+            conditions={"ForAllValues:StringEquals": {"dynamodb:LeadingKeys": [project.name]}},
+        ))
+        role.add_to_policy(iam.PolicyStatement(sid="ControlPlaneBudget", actions=["dynamodb:UpdateItem", "dynamodb:GetItem"],
+                                               resources=[budget_table.table_arn]))
+        role.add_to_policy(iam.PolicyStatement(sid="DeadLetters", actions=["sqs:SendMessage"],
+                                               resources=[self.dead_letter_queue.queue_arn]))
+
+        layer_arn = powertools_layer_arn or (
+            f"arn:{stack.partition}:lambda:{stack.region}:{POWERTOOLS_ACCOUNT}:layer:"
+            f"AWSLambdaPowertoolsPythonV3-python314-arm64:{POWERTOOLS_LAYER_VERSION}"
+        )
+        environment = {
+            "FLEET_NAME": project.name,
+            "IMAGE_ARN": access.image_arns[0],
+            "MIN_VMS": str(project.scaling.min_vms),
+            "MAX_VMS": str(project.scaling.max_vms),
+            "WARM_VMS": str(project.scaling.warm_vms),
+            "MAX_LIFETIME_SECONDS": str(max_lifetime_seconds),
+            "SUCCESSOR_LEAD_SECONDS": str(successor_lead_seconds),
+            "MAX_START_ATTEMPTS": str(max_start_attempts),
+            "MAX_STARTS_PER_STEP": str(max_starts_per_step),
+            "TICK_SECONDS": str(tick_seconds),
+            "LEDGER_TABLE": ledger_table.table_name,
+            "BUDGET_TABLE": budget_table.table_name,
+            "BUDGETS": json.dumps({k: list(v) for k, v in sorted((budgets or {}).items())}, separators=(",", ":")),
+            "DEAD_LETTER_QUEUE_URL": self.dead_letter_queue.queue_url,
+            "POWERTOOLS_SERVICE_NAME": "rayito-reconciler",
+            "POWERTOOLS_METRICS_NAMESPACE": NAMESPACE,
+        }
+        if project.scaling.idle:
+            environment["IDLE_SECONDS"] = str(project.scaling.idle)
+        if execution_role_arn:
+            environment["EXECUTION_ROLE_ARN"] = execution_role_arn
+        self.function = lambda_.Function(
+            self,
+            "Function",
+            description=f"Rayito reconciler: keeps fleet {project.name}'s base VMs and parked slots",
+            runtime=lambda_.Runtime.PYTHON_3_14,
+            architecture=lambda_.Architecture.ARM_64,
+            handler="reconciler.index.handler",
+            code=lambda_.Code.from_asset(
+                str(lambda_code_dir("reconciler").parent),
+                exclude=["*", "!reconciler", "!reconciler/**", "__pycache__", "**/__pycache__", "*.pyc"],
+            ),
+            layers=[lambda_.LayerVersion.from_layer_version_arn(self, "Powertools", layer_arn)],
+            role=role,
+            timeout=cdk.Duration.seconds(tick_seconds + 15),
+            memory_size=256,
+            environment=environment,
+            log_group=log_group,
+            logging_format=lambda_.LoggingFormat.JSON,
+            recursive_loop=lambda_.RecursiveLoop.TERMINATE,
+            # Stale ticks are dropped, never retried: the next tick starts from the truth anyway.
+            retry_attempts=0,
+            max_event_age=cdk.Duration.seconds(60),
+            on_failure=destinations.SqsDestination(self.dead_letter_queue),
+        )
+        """The reconciler function (invoke it on demand; ``{"action": "redrive"}`` retries dead slots)."""
+        schedule_role = iam.Role(
+            self,
+            "ScheduleRole",
+            assumed_by=iam.PrincipalWithConditions(
+                iam.ServicePrincipal("scheduler.amazonaws.com"),
+                {"StringEquals": {"aws:SourceAccount": stack.account}},
+            ),
+            description=f"Rayito: EventBridge Scheduler invokes the reconciler of fleet {project.name}",
+        )
+        # CDK grants invoke on the function and its versions (<function ARN>:*): this function only.
+        acknowledge_wildcard_resources(
+            schedule_role, [f"{self.function.function_arn}:*"], "the versions of this reconciler function only"
+        )
+        self.schedule = scheduler.Schedule(
+            self,
+            "Schedule",
+            description=f"Rayito reconciler tick for fleet {project.name}",
+            schedule=scheduler.ScheduleExpression.rate(schedule),
+            target=scheduler_targets.LambdaInvoke(
+                self.function,
+                retry_attempts=0,
+                max_event_age=cdk.Duration.seconds(60),
+                dead_letter_queue=self.dead_letter_queue,
+                input=scheduler.ScheduleTargetInput.from_object({"source": "schedule"}),
+                role=schedule_role,
+            ),
+        )
+
+    # ------------------------------------------------------------------ metrics and alarms
+
+    def metric(self, name: str, *, operation: Optional[str] = None, **props: object) -> cloudwatch.Metric:
+        """A metric the reconciler emits (namespace ``Rayito/Fleet``, dimension ``fleet``)."""
+        dimensions = {"fleet": self.fleet_name, "service": "rayito-reconciler"}
+        if operation:
+            dimensions["operation"] = operation
+        props.setdefault("period", cdk.Duration.minutes(1))
+        return cloudwatch.Metric(namespace=NAMESPACE, metric_name=name, dimensions_map=dimensions, **props)
+
+    def metric_live_base_vms(self, **props: object) -> cloudwatch.Metric:
+        return self.metric("LiveBaseVMs", statistic="Minimum", **props)
+
+    def metric_parked_slots(self, **props: object) -> cloudwatch.Metric:
+        return self.metric("ParkedSlots", statistic="Minimum", **props)
+
+    def metric_deficit(self, **props: object) -> cloudwatch.Metric:
+        return self.metric("Deficit", statistic="Maximum", **props)
+
+    def metric_wait_time(self, **props: object) -> cloudwatch.Metric:
+        return self.metric("WaitTime", statistic="p90", **props)
+
+    def metric_claim_to_complete(self, **props: object) -> cloudwatch.Metric:
+        return self.metric("ClaimToComplete", statistic="p90", **props)
+
+    def metric_retry_amplification(self, **props: object) -> cloudwatch.Metric:
+        return self.metric("RetryAmplification", statistic="Maximum", **props)
+
+    def metric_dead_lettered_slots(self, **props: object) -> cloudwatch.Metric:
+        return self.metric("DeadLetteredSlots", statistic="Maximum", **props)
+
+    def metric_deferrals(self, operation: str = "RunMicrovm", **props: object) -> cloudwatch.Metric:
+        return self.metric("Deferrals", operation=operation, statistic="Sum", **props)
+
+    def metric_throttles(self, operation: str = "RunMicrovm", **props: object) -> cloudwatch.Metric:
+        return self.metric("Throttles", operation=operation, statistic="Sum", **props)
+
+    def add_alarms(self, *, amplification_threshold: float = 1.5, deficit_minutes: int = 10) -> list[cloudwatch.Alarm]:
+        """Alarms on retry amplification, a sustained deficit, dead-lettered slots and DLQ depth."""
+        missing = cloudwatch.TreatMissingData.NOT_BREACHING
+        alarms = [
+            self.metric_retry_amplification(period=cdk.Duration.minutes(5)).create_alarm(
+                self, "AmplificationAlarm", threshold=amplification_threshold, evaluation_periods=3,
+                alarm_description=f"{self.fleet_name}: RunMicrovm attempts per slot filled above {amplification_threshold}",
+                treat_missing_data=missing),
+            self.metric_deficit().create_alarm(
+                self, "DeficitAlarm", threshold=0, evaluation_periods=deficit_minutes,
+                comparison_operator=cloudwatch.ComparisonOperator.GREATER_THAN_THRESHOLD,
+                alarm_description=f"{self.fleet_name}: slots without a VM for {deficit_minutes} minutes",
+                treat_missing_data=missing),
+            self.metric_dead_lettered_slots().create_alarm(
+                self, "DeadLetteredSlotsAlarm", threshold=1, evaluation_periods=1,
+                comparison_operator=cloudwatch.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
+                alarm_description=f"{self.fleet_name}: a slot failed to start repeatedly and was dead-lettered",
+                treat_missing_data=missing),
+            self.dead_letter_queue.metric_approximate_number_of_messages_visible(period=cdk.Duration.minutes(1)).create_alarm(
+                self, "DeadLetterQueueAlarm", threshold=1, evaluation_periods=1,
+                comparison_operator=cloudwatch.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
+                alarm_description=f"{self.fleet_name}: reconciler dead letters waiting",
+                treat_missing_data=missing),
+        ]
+        return alarms

@@ -1,0 +1,163 @@
+"""FleetReconciler in the template: function, schedule, dead letters, IAM, tables, alarms, asset."""
+
+from __future__ import annotations
+
+import json
+import zipfile
+from pathlib import Path
+
+import aws_cdk as cdk
+import pytest
+from aws_cdk.assertions import Match, Template
+
+from rayito_constructs import AgentFleet, AgentProject, ControlPlaneBudget, FleetStack
+
+from .cdk_helpers import lint_template, nag, new_app, new_stack, stack_props
+from .conftest import EXAMPLE
+
+
+@pytest.fixture(scope="module")
+def synth(tmp_path_factory) -> tuple[cdk.App, FleetStack, Template, Path]:
+    app = new_app()
+    stack = FleetStack(app, "Fleet", project=AgentProject.load(EXAMPLE), **stack_props())
+    template = Template.from_stack(stack)
+    assembly = app.synth()
+    return app, stack, template, Path(assembly.directory)
+
+
+def reconciler_function(template: Template) -> dict:
+    functions = template.find_resources("AWS::Lambda::Function", {"Properties": {"Handler": "reconciler.index.handler"}})
+    (function,) = functions.values()
+    return function["Properties"]
+
+
+def test_function(synth) -> None:
+    _, _, template, _ = synth
+    props = reconciler_function(template)
+    assert props["Runtime"] == "python3.14" and props["Architectures"] == ["arm64"]
+    assert props["Timeout"] == 65 and props["LoggingConfig"]["LogFormat"] == "JSON"
+    env = props["Environment"]["Variables"]
+    assert {k: env[k] for k in ("FLEET_NAME", "MIN_VMS", "MAX_VMS", "WARM_VMS", "IDLE_SECONDS", "MAX_LIFETIME_SECONDS")} == {
+        "FLEET_NAME": "mi-agente", "MIN_VMS": "1", "MAX_VMS": "3", "WARM_VMS": "1", "IDLE_SECONDS": "600",
+        "MAX_LIFETIME_SECONDS": "28800",
+    }
+    assert env["IMAGE_ARN"] == "arn:aws:lambda:us-east-1:123456789012:microvm-image:mi-agente"
+    assert env["POWERTOOLS_METRICS_NAMESPACE"] == "Rayito/Fleet"
+    assert props["Layers"] == [
+        "arn:aws:lambda:us-east-1:017000801446:layer:AWSLambdaPowertoolsPythonV3-python314-arm64:27"
+    ]
+
+
+def test_stale_ticks_are_dropped_and_failures_dead_lettered(synth) -> None:
+    _, _, template, _ = synth
+    template.has_resource_properties(
+        "AWS::Lambda::EventInvokeConfig",
+        {"MaximumRetryAttempts": 0, "MaximumEventAgeInSeconds": 60,
+         "DestinationConfig": {"OnFailure": {"Destination": {"Fn::GetAtt": [Match.string_like_regexp("DeadLetters"), "Arn"]}}}},
+    )
+    template.has_resource_properties(
+        "AWS::Scheduler::Schedule",
+        {"ScheduleExpression": "rate(1 minute)", "State": "ENABLED",
+         "Target": Match.object_like({
+             "RetryPolicy": {"MaximumRetryAttempts": 0, "MaximumEventAgeInSeconds": 60},
+             "DeadLetterConfig": {"Arn": {"Fn::GetAtt": [Match.string_like_regexp("DeadLetters"), "Arn"]}},
+             "Input": json.dumps({"source": "schedule"}, separators=(",", ":")),
+         })},
+    )
+    template.has_resource_properties("AWS::SQS::Queue", {"MessageRetentionPeriod": 1209600, "SqsManagedSseEnabled": True})
+
+
+def test_reconciler_permissions(synth) -> None:
+    _, _, template, _ = synth
+    policies = template.find_resources("AWS::IAM::Policy", {"Properties": {"Roles": [{"Ref": Match.string_like_regexp("FleetReconcilerRole")}]}})
+    (policy,) = policies.values()
+    by_sid = {s.get("Sid"): s for s in policy["Properties"]["PolicyDocument"]["Statement"]}
+    assert set(by_sid) >= {"Logs", "ListMicrovms", "Microvms", "PassNetworkConnectors", "PassExecutionRole", "Ledger",
+                           "ControlPlaneBudget", "DeadLetters"}
+    assert by_sid["Ledger"]["Condition"] == {"ForAllValues:StringEquals": {"dynamodb:LeadingKeys": ["mi-agente"]}}
+    assert sorted(by_sid["ControlPlaneBudget"]["Action"]) == ["dynamodb:GetItem", "dynamodb:UpdateItem"]
+    assert by_sid["DeadLetters"]["Action"] == "sqs:SendMessage"
+    actions = {a for s in by_sid.values() for a in ([s["Action"]] if isinstance(s["Action"], str) else s["Action"])}
+    assert not {a for a in actions if a.startswith("ssm:")}  # the reconciler never touches the recipe
+
+
+def test_tables(synth) -> None:
+    _, _, template, _ = synth
+    tables = template.find_resources("AWS::DynamoDB::Table")
+    keys = sorted(json.dumps(t["Properties"]["KeySchema"]) for t in tables.values())
+    assert keys == [
+        json.dumps([{"AttributeName": "fleet", "KeyType": "HASH"}, {"AttributeName": "key", "KeyType": "RANGE"}]),
+        json.dumps([{"AttributeName": "operation", "KeyType": "HASH"}]),
+    ]
+    for table in tables.values():
+        assert table["Properties"]["BillingMode"] == "PAY_PER_REQUEST"
+        assert table["Properties"]["PointInTimeRecoverySpecification"] == {"PointInTimeRecoveryEnabled": True}
+
+
+def test_alarms(synth) -> None:
+    _, _, template, _ = synth
+    alarms = template.find_resources("AWS::CloudWatch::Alarm")
+    names = sorted(a["Properties"].get("MetricName", "ApproximateNumberOfMessagesVisible") for a in alarms.values())
+    assert names == ["ApproximateNumberOfMessagesVisible", "DeadLetteredSlots", "Deficit", "RetryAmplification"]
+    deficit = [a for a in alarms.values() if a["Properties"].get("MetricName") == "Deficit"][0]["Properties"]
+    assert deficit["EvaluationPeriods"] == 10 and deficit["Namespace"] == "Rayito/Fleet"
+    assert {"Name": "fleet", "Value": "mi-agente"} in deficit["Dimensions"]
+
+
+def test_asset_holds_the_reconciler_and_its_model_only(synth) -> None:
+    _, _, template, outdir = synth
+    key = reconciler_function(template)["Code"]["S3Key"]
+    folder = outdir / f"asset.{key.removesuffix('.zip')}"
+    files = sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file())
+    assert "reconciler/index.py" in files and "reconciler/core.py" in files
+    assert "reconciler/data/lambda-microvms/2025-09-09/service-2.json" in files
+    assert not [f for f in files if f.startswith("recipe_writer") or "__pycache__" in f or f.endswith(".pyc")]
+
+
+def test_shared_budget_across_fleets_and_stacks() -> None:
+    app = new_app()
+    stack = new_stack(app, "Two")
+    AgentFleet(stack, "A", project=AgentProject.load(EXAMPLE, name="a"))
+    AgentFleet(stack, "B", project=AgentProject.load(EXAMPLE, name="b"))
+    other = new_stack(app, "Other")
+    shared = ControlPlaneBudget.from_table_name(other, "Budget", "rayito-budget")
+    AgentFleet(other, "C", project=AgentProject.load(EXAMPLE, name="c"), control_plane_budget=shared)
+    template = Template.from_stack(stack)
+    template.resource_count_is("AWS::DynamoDB::Table", 2)  # one ledger, one budget for both
+    env = [f["Properties"]["Environment"]["Variables"] for f in Template.from_stack(other).find_resources("AWS::Lambda::Function").values()
+           if f["Properties"].get("Handler") == "reconciler.index.handler"][0]
+    assert env["BUDGET_TABLE"] == "rayito-budget"
+
+
+def test_without_reconciler() -> None:
+    app = new_app()
+    stack = new_stack(app)
+    fleet = AgentFleet(stack, "Fleet", project=AgentProject.load(EXAMPLE), reconciler=False)
+    assert fleet.reconciler is None
+    Template.from_stack(stack).resource_count_is("AWS::Scheduler::Schedule", 0)
+
+
+def test_metrics_match_what_the_function_emits(synth) -> None:
+    from lambdas.reconciler.telemetry import METRICS, NAMESPACE
+
+    _, stack, _, _ = synth
+    reconciler = stack.fleet.reconciler
+    for method in ("metric_live_base_vms", "metric_parked_slots", "metric_deficit", "metric_wait_time",
+                   "metric_claim_to_complete", "metric_retry_amplification", "metric_dead_lettered_slots",
+                   "metric_deferrals", "metric_throttles"):
+        metric = getattr(reconciler, method)()
+        assert metric.namespace == NAMESPACE and metric.metric_name in METRICS
+        assert metric.dimensions["fleet"] == "mi-agente"
+
+
+def test_clean(synth) -> None:
+    app, _, template, _ = synth
+    assert lint_template(template) == []
+    assert nag(app) == []
+
+
+def test_validation() -> None:
+    app = new_app()
+    stack = new_stack(app)
+    with pytest.raises(ValueError, match="max_lifetime_seconds: 30000 is not within 1 to 28800"):
+        AgentFleet(stack, "Fleet", project=AgentProject.load(EXAMPLE), max_lifetime_seconds=30000)
