@@ -32,8 +32,11 @@ EPSILON = 1e-6  # float sums of 1/rate must not lose a token at the edge of the 
 
 @dataclass(frozen=True)
 class Granted:
+    """``cost`` tokens, usable after ``wait_seconds`` (0 unless a reservation was asked for)."""
+
     operation: str
     cost: int
+    wait_seconds: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -67,18 +70,19 @@ class MemoryBudget(_Gcra):
         self._tat: dict[str, float] = {}
         self._backoff: dict[str, tuple[float, str]] = {}
 
-    def acquire(self, operation: str, now: float, cost: int = 1) -> Decision:
+    def acquire(self, operation: str, now: float, cost: int = 1, horizon: float = 0.0) -> Decision:
+        """``cost`` tokens now, or (``horizon`` > 0) a reservation of them at most that far ahead."""
         interval, burst = self.shape(operation)
         with self._lock:
             until, why = self._backoff.get(operation, (0.0, ""))
             if until > now:
                 return Deferral(operation, until - now, f"backoff:{why}")
             tat = max(self._tat.get(operation, now), now)
-            limit = now + (burst - cost) * interval + EPSILON
+            limit = now + horizon + (burst - cost) * interval + EPSILON
             if tat > limit:
                 return Deferral(operation, tat - limit, "budget_empty")
             self._tat[operation] = tat + cost * interval
-            return Granted(operation, cost)
+            return Granted(operation, cost, max(0.0, tat - (burst - cost) * interval - now))
 
     def backoff(self, operation: str, until: float, reason: str) -> None:
         with self._lock:
@@ -111,7 +115,9 @@ class DynamoDBBudget(_Gcra):
         self._table = table_name
         self._last_tat: dict[str, float] = {}
 
-    def acquire(self, operation: str, now: float, cost: int = 1) -> Decision:
+    def acquire(self, operation: str, now: float, cost: int = 1, horizon: float = 0.0) -> Decision:
+        """``cost`` tokens now, or (``horizon`` > 0) a reservation of them at most that far ahead:
+        one conditional UpdateItem when the guess of idle or busy is right, two otherwise."""
         interval, burst = self.shape(operation)
         key = {"operation": {"S": operation}}
         not_in_backoff = "(attribute_not_exists(backoff_until) OR backoff_until <= :now)"
@@ -129,7 +135,7 @@ class DynamoDBBudget(_Gcra):
             else:
                 update = "SET tat = tat + :step"
                 condition = f"tat > :now AND tat <= :limit AND {not_in_backoff}"
-                values.update({":step": _n(cost * interval), ":limit": _n(now + (burst - cost) * interval + EPSILON)})
+                values.update({":step": _n(cost * interval), ":limit": _n(now + horizon + (burst - cost) * interval + EPSILON)})
             try:
                 result = self._ddb.update_item(
                     TableName=self._table,
@@ -140,8 +146,10 @@ class DynamoDBBudget(_Gcra):
                     ReturnValues="UPDATED_NEW",
                     ReturnValuesOnConditionCheckFailure="ALL_OLD",
                 )
-                self._last_tat[operation] = float(result["Attributes"]["tat"]["N"])
-                return Granted(operation, cost)
+                new_tat = float(result["Attributes"]["tat"]["N"])
+                self._last_tat[operation] = new_tat
+                start = new_tat - cost * interval - (burst - cost) * interval
+                return Granted(operation, cost, max(0.0, start - now))
             except self._ddb.exceptions.ConditionalCheckFailedException as exc:
                 old = exc.response.get("Item") or old
                 if old is None:
@@ -151,7 +159,7 @@ class DynamoDBBudget(_Gcra):
                     return Deferral(operation, until - now, f"backoff:{old.get('backoff_reason', {}).get('S', '')}")
                 tat = float(old.get("tat", {}).get("N", now))
                 self._last_tat[operation] = tat
-                limit = now + (burst - cost) * interval + EPSILON
+                limit = now + horizon + (burst - cost) * interval + EPSILON
                 if tat > limit:
                     return Deferral(operation, tat - limit, "budget_empty")
         tat = self._last_tat.get(operation, now)
