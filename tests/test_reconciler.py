@@ -91,8 +91,11 @@ def test_convergence_from_empty(emulator, tables, clock) -> None:
     r = reconciler(emulator, tables, clock, min_vms=3, max_vms=8, warm_vms=2)
     summary = tick(r, clock)
     assert summary["steps"] >= 2
+    clock.advance(1)  # the parked slots finish SUSPENDING on their own: no step waits for that
     states = Counter(vm["state"] for vm in emulator.microvms())
     assert states == {"RUNNING": 3, "SUSPENDED": 2}
+    clock.advance(59)
+    tick(r, clock)  # the next tick records what it sees
     slots, stats = r.ledger.load("mi-agente")
     assert sorted(slots) == ["base-0", "base-1", "base-2", "warm-0", "warm-1"]
     assert {s.phase for s in slots.values() if s.role == "base"} == {"running"}
@@ -105,8 +108,9 @@ def test_convergence_from_empty(emulator, tables, clock) -> None:
     assert all({"fleet", "slot", "generation"} <= e.keys() for e in events(r, "run_requested"))
     metrics = r.telemetry.metrics
     assert metrics["LiveBaseVMs"][-1] == 3 and metrics["ParkedSlots"][-1] == 2 and metrics["Deficit"][-1] == 0
-    # A second tick finds nothing to do: one ListMicrovms, no mutation.
+    # A third tick finds nothing to do: one ListMicrovms, no mutation.
     calls_before = dict(emulator.calls)
+    clock.advance(60)
     tick(r, clock)
     assert {k: v - calls_before.get(k, 0) for k, v in emulator.calls.items() if v != calls_before.get(k, 0)} == {"ListMicrovms": 1}
     assert_one_vm_per_slot_generation(emulator)
@@ -115,6 +119,7 @@ def test_convergence_from_empty(emulator, tables, clock) -> None:
 def test_clients_take_warm_slots_and_the_pool_refills(emulator, tables, clock) -> None:
     r = reconciler(emulator, tables, clock, min_vms=1, max_vms=4, warm_vms=2)
     tick(r, clock)
+    clock.advance(1)
     client = microvms_client(emulator.endpoint_url)
     parked = [vm["microvmId"] for vm in emulator.microvms() if vm["state"] == "SUSPENDED"]
     client.resume_microvm(microvmIdentifier=parked[0])  # a client takes a warm slot
@@ -123,6 +128,7 @@ def test_clients_take_warm_slots_and_the_pool_refills(emulator, tables, clock) -
     slots, _ = r.ledger.load("mi-agente")
     assert slots[f"member-{parked[0]}"].role == "member"
     assert len(events(r, "warm_slot_taken")) == 1
+    clock.advance(1)
     assert Counter(vm["state"] for vm in emulator.microvms()) == {"RUNNING": 2, "SUSPENDED": 2}
     # A second client takes the other one: base + 2 members + 1 parked = max_vms, so the second
     # refill waits instead of going above max_vms.

@@ -74,7 +74,7 @@ def test_handler_runs_a_tick_on_the_old_sdk() -> None:
 
         time.sleep(0.2)  # the parked slot may still be SUSPENDING when the tick's deadline came
         states = sorted(vm["state"] for vm in emulator.microvms())
-        assert states == ["RUNNING", "RUNNING", "SUSPENDED"]
+        assert states == ["RUNNING", "RUNNING", "SUSPENDED"], (states, result.stdout[-4000:])
         # What it tells: the timeline as structured log lines and EMF metrics with the fleet dimension.
         records = [json.loads(l) for l in lines if l.startswith("{")]
         timeline = [r for r in records if r.get("message") == "run_requested"]

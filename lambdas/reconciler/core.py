@@ -76,6 +76,7 @@ class Slot:
     attempts: int = 0
     reason: Optional[str] = None
     noted: Optional[str] = None
+    parking_since: Optional[float] = None  # when the service accepted our SuspendMicrovm
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -116,6 +117,11 @@ class Plan:
     wake_soon: bool = False
 
 
+#: After the service accepted a SuspendMicrovm, a VM still seen RUNNING this much later was
+#: resumed by a client (it took the parked slot), not merely slow to suspend.
+PARK_GRACE_SECONDS = 30.0
+
+
 def client_token(epoch: str, fleet: str, slot_id: str, generation: int) -> str:
     """The RunMicrovm ``clientToken`` of one slot generation (1–128 characters)."""
     digest = hashlib.sha256(f"{epoch}\0{fleet}\0{slot_id}\0{generation}".encode()).hexdigest()
@@ -141,12 +147,12 @@ def plan(spec: FleetSpec, ledger: Mapping[str, Slot], observed: Iterable[Observe
     events: list[dict[str, Any]] = []
     intents: list[Intent] = []
     describes: list[Intent] = []
-    wake_soon = False
+    wake_soon = False  # a warm slot's VM is PENDING: it must be suspended as soon as it runs
 
     def requeue(slot: Slot, reason: str) -> None:
         slot.generation += 1
         slot.phase, slot.microvm_id, slot.queued_at, slot.requested_at = QUEUED, None, now, None
-        slot.vm_started_at, slot.reason, slot.noted = None, reason, None
+        slot.vm_started_at, slot.reason, slot.noted, slot.parking_since = None, reason, None, None
 
     # 1. Each slot against what the service shows.
     for slot in list(slots.values()):
@@ -196,10 +202,14 @@ def plan(spec: FleetSpec, ledger: Mapping[str, Slot], observed: Iterable[Observe
             if ready and slot.phase == STARTING:
                 slot.phase = RUNNING
                 events.append(_event("vm_running", slot, claim_to_complete=_since(slot.requested_at, now)))
-            elif vm.state == "PENDING":
-                wake_soon = True
+            # A PENDING base VM needs nothing from us: it serves as soon as it runs. No polling.
         else:  # WARM
-            if vm.state == "RUNNING" and slot.phase == PARKED:
+            suspended_then_resumed = (
+                slot.phase == PARKING and slot.parking_since is not None and now - slot.parking_since > PARK_GRACE_SECONDS
+            )
+            if vm.state == "RUNNING" and slot.phase == PARKING and slot.parking_since is not None and not suspended_then_resumed:
+                wake_soon = True  # our suspend was accepted; the list has not caught up yet
+            elif vm.state == "RUNNING" and (slot.phase == PARKED or suspended_then_resumed):
                 # A client resumed the parked slot: the VM is a member now; refill the pool.
                 member = Slot(f"member-{vm.microvm_id}", MEMBER, phase=RUNNING, microvm_id=vm.microvm_id,
                               vm_started_at=vm.started_at, queued_at=now)
@@ -210,7 +220,7 @@ def plan(spec: FleetSpec, ledger: Mapping[str, Slot], observed: Iterable[Observe
                 intents.append(Intent("suspend", slot.slot_id, vm.microvm_id))
                 slot.phase = PARKING
             elif vm.state == "SUSPENDING":
-                slot.phase, wake_soon = PARKING, True
+                slot.phase = PARKING
             elif vm.state == "SUSPENDED" and slot.phase != PARKED:
                 slot.phase = PARKED
                 events.append(_event("vm_parked", slot, claim_to_complete=_since(slot.requested_at, now)))
@@ -267,9 +277,9 @@ def plan(spec: FleetSpec, ledger: Mapping[str, Slot], observed: Iterable[Observe
             continue
         if slot.phase in (QUEUED, STARTING) and slot.microvm_id is None:
             runs.append(Intent("run", slot.slot_id, role=slot.role))
-            if slot.queued_at is not None and now - slot.queued_at > spec.admission_deadline_seconds and slot.noted != "deadline":
+            if slot.queued_at is not None and now - slot.queued_at > spec.admission_deadline_seconds and not noted(slot, "deadline"):
                 events.append(_event("admission_deadline_exceeded", slot, waited=round(now - slot.queued_at, 3)))
-                slot.noted = "deadline"
+                note(slot, "deadline")
             continue
         expires = (slot.vm_started_at or now) + spec.max_lifetime_seconds
         ready = slot.phase in (RUNNING, PARKED)
@@ -294,7 +304,16 @@ def plan(spec: FleetSpec, ledger: Mapping[str, Slot], observed: Iterable[Observe
         "Deficit": len(runs) + sum(1 for s in slots.values() if s.phase == DEAD),
         "DeadLetteredSlots": sum(1 for s in slots.values() if s.phase == DEAD),
     }
-    return Plan(slots, intents, events, gauges, live, wake_soon or bool(runs) or any(i.kind == "suspend" for i in intents))
+    return Plan(slots, intents, events, gauges, live, wake_soon)
+
+
+def noted(slot: Slot, reason: str) -> bool:
+    """Whether ``reason`` was already told for this wait of the slot (told once, not every step)."""
+    return reason in (slot.noted or "").split(",")
+
+
+def note(slot: Slot, reason: str) -> None:
+    slot.noted = ",".join(filter(None, [slot.noted, reason]))
 
 
 def _base_live(slot: Slot, seen: Mapping[str, Observed]) -> bool:

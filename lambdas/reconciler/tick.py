@@ -19,6 +19,7 @@ from . import core
 from .budget import Deferral, Granted
 
 PENDING_POLL_SECONDS = 5.0
+MIN_WAIT_SECONDS = 0.05
 QUOTA_BACKOFF_SECONDS = 60.0
 CAPACITY_BACKOFF_SECONDS = 30.0
 BACKOFF_CODES = {"ThrottlingException", "ServiceQuotaExceededException", "InsufficientCapacityException"}
@@ -48,6 +49,7 @@ class Reconciler:
     holder: str = field(default_factory=lambda: uuid.uuid4().hex)
     api_calls: int = 0
     reserve_horizon: float = 10.0
+    _deadline: float = float("inf")
     _held: dict[str, list[float]] = field(default_factory=dict)  # operation -> [ready_at, tokens]
 
     # ------------------------------------------------------------------ ticks and steps
@@ -56,7 +58,7 @@ class Reconciler:
              lease_seconds: float = 120.0) -> dict[str, Any]:
         """One scheduled run: take the tick lease, step until done or the deadline, release."""
         start = self.clock()
-        if not self.begin_tick(lease_seconds):
+        if not self.begin_tick(lease_seconds, deadline_seconds):
             return {"fleet": self.spec.fleet, "skipped": "tick_in_progress"}
         steps = 0
         try:
@@ -72,9 +74,12 @@ class Reconciler:
             self.end_tick()
         return {"fleet": self.spec.fleet, "steps": steps, "api_calls": self.api_calls}
 
-    def begin_tick(self, lease_seconds: float = 120.0) -> bool:
+    def begin_tick(self, lease_seconds: float = 120.0, deadline_seconds: float = 50.0) -> bool:
         """Take the fleet's tick lease; False (and a timeline line) when another tick holds it."""
-        if self.ledger.acquire_tick(self.spec.fleet, self.holder, self.clock(), lease_seconds):
+        holder = uuid.uuid4().hex  # each tick its own holder: a second tick of this object waits too
+        if self.ledger.acquire_tick(self.spec.fleet, holder, self.clock(), lease_seconds):
+            self.holder = holder
+            self._deadline = self.clock() + deadline_seconds
             return True
         self._emit({"event": "tick_skipped", "reason": "another tick holds the lease"})
         return False
@@ -82,6 +87,7 @@ class Reconciler:
     def end_tick(self) -> None:
         """Release the lease; reservations not used are given up with it."""
         self._held.clear()
+        self._deadline = float("inf")
         self.ledger.release_tick(self.spec.fleet, self.holder)
         self.telemetry.flush()
 
@@ -91,8 +97,9 @@ class Reconciler:
         fleet = self.spec.fleet
         observed = self._list(now)
         if isinstance(observed, Deferral):
-            self._deferred(observed)
-            return StepResult(observed.retry_after_seconds, deferrals=1)
+            if now + observed.retry_after_seconds >= self._deadline:
+                return StepResult(None, deferrals=1)  # no list before the deadline: the next tick
+            return StepResult(max(MIN_WAIT_SECONDS, observed.retry_after_seconds), deferrals=1)
         slots, stats = self.ledger.load(fleet)
         plan = core.plan(self.spec, slots, observed, now)
         self._persist(slots, plan.slots)
@@ -120,21 +127,25 @@ class Reconciler:
                     continue
                 remaining = sum(1 for i in plan.intents if i.kind == "run") - runs
                 want = max(1, min(remaining, width - runs, self.spec.max_vms - live))
+                calls_before = self.api_calls
                 outcome = self._run(slot, intent, stats["epoch"], now, want)
+                attempts += self.api_calls - calls_before  # every RunMicrovm sent, failed ones too
                 if isinstance(outcome, Deferral):
                     deferrals += 1
                     waits.append(outcome.retry_after_seconds)
-                    break  # the bucket is empty for every run after this one too
-                attempts += 1
+                    break  # the bucket is empty (or the service said no) for every run after this one
                 runs += 1
                 if outcome == "started":
                     live += 1
                     filled += 1
+                    if slot.role == core.WARM:
+                        waits.append(PENDING_POLL_SECONDS)  # to park it once it runs
                 elif outcome == "retry":
+                    live += 1  # the VM may exist (a lost response): count it until a list says otherwise
                     waits.append(1.0)
             else:
                 want = sum(1 for i in plan.intents if i.kind == intent.kind)
-                decision = self._call(intent, now, want)
+                decision = self._call(intent, now, want, slots)
                 if isinstance(decision, Deferral):
                     deferrals += 1
                     waits.append(decision.retry_after_seconds)
@@ -148,7 +159,8 @@ class Reconciler:
                 self.telemetry.metric(fleet, "RetryAmplification", round(total_attempts / total_filled, 4))
         if plan.wake_soon:
             waits.append(PENDING_POLL_SECONDS)
-        return StepResult(min(waits) if waits else None, runs=runs, deferrals=deferrals)
+        # A floor on waits: float edges of the buckets must not turn into a busy loop.
+        return StepResult(max(MIN_WAIT_SECONDS, min(waits)) if waits else None, runs=runs, deferrals=deferrals)
 
     # ------------------------------------------------------------------ calls
 
@@ -163,7 +175,9 @@ class Reconciler:
                 return Granted(operation, 1)
             return Deferral(operation, held[0] - now, "reserved")
         burst = int(self.budget.shape(operation)[1])
-        decision = self.budget.acquire(operation, now, cost=max(1, min(want, burst)), horizon=self.reserve_horizon)
+        # Never reserve past the tick's deadline: the tick would end holding tokens nobody uses.
+        horizon = max(0.0, min(self.reserve_horizon, self._deadline - now - 1))
+        decision = self.budget.acquire(operation, now, cost=max(1, min(want, burst)), horizon=horizon)
         if isinstance(decision, Deferral):
             self._deferred(decision)
             return decision
@@ -172,7 +186,15 @@ class Reconciler:
                 self._held[operation] = [now, decision.cost - 1]
             return Granted(operation, 1)
         self._held[operation] = [now + decision.wait_seconds, decision.cost]
-        return Deferral(operation, decision.wait_seconds, "reserved")
+        wait = decision.wait_seconds
+        if operation != "ListMicrovms" and "ListMicrovms" not in self._held:
+            # The step that spends this reservation lists first: reserve that list for the same
+            # moment, so the reserved calls are not held up (and then bunched) behind it.
+            listing = self.budget.acquire("ListMicrovms", now, 1, horizon=wait + 1)
+            if isinstance(listing, Granted):
+                self._held["ListMicrovms"] = [now + listing.wait_seconds, 1]
+                wait = max(wait, listing.wait_seconds)
+        return Deferral(operation, wait, "reserved")
 
     def _list(self, now: float) -> list[core.Observed] | Deferral:
         observed: list[core.Observed] = []
@@ -235,7 +257,8 @@ class Reconciler:
         self._emit(core._event("run_accepted", slot, state=vm["state"]))
         return "started"
 
-    def _call(self, intent: core.Intent, now: float, want: int = 1) -> Optional[Deferral]:
+    def _call(self, intent: core.Intent, now: float, want: int = 1,
+              slots: Optional[dict[str, core.Slot]] = None) -> Optional[Deferral]:
         operation, method = {
             "suspend": ("SuspendMicrovm", "suspend_microvm"),
             "terminate": ("TerminateMicrovm", "terminate_microvm"),
@@ -255,6 +278,10 @@ class Reconciler:
             self._emit({"event": "vm_end_reason", "slot": intent.slot_id, "microvm_id": intent.microvm_id,
                         "state": result.get("state"), "reason": result.get("stateReason")})
         elif intent.kind == "suspend":
+            slot = slots.get(intent.slot_id) if slots is not None else None
+            if slot is not None:
+                slot.parking_since = now
+                self.ledger.save(self.spec.fleet, slot)
             self._emit({"event": "park_requested", "slot": intent.slot_id, "microvm_id": intent.microvm_id})
         else:
             self._emit({"event": "vm_terminated", "slot": intent.slot_id, "microvm_id": intent.microvm_id,
@@ -298,9 +325,9 @@ class Reconciler:
 
     def _note(self, slot: core.Slot, reason: str, intent: core.Intent) -> None:
         """Record why a slot waits, once per reason (not on every step)."""
-        if slot.noted == reason:
+        if core.noted(slot, reason):
             return
-        slot.noted = reason
+        core.note(slot, reason)
         self.ledger.save(self.spec.fleet, slot)
         kind = "no_headroom_for_rolling_replacement" if intent.successor and reason == "max_vms_reached" else "run_deferred"
         self._emit(core._event(kind, slot, reason=reason))

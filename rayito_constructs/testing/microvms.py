@@ -164,6 +164,8 @@ class Fault:
     retry_after: int = 1
     after_seconds: float = 0.0
     reason: str = "app_crashloop"
+    image: Optional[str] = None
+    """Only requests for this image ARN (RunMicrovm faults)."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -266,6 +268,8 @@ class MicrovmsEmulator:
         self._images: dict[str, Image] = {}
         self._vms: dict[str, Microvm] = {}
         self._by_image: dict[str, list[Microvm]] = {}
+        self._ever: list[Microvm] = []
+        self._pruned_at = float("-inf")
         self._tokens: dict[str, tuple[str, str]] = {}  # clientToken -> (fingerprint, microvm id)
         self._faults: list[Fault] = []
         self._limits: dict[str, Optional[tuple[float, float]]] = {}
@@ -443,6 +447,7 @@ class MicrovmsEmulator:
         now = self.clock.now()
         with self._lock:
             out = []
+            self._prune(now)
             for vm in self._vms.values():
                 self._advance(vm, now)
                 if not self._gone(vm, now):
@@ -457,6 +462,19 @@ class MicrovmsEmulator:
                             "startedAt": vm.started_at,
                         }
                     )
+            return out
+
+    def microvms_ever(self) -> list[dict[str, Any]]:
+        """Every VM ever started, gone ones included, with its client token and history."""
+        now = self.clock.now()
+        with self._lock:
+            out = []
+            for vm in self._ever:
+                self._advance(vm, now)
+                states = [h[1] for h in vm.history]
+                out.append({"microvmId": vm.id, "state": vm.state, "imageArn": vm.image.arn,
+                            "clientToken": vm.request.get("clientToken"), "startedAt": vm.started_at,
+                            "wasSuspended": "SUSPENDED" in states, "stateReason": vm.reason})
             return out
 
     def memory_in_use_mib(self) -> int:
@@ -500,9 +518,18 @@ class MicrovmsEmulator:
     def _gone(self, vm: Microvm, now: float) -> bool:
         return vm.state == "TERMINATED" and now >= (vm.terminated_at or now) + self.terminated_linger_seconds
 
+    def _prune(self, now: float) -> None:
+        """Forget VMs no longer listed anywhere, so long simulations stay fast (``_ever`` keeps them)."""
+        if now - self._pruned_at < 60:
+            return
+        self._pruned_at = now
+        for vm_id in [i for i, vm in self._vms.items() if (self._advance(vm, now) or True) and self._gone(vm, now)]:
+            del self._vms[vm_id]
+
     def _memory_in_use(self, now: float) -> int:
         counted = LIVE if self.suspended_counts_toward_quota else ("PENDING", "RUNNING", "SUSPENDING")
         total = 0
+        self._prune(now)
         for vm in self._vms.values():
             self._advance(vm, now)
             if vm.state in counted:
@@ -621,9 +648,9 @@ class MicrovmsEmulator:
                     )
         return delay
 
-    def _take_fault(self, operation: str, kind: str) -> Optional[Fault]:
+    def _take_fault(self, operation: str, kind: str, image: Optional[str] = None) -> Optional[Fault]:
         for fault in list(self._faults):
-            if fault.operation == operation and fault.kind == kind:
+            if fault.operation == operation and fault.kind == kind and fault.image in (None, image):
                 if fault.probability < 1.0 and self._rng.random() >= fault.probability:
                     continue
                 if fault.times is not None:
@@ -699,6 +726,10 @@ class MicrovmsEmulator:
         fingerprint = hashlib.sha256(json.dumps(fingerprint_data, sort_keys=True).encode()).hexdigest()
         if token and token in self._tokens:
             seen, vm_id = self._tokens[token]
+            if vm_id not in self._vms:
+                # The token's VM ended long ago; the service's token window is unknown: a new VM.
+                del self._tokens[token]
+                return self._op_RunMicrovm(params, now)
             if seen != fingerprint:
                 raise WireError(
                     "ConflictException",
@@ -740,11 +771,12 @@ class MicrovmsEmulator:
             idle=params.get("idlePolicy"),
         )
         vm.record(now, "PENDING")
-        crash = self._take_fault("RunMicrovm", "crash")
+        crash = self._take_fault("RunMicrovm", "crash", image.arn)
         if crash is not None:
             vm.crash_at, vm.crash_reason = now + crash.after_seconds, crash.reason
         self._vms[vm_id] = vm
         self._by_image.setdefault(image.name, []).append(vm)
+        self._ever.append(vm)
         if token:
             self._tokens[token] = (fingerprint, vm_id)
         return self._describe(vm, now)
