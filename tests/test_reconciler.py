@@ -108,6 +108,8 @@ def test_convergence_from_empty(emulator, tables, clock) -> None:
     assert all({"fleet", "slot", "generation"} <= e.keys() for e in events(r, "run_requested"))
     metrics = r.telemetry.metrics
     assert metrics["LiveBaseVMs"][-1] == 3 and metrics["ParkedSlots"][-1] == 2 and metrics["Deficit"][-1] == 0
+    assert len(metrics["ClaimToComplete"]) == 5 and min(metrics["ClaimToComplete"]) >= 12  # pending_seconds
+    assert len(metrics["WaitTime"]) == 5
     # A third tick finds nothing to do: one ListMicrovms, no mutation.
     calls_before = dict(emulator.calls)
     clock.advance(60)

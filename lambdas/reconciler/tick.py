@@ -105,6 +105,8 @@ class Reconciler:
         self._persist(slots, plan.slots)
         for event in plan.events:
             self._emit(event)
+            if event.get("claim_to_complete") is not None:
+                self.telemetry.metric(fleet, "ClaimToComplete", event["claim_to_complete"])
             if event["event"] == "slot_dead_lettered" and self.dead_letters:
                 self.dead_letters({"fleet": fleet, **event})
         for name, value in plan.gauges.items():
