@@ -31,6 +31,8 @@ _CONSTRUCTS = {
     "FleetReconciler": "reconciler",
     "ControlPlaneBudget": "control_plane_budget",
     "FleetLedger": "fleet_ledger",
+    "AgentImage": "agent_image",
+    "ImageHooks": "agent_image",
 }
 
 __all__ = [

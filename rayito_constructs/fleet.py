@@ -17,6 +17,7 @@ from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
 from constructs import Construct
 
+from .agent_image import AgentImage
 from .execution_role import MicrovmExecutionRole
 from .metadata_index import MetadataIndex
 from .permissions import (
@@ -35,6 +36,7 @@ from .recipe_parameter import RecipeParameter
 from .reconciler import FleetReconciler
 
 _IMAGE_NAME = re.compile(r":microvm-image:([A-Za-z0-9_-]{1,64})$")
+_IMAGE_NAME_ONLY = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
 
 def _image_name(image_arn: Optional[str], fleet_name: str) -> Optional[str]:
@@ -94,8 +96,13 @@ class AgentFleet(_FleetGrants):
     """One fleet of agent MicroVMs: recipe, policies, execution role and optional metadata index.
 
     :param project: the agent project (``AgentProject.load(folder, **overrides)``).
-    :param image_arn: the fleet's MicroVM image. Default: the image named after the fleet in this
-        account and region (what ``rayito agent deploy`` publishes).
+    :param image_arn: a MicroVM image published elsewhere. Default: the fleet builds an
+        :class:`AgentImage` from the project's folder when it has a Dockerfile; otherwise the image
+        named after the fleet in this account and region (what ``rayito agent deploy`` publishes).
+    :param image: an :class:`AgentImage` to run. Default: see ``image_arn``.
+    :param build_image: build the image from the project folder when neither is given. Default: True.
+    :param base_rollout: how base VMs move to a new image version: ``on_expiry`` (default) or
+        ``rolling`` (a successor starts at once). Parked slots are always replaced first.
     :param execution_role: the role the MicroVMs run as. Default: a new
         :class:`MicrovmExecutionRole` scoped to the image.
     :param metadata_index: create the session index (dedicated sessions). Default: False.
@@ -121,6 +128,9 @@ class AgentFleet(_FleetGrants):
         *,
         project: AgentProject,
         image_arn: Optional[str] = None,
+        image: Optional[AgentImage] = None,
+        build_image: bool = True,
+        base_rollout: str = "on_expiry",
         execution_role: Optional[iam.IRole] = None,
         metadata_index: bool = False,
         metadata_index_removal_policy: cdk.RemovalPolicy = cdk.RemovalPolicy.RETAIN,
@@ -140,8 +150,30 @@ class AgentFleet(_FleetGrants):
                 f"target: {project.target!r} has no fleet (option_not_supported); AgentFleet "
                 "deploys to Lambda MicroVMs (target = 'microvm')"
             )
-        image_name = _image_name(image_arn, project.name)
+        if image_arn is not None and image is not None:
+            raise ValueError("image_arn, image: give at most one of them")
+        if base_rollout not in ("on_expiry", "rolling"):
+            raise ValueError(f"base_rollout: {base_rollout!r} is not one of 'on_expiry', 'rolling'")
+        image_name = image.image_name if image is not None else _image_name(image_arn, project.name)
         super().__init__(scope, id)
+        folder = project.folder
+        buildable = folder is not None and (folder / "Dockerfile").is_file() and _IMAGE_NAME_ONLY.match(project.name)
+        if image is None and image_arn is None and build_image and buildable:
+            image = AgentImage(
+                self,
+                "Image",
+                folder=folder,
+                image_name=project.name,
+                memory_mib=project.image.memory_mib,
+                architecture=project.image.architecture,
+                environment=project.env,
+                secret_looking_names="allow",  # the project already warned (env_looks_secret)
+            )
+        self.image: Optional[AgentImage] = image
+        """The image the fleet builds or was given, when there is one."""
+        if image is not None:
+            image_arn = image.image_arn
+            build_role = build_role or image.build_role
         self.project = project
         """The project this fleet was built from."""
         self.fleet_name = project.name
@@ -165,13 +197,15 @@ class AgentFleet(_FleetGrants):
             network_connectors=network_connectors,
             recipe_key_arn=recipe_key.key_arn if recipe_key else None,
             table_arn=self.metadata_index.table_arn if self.metadata_index else None,
+            code_object_arns=image.code_object_arns if image is not None else (),
             scope_microvm_actions_to_image=scope_microvm_actions_to_image,
         )
         """The ARNs this fleet's permissions are about."""
+        image_version = image.latest_active_image_version if image is not None else project.image.version
         self.image_arn = self.access.image_arns[0]
         """The fleet's MicroVM image ARN."""
 
-        plan = plan_recipe(project)
+        plan = plan_recipe(project, image_version=image_version)
         for warning in (*project.warnings, *plan.warnings):
             cdk.Annotations.of(self).add_warning_v2(f"rayito:{warning.code}", f"{warning.code}: {warning.message}")
         self.recipe: Optional[RecipeParameter] = (
@@ -208,6 +242,8 @@ class AgentFleet(_FleetGrants):
                 access=self.access,
                 execution_role_arn=self.execution_role.role_arn,
                 max_lifetime_seconds=max_lifetime_seconds,
+                image_version=image_version,
+                base_rollout=base_rollout,
                 budgets=control_plane_budgets,
                 control_plane_budget=control_plane_budget,
             )

@@ -90,8 +90,9 @@ def parameter_name(fleet_name: str) -> str:
     return f"{PARAMETER_PREFIX}{fleet_name}/recipe"
 
 
-def build_recipe(project: "AgentProject") -> dict[str, Any]:
-    """The recipe document of a project, as plain JSON-ready data."""
+def build_recipe(project: "AgentProject", image_version: Optional[str] = None) -> dict[str, Any]:
+    """The recipe document of a project, as plain JSON-ready data. ``image_version`` overrides
+    the project's (a CDK token when the stack builds the image: CloudFormation fills it in)."""
     doc: dict[str, Any] = {
         "version": RECIPE_VERSION,
         "name": project.name,
@@ -99,7 +100,7 @@ def build_recipe(project: "AgentProject") -> dict[str, Any]:
         "image": {
             "memory_mib": project.image.memory_mib,
             "architecture": project.image.architecture,
-            "version": project.image.version,
+            "version": image_version if image_version is not None else project.image.version,
         },
         "env": dict(project.env),
         "secret_env": list(project.secret_env),
@@ -154,7 +155,7 @@ def decode_recipe(value: str) -> dict[str, Any]:
     return doc
 
 
-def plan_recipe(project: "AgentProject") -> RecipePlan:
+def plan_recipe(project: "AgentProject", image_version: Optional[str] = None) -> RecipePlan:
     """Decide what the deploy writes: the encoded recipe, or nothing and the page's warning."""
     name = parameter_name(project.name)
     if project.name in (".", ".."):
@@ -166,7 +167,11 @@ def plan_recipe(project: "AgentProject") -> RecipePlan:
         warning = FleetWarning("recipe_not_saved", "save_recipe is off (--no-save-recipe): no recipe is saved")
         return RecipePlan(name, None, (warning,))
     try:
-        encoded = encode_recipe(build_recipe(project))
+        encoded = encode_recipe(build_recipe(project, image_version))
+        if encoded.encoding == "compressed" and image_version is not None and "${Token[" in image_version:
+            # A deploy-time value cannot go through zlib at synth: the compressed recipe keeps
+            # the project's version (the reconciler still rolls onto the built one).
+            encoded = encode_recipe(build_recipe(project))
     except RecipeTooLarge as exc:
         return RecipePlan(name, None, (FleetWarning(exc.code, str(exc).split(": ", 1)[1]),))
     return RecipePlan(name, encoded, ())

@@ -53,6 +53,8 @@ class FleetReconciler(Construct):
     :param ledger: the ledger table. Default: one per stack.
     :param powertools_layer_arn: Default: the public Powertools v3 layer, version 27, for
         python3.14 on arm64 in the stack's region.
+    :param image_version: the image version new VMs run; VMs on another are rolled. Default: none.
+    :param base_rollout: ``on_expiry`` (default) or ``rolling`` (see docs/image.md).
     """
 
     def __init__(
@@ -73,6 +75,8 @@ class FleetReconciler(Construct):
         control_plane_budget: Optional[dynamodb.ITable] = None,
         ledger: Optional[dynamodb.ITable] = None,
         powertools_layer_arn: Optional[str] = None,
+        image_version: Optional[str] = None,
+        base_rollout: str = "on_expiry",
     ) -> None:
         super().__init__(scope, id)
         stack = cdk.Stack.of(self)
@@ -148,6 +152,9 @@ class FleetReconciler(Construct):
         }
         if project.scaling.idle:
             environment["IDLE_SECONDS"] = str(project.scaling.idle)
+        if image_version:
+            environment["IMAGE_VERSION"] = image_version
+            environment["BASE_ROLLOUT"] = base_rollout
         if execution_role_arn:
             environment["EXECUTION_ROLE_ARN"] = execution_role_arn
         self.function = lambda_.Function(

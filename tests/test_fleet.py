@@ -50,17 +50,24 @@ def test_example_resources(example) -> None:
         "ReconcilerDeadLetterQueueUrl",
     }
     assert outputs["RecipeParameterName"]["Value"] == "/rayito/agents/mi-agente/recipe"
-    assert outputs["ImageArn"]["Value"] == "arn:aws:lambda:us-east-1:123456789012:microvm-image:mi-agente"
+    # The example folder has a Dockerfile: the stack builds its image.
+    assert outputs["ImageArn"]["Value"] == {"Fn::GetAtt": ["FleetImage4D94793D", "ImageArn"]}
+    template.resource_count_is("AWS::Lambda::MicrovmImage", 1)
 
 
 def test_recipe_custom_resource_holds_the_encoded_recipe(example) -> None:
     _, _, template = example
     (recipe,) = template.find_resources("Custom::RayitoRecipe").values()
     props = recipe["Properties"]
-    expected = plan_recipe(AgentProject.load(EXAMPLE)).encoded
     assert props["ParameterName"] == "/rayito/agents/mi-agente/recipe"
-    assert props["Value"] == expected.value and props["Encoding"] == "json"
-    assert decode_recipe(props["Value"])["scaling"]["max_vms"] == 3
+    # The recipe records the image version the deploy builds: CloudFormation fills it in.
+    parts = props["Value"]["Fn::Join"][1]
+    assert {"Fn::GetAtt": ["FleetImage4D94793D", "LatestActiveImageVersion"]} in parts
+    value = "".join(p if isinstance(p, str) else "1.0" for p in parts)
+    expected = plan_recipe(AgentProject.load(EXAMPLE), image_version="1.0").encoded
+    assert value == expected.value and props["Encoding"] == "json"
+    assert decode_recipe(value)["image"]["version"] == "1.0"
+    assert decode_recipe(value)["scaling"]["max_vms"] == 3
     assert props["KeepOnDelete"] == "false" and "KeyId" not in props
     assert recipe["DeletionPolicy"] == "Delete"
     # The writer may put and delete exactly this parameter, and is created before it is used.

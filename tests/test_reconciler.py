@@ -329,3 +329,31 @@ def test_budget_is_one_conditional_update_per_grant(tables, clock) -> None:
     assert grants[2].reason == "budget_empty" and grants[2].retry_after_seconds == pytest.approx(0.5, abs=1e-3)
     assert isinstance(budget.acquire("SuspendMicrovm", now + 0.5), Granted)
     assert budget.remaining("SuspendMicrovm", now + 10) == 2
+
+
+@pytest.mark.parametrize("rollout", ["rolling", "on_expiry"])
+def test_a_new_image_version_rolls_the_fleet(emulator, tables, clock, rollout) -> None:
+    r = reconciler(emulator, tables, clock, min_vms=2, max_vms=5, warm_vms=1, image_version="1.0",
+                   max_lifetime_seconds=7200, base_rollout=rollout)
+    tick(r, clock)
+    clock.advance(60)
+    emulator.publish_version("mi-agente", "2.0")  # a deploy built a new version ...
+    rolled = reconciler(emulator, tables, clock, min_vms=2, max_vms=5, warm_vms=1, image_version="2.0",
+                        max_lifetime_seconds=7200, base_rollout=rollout)  # ... and set IMAGE_VERSION
+    lowest = 2
+    for step in range(2 * 7200 // 30):
+        if step % 2 == 0:
+            tick(rolled, clock, seconds=25)
+        clock.advance(30)
+        lowest = min(lowest, len(live(emulator, ("RUNNING",))))
+        assert len(live(emulator)) <= 5
+    assert lowest >= 2
+    slots, _ = rolled.ledger.load("mi-agente")
+    versions = {vm["microvmId"]: vm["imageVersion"] for vm in emulator.microvms()}
+    assert {versions[s.microvm_id] for s in slots.values() if s.role in ("base", "warm")} == {"2.0"}
+    requested = [e for e in rolled.telemetry.events if e["event"] == "run_requested" and e.get("successor")]
+    first = requested[0]
+    assert first["role"] == "warm" and first["reason"] == "image_version"  # parked slots first
+    first_base = [e for e in requested if e["role"] == "base"][0]
+    assert first_base["reason"] == ("image_version" if rollout == "rolling" else "expiring")
+    assert_one_vm_per_slot_generation(emulator)

@@ -41,7 +41,9 @@ def test_function(synth) -> None:
         "FLEET_NAME": "mi-agente", "MIN_VMS": "1", "MAX_VMS": "3", "WARM_VMS": "1", "IDLE_SECONDS": "600",
         "MAX_LIFETIME_SECONDS": "28800",
     }
-    assert env["IMAGE_ARN"] == "arn:aws:lambda:us-east-1:123456789012:microvm-image:mi-agente"
+    assert env["IMAGE_ARN"] == {"Fn::GetAtt": ["FleetImage4D94793D", "ImageArn"]}
+    assert env["IMAGE_VERSION"] == {"Fn::GetAtt": ["FleetImage4D94793D", "LatestActiveImageVersion"]}
+    assert env["BASE_ROLLOUT"] == "on_expiry"
     assert env["POWERTOOLS_METRICS_NAMESPACE"] == "Rayito/Fleet"
     assert props["Layers"] == [
         "arn:aws:lambda:us-east-1:017000801446:layer:AWSLambdaPowertoolsPythonV3-python314-arm64:27"

@@ -44,10 +44,17 @@ class FleetSpec:
     crash_window_seconds: float = 600.0
     max_starts_per_step: int = 10
     admission_deadline_seconds: float = 300.0
+    image_version: Optional[str] = None
+    """The version new VMs run; VMs on another one are rolled (``None``: no rollout)."""
+    base_rollout: str = "on_expiry"
+    """``on_expiry``: base VMs move to a new image version when they reach their end (no extra
+    VMs); ``rolling``: a successor starts now (within ``max_vms`` headroom)."""
 
     def run_parameters(self, role: str) -> dict[str, Any]:
         """RunMicrovm parameters for a slot of ``role`` (the client token aside)."""
         params: dict[str, Any] = {"imageIdentifier": self.image_arn, "maximumDurationInSeconds": self.max_lifetime_seconds}
+        if self.image_version:
+            params["imageVersion"] = self.image_version
         if self.execution_role_arn:
             params["executionRoleArn"] = self.execution_role_arn
         if role == BASE and self.idle_seconds:
@@ -93,6 +100,7 @@ class Observed:
     microvm_id: str
     state: str
     started_at: float
+    image_version: Optional[str] = None
 
 
 @dataclass(frozen=True)
@@ -105,6 +113,7 @@ class Intent:
     role: Optional[str] = None
     successor: bool = False
     reason: Optional[str] = None
+    priority: int = 0
 
 
 @dataclass
@@ -283,12 +292,27 @@ def plan(spec: FleetSpec, ledger: Mapping[str, Slot], observed: Iterable[Observe
             continue
         expires = (slot.vm_started_at or now) + spec.max_lifetime_seconds
         ready = slot.phase in (RUNNING, PARKED)
-        if ready and slot.retiring_id is None and expires - now <= spec.successor_lead_seconds:
-            successors.append(Intent("run", slot.slot_id, slot.microvm_id, role=slot.role, successor=True))
+        current = seen.get(slot.microvm_id or "")
+        outdated = bool(spec.image_version and current and current.image_version
+                        and current.image_version != spec.image_version)
+        if ready and slot.retiring_id is None:
+            if expires - now <= spec.successor_lead_seconds:
+                # Expiring base VMs first: they are what keeps min_vms live.
+                successors.append(Intent("run", slot.slot_id, slot.microvm_id, role=slot.role, successor=True,
+                                         reason="expiring", priority=0 if slot.role == BASE else 1))
+            elif outdated and (slot.role == WARM or spec.base_rollout == "rolling"):
+                # A new image version: parked slots are replaced first, base VMs after them.
+                successors.append(Intent("run", slot.slot_id, slot.microvm_id, role=slot.role, successor=True,
+                                         reason="image_version", priority=2 if slot.role == WARM else 3))
+                if not noted(slot, "outdated"):
+                    events.append(_event("vm_outdated", slot, version=current.image_version,
+                                         wanted=spec.image_version))
+                    note(slot, "outdated")
         if slot.role == WARM and slot.retiring_id and slot.phase == PARKED:
             retiring = seen.get(slot.retiring_id)
             if retiring is not None and retiring.state in ("SUSPENDING", "SUSPENDED"):
                 intents.append(Intent("terminate", slot.slot_id, slot.retiring_id, reason="replaced_parked_slot"))
+    successors.sort(key=lambda i: i.priority)
     intents = describes + intents + runs + successors
 
     live = sum(1 for o in seen.values() if o.state in LIVE)

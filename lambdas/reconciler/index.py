@@ -5,7 +5,8 @@ Configuration comes from the environment the construct sets:
 ``FLEET_NAME``, ``IMAGE_ARN``, ``MIN_VMS``, ``MAX_VMS``, ``WARM_VMS``, ``MAX_LIFETIME_SECONDS``,
 ``IDLE_SECONDS`` (optional), ``EXECUTION_ROLE_ARN`` (optional), ``LEDGER_TABLE``,
 ``BUDGET_TABLE``, ``BUDGETS`` (JSON ``{operation: [rate, burst]}``), ``DEAD_LETTER_QUEUE_URL``,
-``SUCCESSOR_LEAD_SECONDS``, ``MAX_START_ATTEMPTS``, ``MAX_STARTS_PER_STEP``, ``TICK_SECONDS``.
+``SUCCESSOR_LEAD_SECONDS``, ``MAX_START_ATTEMPTS``, ``MAX_STARTS_PER_STEP``, ``TICK_SECONDS``,
+``IMAGE_VERSION`` (the version to roll onto), ``BASE_ROLLOUT`` (``on_expiry`` or ``rolling``).
 
 The Lambda Python runtime's bundled botocore may predate ``lambda-microvms`` (botocore 1.43.35):
 the service model ships with this function (``data/``) and is put first on botocore's search path.
@@ -61,6 +62,8 @@ def spec_from_env(env: Optional[dict[str, str]] = None) -> FleetSpec:
         successor_lead_seconds=number("SUCCESSOR_LEAD_SECONDS", 900.0),
         max_start_attempts=int(number("MAX_START_ATTEMPTS", 3)),
         max_starts_per_step=int(number("MAX_STARTS_PER_STEP", 10)),
+        image_version=env.get("IMAGE_VERSION") or None,
+        base_rollout=env.get("BASE_ROLLOUT") or "on_expiry",
     )
 
 

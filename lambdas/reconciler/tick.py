@@ -214,7 +214,7 @@ class Reconciler:
                 return self._failed("ListMicrovms", exc, now)
             for item in page["items"]:
                 started = item["startedAt"]
-                observed.append(core.Observed(item["microvmId"], item["state"], _epoch(started)))
+                observed.append(core.Observed(item["microvmId"], item["state"], _epoch(started), item.get("imageVersion")))
             token = page.get("nextToken")
             if not token:
                 return observed
@@ -229,7 +229,8 @@ class Reconciler:
         self.ledger.save(self.spec.fleet, slot)
         token = core.client_token(epoch, self.spec.fleet, slot.slot_id, slot.generation)
         self._emit(core._event("run_requested", slot, successor=intent.successor or None,
-                               wait_time=core._since(slot.queued_at, now)))
+                               reason=intent.reason if intent.successor else None,
+                               image_version=self.spec.image_version, wait_time=core._since(slot.queued_at, now)))
         if slot.queued_at is not None:
             self.telemetry.metric(self.spec.fleet, "WaitTime", round(now - slot.queued_at, 3))
         try:
