@@ -33,6 +33,7 @@ _CONSTRUCTS = {
     "FleetLedger": "fleet_ledger",
     "AgentImage": "agent_image",
     "ImageHooks": "agent_image",
+    "EgressBudget": "egress_budget",
 }
 
 __all__ = [

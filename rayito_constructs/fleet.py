@@ -18,6 +18,7 @@ from aws_cdk import aws_kms as kms
 from constructs import Construct
 
 from .agent_image import AgentImage
+from .egress_budget import EgressBudget
 from .execution_role import MicrovmExecutionRole
 from .metadata_index import MetadataIndex
 from .permissions import (
@@ -157,6 +158,12 @@ class AgentFleet(_FleetGrants):
         image_name = image.image_name if image is not None else _image_name(image_arn, project.name)
         super().__init__(scope, id)
         folder = project.folder
+        self.egress_budget: Optional[EgressBudget] = (
+            EgressBudget(self, "EgressBudget", fleet_name=project.name, envelopes=project.egress.budgets)
+            if project.egress.budgets
+            else None
+        )
+        """The per-target egress envelopes, when the project declares ``[[egress.budgets]]``."""
         buildable = folder is not None and (folder / "Dockerfile").is_file() and _IMAGE_NAME_ONLY.match(project.name)
         if image is None and image_arn is None and build_image and buildable:
             image = AgentImage(
@@ -166,7 +173,10 @@ class AgentFleet(_FleetGrants):
                 image_name=project.name,
                 memory_mib=project.image.memory_mib,
                 architecture=project.image.architecture,
-                environment=project.env,
+                environment={
+                    **project.env,
+                    **({"RAYITO_EGRESS_BUDGET_TABLE": self.egress_budget.table_name} if self.egress_budget else {}),
+                },
                 secret_looking_names="allow",  # the project already warned (env_looks_secret)
             )
         self.image: Optional[AgentImage] = image
@@ -201,6 +211,9 @@ class AgentFleet(_FleetGrants):
             scope_microvm_actions_to_image=scope_microvm_actions_to_image,
         )
         """The ARNs this fleet's permissions are about."""
+        if self.egress_budget is not None:
+            # Every agent of the fleet takes tokens from the shared envelopes.
+            self.egress_budget.grant_acquire(self.execution_role)
         image_version = image.latest_active_image_version if image is not None else project.image.version
         self.image_arn = self.access.image_arns[0]
         """The fleet's MicroVM image ARN."""

@@ -10,7 +10,7 @@ every table at once.
 from __future__ import annotations
 
 import re
-from typing import Literal, Optional
+from typing import Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -119,11 +119,62 @@ class ImageOptions(_Options):
     """Image version to run (``major.minor``). Default: the latest active version."""
 
 
+class EgressBudgetOptions(_Options):
+    """One per-target rate envelope (a ``[[egress.budgets]]`` entry)."""
+
+    target: str
+    """``https://api.example.com``, with an optional path class (``/v1/chat``) or query class
+    (``?model``)."""
+    rate: Union[str, int, float]
+    """``"60/minute"``, ``"10/second"``..., or a number per second."""
+    burst: int = Field(1, ge=1, le=10_000)
+
+    @field_validator("target")
+    @classmethod
+    def _target(cls, value: str) -> str:
+        from .egress.targets import declared_target
+
+        return declared_target(value)
+
+    @field_validator("rate")
+    @classmethod
+    def _rate(cls, value: Union[str, int, float]) -> Union[str, int, float]:
+        from .egress.client import parse_rate
+
+        if isinstance(value, bool):
+            raise ValueError("is not a rate such as 60/minute or 10/second")
+        per_second = parse_rate(value)
+        if per_second <= 0:
+            raise ValueError("is not above 0")
+        return value
+
+    @property
+    def rate_per_second(self) -> float:
+        from .egress.client import parse_rate
+
+        return parse_rate(self.rate)
+
+
 class EgressOptions(_Options):
-    """Where the agent may send requests (the ``[egress]`` table)."""
+    """Where the agent may send requests, and how fast (the ``[egress]`` table)."""
 
     allow: tuple[str, ...] = ()
     """Hosts the agent may reach (``--allow-out``). Default: no allow-list."""
+    budgets: tuple[EgressBudgetOptions, ...] = ()
+    """Per-target rate envelopes (``[[egress.budgets]]``). Default: none (no EgressBudget)."""
+    default_rate: Union[str, int, float] = "60/minute"
+    """Envelope of a target no budget declares. Default: 60/minute."""
+    default_burst: int = Field(5, ge=1, le=10_000)
+
+    @field_validator("default_rate")
+    @classmethod
+    def _default_rate(cls, value: Union[str, int, float]) -> Union[str, int, float]:
+        return EgressBudgetOptions._rate(value)
+
+    @field_validator("budgets", mode="before")
+    @classmethod
+    def _budgets(cls, value: object) -> object:
+        return tuple(value) if isinstance(value, list) else value
 
 
 class GatewayOptions(_Options):

@@ -331,6 +331,8 @@ class _Builder:
     def _pydantic_problem(self, section: str, model: type[BaseModel], error: Mapping[str, Any]) -> None:
         loc = error["loc"]
         key = str(loc[0]) if loc else section
+        for part in loc[1:]:
+            key += f"[{part}]" if isinstance(part, int) else f".{part}"
         given = error.get("input")
         kind = error["type"]
         ctx = error.get("ctx", {})
@@ -357,6 +359,10 @@ class _Builder:
             self._problem(key, f"{show(given)} must be {error['msg'].lower().removeprefix('string should have ')}")
         elif kind in ("tuple_type", "list_type"):
             self._problem(key, f"{show(given)} is not a list")
+        elif kind == "value_error":
+            self._problem(key, f"{show(given)} {ctx.get('error', error['msg'])}")
+        elif kind == "missing":
+            self._problem(key, "is required")
         else:
             self._problem(key, f"{show(given)}: {error['msg']}")
 

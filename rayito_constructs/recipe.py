@@ -104,7 +104,15 @@ def build_recipe(project: "AgentProject", image_version: Optional[str] = None) -
         },
         "env": dict(project.env),
         "secret_env": list(project.secret_env),
-        "egress": {"allow": list(project.egress.allow)},
+        "egress": {
+            "allow": list(project.egress.allow),
+            "budgets": [
+                {"target": b.target, "rate_per_second": round(b.rate_per_second, 6), "burst": b.burst}
+                for b in project.egress.budgets
+            ],
+            "default": {"rate_per_second": round(_rate(project.egress.default_rate), 6),
+                        "burst": project.egress.default_burst},
+        },
         "gateways": [g.model_dump(exclude_none=True, mode="json") for g in project.gateways],
         "gateway_presets": sorted({g.preset for g in project.gateways if g.preset}),
         "renew_gateway_keys": project.renew_gateway_keys,
@@ -117,6 +125,12 @@ def build_recipe(project: "AgentProject", image_version: Optional[str] = None) -
         scaling["idle_seconds"] = scaling.pop("idle")
         doc["scaling"] = scaling
     return doc
+
+
+def _rate(value: Any) -> float:
+    from .egress.client import parse_rate
+
+    return parse_rate(value)
 
 
 def canonical_json(doc: Mapping[str, Any]) -> bytes:
@@ -189,9 +203,18 @@ def recipe_to_project_data(recipe: Mapping[str, Any]) -> dict[str, Any]:
     image = {k: v for k, v in dict(recipe.get("image", {})).items() if v is not None}
     if image:
         data["image"] = image
-    allow = dict(recipe.get("egress", {})).get("allow")
-    if allow:
-        data["egress"] = {"allow": list(allow)}
+    egress = dict(recipe.get("egress", {}))
+    table: dict[str, Any] = {}
+    if egress.get("allow"):
+        table["allow"] = list(egress["allow"])
+    if egress.get("budgets"):
+        table["budgets"] = [{"target": b["target"], "rate": b["rate_per_second"], "burst": b["burst"]}
+                            for b in egress["budgets"]]
+    if egress.get("default"):
+        table["default_rate"] = egress["default"]["rate_per_second"]
+        table["default_burst"] = egress["default"]["burst"]
+    if table:
+        data["egress"] = table
     if "instructions" in recipe:
         data["instructions"] = recipe["instructions"]
     if "serve" in recipe:

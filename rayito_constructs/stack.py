@@ -61,5 +61,7 @@ class FleetStack(cdk.Stack):
         if fleet.reconciler:
             cdk.CfnOutput(self, "ReconcilerFunctionName", value=fleet.reconciler.function.function_name)
             cdk.CfnOutput(self, "ReconcilerDeadLetterQueueUrl", value=fleet.reconciler.dead_letter_queue.queue_url)
+        if fleet.egress_budget:
+            cdk.CfnOutput(self, "EgressBudgetTableName", value=fleet.egress_budget.table_name)
         if fleet.metadata_index:
             cdk.CfnOutput(self, "MetadataIndexTableName", value=fleet.metadata_index.table_name)

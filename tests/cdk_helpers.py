@@ -17,6 +17,7 @@ from .conftest import ROOT
 FLAGS: dict[str, Any] = json.loads((ROOT / "cdk.json").read_text())["context"]
 ENV = cdk.Environment(account="123456789012", region="us-east-1")
 ASSET_HASH = re.compile(r"^[0-9a-f]{64}(\.zip)?$")
+HASH_INSIDE = re.compile(r"[0-9a-f]{64}")
 
 
 def new_app(**context: Any) -> cdk.App:
@@ -59,4 +60,6 @@ def neutralize(data: Any, path: Any = None) -> Any:
     """syrupy matcher: asset hashes change with any byte of handler code or any CDK upgrade."""
     if isinstance(data, str) and ASSET_HASH.match(data):
         return "<asset-hash>.zip" if data.endswith(".zip") else "<asset-hash>"
+    if isinstance(data, str) and HASH_INSIDE.search(data):
+        return HASH_INSIDE.sub("<asset-hash>", data)  # s3://bucket/<hash>.zip in an image's code URI
     return data

@@ -106,7 +106,11 @@ def test_fleet_builds_its_image_and_grants_the_publisher() -> None:
     template.resource_count_is("AWS::Lambda::MicrovmImage", 1)
     template.has_resource_properties("AWS::Lambda::MicrovmImage", {
         "Name": "mi-agente", "Resources": [{"MinimumMemoryInMiB": 4096}],
-        "EnvironmentVariables": [{"Key": "GREETING", "Value": "Hola"}, {"Key": "LOG_LEVEL", "Value": "info"}],
+        "EnvironmentVariables": [
+            {"Key": "GREETING", "Value": "Hola"}, {"Key": "LOG_LEVEL", "Value": "info"},
+            # The example declares egress budgets: the agents find their table here.
+            {"Key": "RAYITO_EGRESS_BUDGET_TABLE", "Value": {"Ref": Match.string_like_regexp("^FleetEgressBudgetTable")}},
+        ],
     })
     publisher = [p for k, p in template.find_resources("AWS::IAM::ManagedPolicy").items() if k.startswith("FleetImagePublisher")][0]
     sids = {s["Sid"] for s in publisher["Properties"]["PolicyDocument"]["Statement"]}

@@ -41,13 +41,13 @@ def test_example_resources(example) -> None:
     template.resource_count_is("AWS::IAM::ManagedPolicy", 3)
     template.resource_count_is("Custom::RayitoRecipe", 1)
     template.resource_count_is("AWS::Lambda::Function", 2)  # the recipe writer and the reconciler
-    template.resource_count_is("AWS::DynamoDB::Table", 2)  # the reconciler's ledger and budget
+    template.resource_count_is("AWS::DynamoDB::Table", 3)  # the reconciler's ledger and budget, egress
     template.resource_count_is("AWS::Scheduler::Schedule", 1)
     outputs = template.to_json()["Outputs"]
     assert set(outputs) == {
         "FleetName", "ImageArn", "RecipeParameterName", "ExecutionRoleArn", "CallerPolicyArn",
         "ImagePublisherPolicyArn", "SandboxLauncherPolicyArn", "ReconcilerFunctionName",
-        "ReconcilerDeadLetterQueueUrl",
+        "ReconcilerDeadLetterQueueUrl", "EgressBudgetTableName",
     }
     assert outputs["RecipeParameterName"]["Value"] == "/rayito/agents/mi-agente/recipe"
     # The example folder has a Dockerfile: the stack builds its image.
@@ -112,7 +112,7 @@ def test_execution_role_trust(example) -> None:
 
 def test_metadata_index(with_index) -> None:
     _, stack, template = with_index
-    template.resource_count_is("AWS::DynamoDB::Table", 3)  # the index, the ledger, the budget
+    template.resource_count_is("AWS::DynamoDB::Table", 4)  # the index, the ledger, the budget, egress
     template.has_resource(
         "AWS::DynamoDB::Table",
         {
@@ -315,3 +315,29 @@ def test_synth_is_stable_across_runs(example) -> None:
     app = new_app()
     again = FleetStack(app, "MiAgente", project=AgentProject.load(EXAMPLE), **stack_props())
     assert Template.from_stack(again).to_json() == example[2].to_json()
+
+
+def test_egress_budget_of_the_example(example) -> None:
+    _, stack, template = example
+    budget = stack.fleet.egress_budget
+    assert [e.target for e in budget.envelopes] == ["https://api.example.com", "https://api.example.com/v1/search?region"]
+    template.has_resource_properties("AWS::DynamoDB::Table", {
+        "KeySchema": [{"AttributeName": "target", "KeyType": "HASH"}, {"AttributeName": "item", "KeyType": "RANGE"}],
+        "PointInTimeRecoverySpecification": {"PointInTimeRecoveryEnabled": True},
+    })
+    # The MicroVMs' execution role may take tokens; nothing else is granted on the table.
+    policies = template.find_resources("AWS::IAM::Policy", {"Properties": {"Roles": [{"Ref": Match.string_like_regexp("^FleetExecutionRole")}]}})
+    (policy,) = policies.values()
+    egress = [st for st in policy["Properties"]["PolicyDocument"]["Statement"] if "dynamodb:UpdateItem" in st["Action"]]
+    assert len(egress) == 1 and sorted(egress[0]["Action"]) == [
+        "dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:Query", "dynamodb:UpdateItem"]
+    alarms = template.find_resources("AWS::CloudWatch::Alarm", {"Properties": {"Namespace": "Rayito/Egress"}})
+    assert sorted(a["Properties"]["MetricName"] for a in alarms.values()) == [
+        "DeferralRate", "DeferralRate", "RemainingAtDecision", "RemainingAtDecision"]
+
+
+def test_no_egress_budget_without_declared_budgets(agent_folder) -> None:
+    app = new_app()
+    stack = new_stack(app)
+    fleet = AgentFleet(stack, "Fleet", project=AgentProject.load(agent_folder(None, name="simple")))
+    assert fleet.egress_budget is None

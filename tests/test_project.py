@@ -232,3 +232,24 @@ def test_gateways_validated(agent_folder) -> None:
         "gateways[0].upstrem: unknown key; did you mean 'upstream'?",
         "gateways: 'a' is declared more than once",
     ]
+
+
+def test_egress_budgets(agent_folder) -> None:
+    folder = agent_folder(
+        """
+        [egress]
+        default_rate = "10/second"
+        [[egress.budgets]]
+        target = "https://API.Example.com:443/v1/"
+        rate = "60/minute"
+        burst = 3
+        """
+    )
+    egress = AgentProject.load(folder).egress
+    assert egress.budgets[0].target == "https://api.example.com/v1" and egress.budgets[0].rate_per_second == 1.0
+    bad = agent_folder('[[egress.budgets]]\ntarget = "https://x.org"\nrate = "sixty"\nburst = 0\n[[egress.budgets]]\nrate = 1\n', name="bad")
+    assert sorted(load_error(bad)) == sorted([
+        "budgets[0].rate: 'sixty' is not a rate such as 60/minute or 10/second",
+        "budgets[0].burst: 0 is below the minimum of 1",
+        "budgets[1].target: is required",
+    ])

@@ -32,7 +32,14 @@ def test_example_recipe_content() -> None:
     assert doc["serve"] == {"max_concurrency": 2, "queue_max": 4, "queue_timeout_seconds": 30}
     assert doc["image"] == {"memory_mib": 4096, "architecture": "ARM_64", "version": None}
     assert doc["secret_env"] == ["EXTRA_TOKEN", "MODEL_API_KEY"]
-    assert doc["egress"] == {"allow": ["bedrock-runtime.us-east-1.amazonaws.com", "api.example.com"]}
+    assert doc["egress"] == {
+        "allow": ["bedrock-runtime.us-east-1.amazonaws.com", "api.example.com"],
+        "budgets": [
+            {"target": "https://api.example.com", "rate_per_second": 1.0, "burst": 5},
+            {"target": "https://api.example.com/v1/search?region", "rate_per_second": 0.5, "burst": 2},
+        ],
+        "default": {"rate_per_second": 2.0, "burst": 10},
+    }
     assert doc["gateway_presets"] == ["bedrock"]
     assert doc["renew_gateway_keys"] is False
     # Secret names only, never a value.

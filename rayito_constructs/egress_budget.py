@@ -1,0 +1,101 @@
+"""``EgressBudget``: the store of per-target egress envelopes a fleet's agents share
+(docs/egress-budgets.md). The agents take tokens with ``rayito_constructs.egress.BudgetClient``."""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Optional, Sequence
+
+import aws_cdk as cdk
+from aws_cdk import aws_cloudwatch as cloudwatch
+from aws_cdk import aws_dynamodb as dynamodb
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_kms as kms
+from constructs import Construct
+
+from .egress.telemetry import NAMESPACE
+from .options import EgressBudgetOptions
+
+
+class EgressBudget(Construct):
+    """A table of token buckets, one per external target, and its alarms.
+
+    :param fleet_name: the fleet whose agents use it (the metrics' ``fleet`` dimension).
+    :param envelopes: the declared envelopes; each gets an exhaustion and a deferral-rate alarm.
+    :param encryption_key: Default: an AWS managed key.
+    :param removal_policy: Default: ``DESTROY``: buckets are seconds-long state; the envelope
+        history goes with them (keep it with ``RETAIN``).
+    :param alarms: Default: True.
+    """
+
+    def __init__(
+        self,
+        scope: Construct,
+        id: str,
+        *,
+        fleet_name: str,
+        envelopes: Sequence[EgressBudgetOptions] = (),
+        encryption_key: Optional[kms.IKey] = None,
+        removal_policy: cdk.RemovalPolicy = cdk.RemovalPolicy.DESTROY,
+        alarms: bool = True,
+    ) -> None:
+        super().__init__(scope, id)
+        self.fleet_name = fleet_name
+        self.envelopes = tuple(envelopes)
+        self.table = dynamodb.Table(
+            self,
+            "Table",
+            partition_key=dynamodb.Attribute(name="target", type=dynamodb.AttributeType.STRING),
+            sort_key=dynamodb.Attribute(name="item", type=dynamodb.AttributeType.STRING),
+            billing_mode=dynamodb.BillingMode.PAY_PER_REQUEST,
+            encryption=dynamodb.TableEncryption.CUSTOMER_MANAGED if encryption_key else dynamodb.TableEncryption.AWS_MANAGED,
+            encryption_key=encryption_key,
+            point_in_time_recovery_specification=dynamodb.PointInTimeRecoverySpecification(
+                point_in_time_recovery_enabled=True
+            ),
+            removal_policy=removal_policy,
+        )
+        """The buckets and the envelope history."""
+        self.alarms: list[cloudwatch.Alarm] = []
+        if alarms:
+            for envelope in self.envelopes:
+                self.alarms.extend(self._alarms_for(envelope.target))
+
+    @property
+    def table_name(self) -> str:
+        return self.table.table_name
+
+    def grant_acquire(self, grantee: iam.IGrantable) -> iam.Grant:
+        """What ``BudgetClient`` needs: conditional updates of buckets, reads, envelope versions."""
+        return self.table.grant(
+            grantee, "dynamodb:UpdateItem", "dynamodb:GetItem", "dynamodb:Query", "dynamodb:PutItem"
+        )
+
+    def metric(self, name: str, target: str, **props: object) -> cloudwatch.Metric:
+        """``Granted``, ``Deferrals``, ``DeferralRate``, ``RemainingAtDecision`` or
+        ``EnvelopeVersion`` of one target."""
+        props.setdefault("period", cdk.Duration.minutes(1))
+        return cloudwatch.Metric(namespace=NAMESPACE, metric_name=name,
+                                 dimensions_map={"fleet": self.fleet_name, "target": target}, **props)
+
+    def metric_deferral_rate(self, target: str, **props: object) -> cloudwatch.Metric:
+        return self.metric("DeferralRate", target, statistic="Average", **props)
+
+    def metric_remaining(self, target: str, **props: object) -> cloudwatch.Metric:
+        return self.metric("RemainingAtDecision", target, statistic="Minimum", **props)
+
+    def _alarms_for(self, target: str) -> list[cloudwatch.Alarm]:
+        key = hashlib.sha256(target.encode()).hexdigest()[:8]
+        missing = cloudwatch.TreatMissingData.NOT_BREACHING
+        return [
+            self.metric_remaining(target).create_alarm(
+                self, f"Exhausted{key}", threshold=1, evaluation_periods=10,
+                comparison_operator=cloudwatch.ComparisonOperator.LESS_THAN_THRESHOLD,
+                alarm_description=f"{self.fleet_name}: the envelope of {target} has been exhausted for 10 minutes",
+                treat_missing_data=missing),
+            self.metric_deferral_rate(target, period=cdk.Duration.minutes(5)).create_alarm(
+                self, f"Deferrals{key}", threshold=20, evaluation_periods=3,
+                comparison_operator=cloudwatch.ComparisonOperator.GREATER_THAN_THRESHOLD,
+                alarm_description=f"{self.fleet_name}: over 20% of requests to {target} deferred for 15 minutes",
+                treat_missing_data=missing),
+        ]
