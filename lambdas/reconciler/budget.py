@@ -55,7 +55,7 @@ Decision = Union[Granted, Deferral]
 #: The share of each documented quota the reconcilers use by default: calls admitted by the budget
 #: reach the service a little later than admitted (a step lists first), and late calls bunch up;
 #: 90% of the rate and one token less of burst absorb that, and leave room for the fleet clients.
-DEFAULT_SHARE = 0.9
+DEFAULT_SHARE = 0.95
 
 
 class _Gcra:

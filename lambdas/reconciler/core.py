@@ -281,7 +281,13 @@ def plan(spec: FleetSpec, ledger: Mapping[str, Slot], observed: Iterable[Observe
     # 4. Rolling replacement, and retiring parked VMs once their successor is parked.
     runs: list[Intent] = []
     successors: list[Intent] = []
-    for slot in sorted(slots.values(), key=lambda s: (s.role != BASE, s.slot_id)):
+    def order(slot: Slot) -> tuple[int, int, str]:
+        # base-0, warm-0, base-1, warm-1...: every fleet gets its first parked slot early, so
+        # parking (SuspendMicrovm, the tightest quota) overlaps with the runs instead of trailing.
+        index = int(slot.slot_id.rsplit("-", 1)[-1]) if slot.slot_id.rsplit("-", 1)[-1].isdigit() else 0
+        return (index, slot.role != BASE, slot.slot_id)
+
+    for slot in sorted(slots.values(), key=order):
         if slot.role == MEMBER or slot.phase == DEAD:
             continue
         if slot.phase in (QUEUED, STARTING) and slot.microvm_id is None:

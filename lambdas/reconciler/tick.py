@@ -20,6 +20,10 @@ from .budget import Deferral, Granted
 
 PENDING_POLL_SECONDS = 5.0
 MIN_WAIT_SECONDS = 0.05
+#: A step that wakes for tokens it reserved acts on the list its reservation was made with, if
+#: that list is at most this old (with the VMs it started since): reserved calls then go out on
+#: time instead of waiting for a list of their own, which would bunch them up behind others'.
+OBSERVATION_TTL_SECONDS = 2.0
 QUOTA_BACKOFF_SECONDS = 60.0
 CAPACITY_BACKOFF_SECONDS = 30.0
 BACKOFF_CODES = {"ThrottlingException", "ServiceQuotaExceededException", "InsufficientCapacityException"}
@@ -48,7 +52,9 @@ class Reconciler:
     dead_letters: Optional[Callable[[dict[str, Any]], None]] = None
     holder: str = field(default_factory=lambda: uuid.uuid4().hex)
     api_calls: int = 0
-    reserve_horizon: float = 10.0
+    reserve_horizon: float = OBSERVATION_TTL_SECONDS
+    _observation: Optional[tuple[float, list]] = None
+    _demand: dict[str, int] = field(default_factory=dict)  # calls the last step had no token for
     _deadline: float = float("inf")
     _held: dict[str, list[float]] = field(default_factory=dict)  # operation -> [ready_at, tokens]
 
@@ -87,6 +93,8 @@ class Reconciler:
     def end_tick(self) -> None:
         """Release the lease; reservations not used are given up with it."""
         self._held.clear()
+        self._demand.clear()
+        self._observation = None
         self._deadline = float("inf")
         self.ledger.release_tick(self.spec.fleet, self.holder)
         self.telemetry.flush()
@@ -95,8 +103,38 @@ class Reconciler:
         """Observe, plan, act. Returns when the next step is worth taking (None: not this tick)."""
         now = self.clock()
         fleet = self.spec.fleet
-        observed = self._list(now)
+        # Calls the last step had no token for: reserve them before listing again, so a fleet
+        # waiting for the shared budget does not spend a ListMicrovms on every try.
+        demand_waits = []
+        for operation, count in list(self._demand.items()):
+            if operation in self._held:
+                continue
+            decision = self._admit(operation, now, count)
+            if isinstance(decision, Deferral):
+                demand_waits.append(decision.retry_after_seconds)
+                continue
+            self._held.setdefault(operation, [now, 0])[1] += 1  # the token _admit handed out: keep it
+            del self._demand[operation]
+        ready = any(ready_at <= now + 1e-6 and n >= 1 for ready_at, n in self._held.values())
+        if demand_waits and not ready:
+            wait = min(demand_waits + [at - now for at, n in self._held.values() if n >= 1])
+            if now + wait >= self._deadline:
+                return StepResult(None, deferrals=1)
+            return StepResult(max(MIN_WAIT_SECONDS, wait), deferrals=1)
+        self._demand.clear()
+        if ready and self._observation is not None and now - self._observation[0] <= OBSERVATION_TTL_SECONDS:
+            observed = list(self._observation[1])
+        else:
+            observed = self._list(now)
+            if not isinstance(observed, Deferral):
+                self._observation = (now, list(observed))
+            elif ready:
+                # Reserved calls cannot wait for a list that is itself waiting: give them up
+                # rather than send them late.
+                for operation in [op for op, (at, _) in self._held.items() if at <= now + 1e-6 and op != "ListMicrovms"]:
+                    del self._held[operation]
         if isinstance(observed, Deferral):
+            self._drop_due(now)
             if now + observed.retry_after_seconds >= self._deadline:
                 return StepResult(None, deferrals=1)  # no list before the deadline: the next tick
             return StepResult(max(MIN_WAIT_SECONDS, observed.retry_after_seconds), deferrals=1)
@@ -135,6 +173,9 @@ class Reconciler:
                 if isinstance(outcome, Deferral):
                     deferrals += 1
                     waits.append(outcome.retry_after_seconds)
+                    if outcome.reason == "budget_empty":
+                        remaining = sum(1 for i in plan.intents if i.kind == "run") - runs
+                        self._demand["RunMicrovm"] = max(1, min(remaining, self.spec.max_vms - live))
                     break  # the bucket is empty (or the service said no) for every run after this one
                 runs += 1
                 if outcome == "started":
@@ -151,6 +192,8 @@ class Reconciler:
                 if isinstance(decision, Deferral):
                     deferrals += 1
                     waits.append(decision.retry_after_seconds)
+                    if decision.reason == "budget_empty" and intent.kind == "suspend":
+                        self._demand["SuspendMicrovm"] = want
         if attempts or filled:
             self.ledger.add_stats(fleet, run_attempts=attempts, slots_filled=filled)
             total_attempts = stats["run_attempts"] + attempts
@@ -159,10 +202,17 @@ class Reconciler:
             self.telemetry.metric(fleet, "SlotsFilled", filled)
             if total_filled:
                 self.telemetry.metric(fleet, "RetryAmplification", round(total_attempts / total_filled, 4))
+        self._drop_due(now)
         if plan.wake_soon:
             waits.append(PENDING_POLL_SECONDS)
         # A floor on waits: float edges of the buckets must not turn into a busy loop.
         return StepResult(max(MIN_WAIT_SECONDS, min(waits)) if waits else None, runs=runs, deferrals=deferrals)
+
+    def _drop_due(self, now: float) -> None:
+        """Tokens that came due for this step and were not spent are given up: spent later they
+        would land on top of other reconcilers' on-time calls, a burst above the service quota."""
+        for operation in [op for op, (ready, _) in self._held.items() if ready <= now + 1e-6]:
+            del self._held[operation]
 
     # ------------------------------------------------------------------ calls
 
@@ -189,13 +239,6 @@ class Reconciler:
             return Granted(operation, 1)
         self._held[operation] = [now + decision.wait_seconds, decision.cost]
         wait = decision.wait_seconds
-        if operation != "ListMicrovms" and "ListMicrovms" not in self._held:
-            # The step that spends this reservation lists first: reserve that list for the same
-            # moment, so the reserved calls are not held up (and then bunched) behind it.
-            listing = self.budget.acquire("ListMicrovms", now, 1, horizon=wait + 1)
-            if isinstance(listing, Granted):
-                self._held["ListMicrovms"] = [now + listing.wait_seconds, 1]
-                wait = max(wait, listing.wait_seconds)
         return Deferral(operation, wait, "reserved")
 
     def _list(self, now: float) -> list[core.Observed] | Deferral:
@@ -256,6 +299,9 @@ class Reconciler:
             return "retry"  # an internal error: the same token next time
         slot.microvm_id = vm["microvmId"]
         slot.vm_started_at = _epoch(vm["startedAt"])
+        if self._observation is not None:
+            self._observation[1].append(core.Observed(vm["microvmId"], vm["state"], slot.vm_started_at,
+                                                      vm.get("imageVersion")))
         self.ledger.save(self.spec.fleet, slot)
         self._emit(core._event("run_accepted", slot, state=vm["state"]))
         return "started"
