@@ -20,10 +20,14 @@ synth: $(STAMP)/python $(STAMP)/node
 	$(BIN)/python -m rayito_constructs assembly cdk.out
 
 test: $(STAMP)/python
+	$(BIN)/ruff check --select F,E9 rayito_constructs lambdas benchmarks tests app.py
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 bench: $(STAMP)/python
 	$(BIN)/python -m benchmarks.synth
+	$(BIN)/python -m benchmarks.emulator
+	$(BIN)/python -m benchmarks.egress
+	$(BIN)/python -m benchmarks.reconciler --fleets 100 --seed 1
 
 $(STAMP)/python: requirements.txt requirements-dev.txt requirements-lambda-runtime.txt pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)

@@ -17,10 +17,14 @@ from __future__ import annotations
 import os
 import sys
 
-import aws_cdk as cdk
+# jsii starts Node.js when aws_cdk is imported and prints a banner on Node 20 (end of life since
+# 2026-10-30; this project is tested on it): silenced here too for `npx cdk synth` outside make.
+os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
 
-from rayito_constructs import AgentProject, FleetStack, ProjectError
-from rayito_constructs.overrides import READERS, read_overrides
+import aws_cdk as cdk  # noqa: E402
+
+from rayito_constructs import AgentProject, FleetStack, ProjectError  # noqa: E402
+from rayito_constructs.overrides import READERS, read_overrides  # noqa: E402
 
 DEFAULT_PROJECT = "examples/mi-agente"
 

@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import heapq
 import json
-import math
 import random
 import time
 import uuid

@@ -15,6 +15,8 @@ from aws_cdk import aws_dynamodb as dynamodb
 from aws_cdk import aws_iam as iam
 from constructs import Construct
 
+from ._tables import state_table
+
 _ID = "RayitoControlPlaneBudget"
 
 
@@ -29,17 +31,8 @@ class ControlPlaneBudget(Construct):
     def __init__(self, scope: Construct, id: str, *, table_name: Optional[str] = None,
                  removal_policy: cdk.RemovalPolicy = cdk.RemovalPolicy.DESTROY) -> None:
         super().__init__(scope, id)
-        self.table: dynamodb.ITable = dynamodb.Table(
-            self,
-            "Table",
-            table_name=table_name,
-            partition_key=dynamodb.Attribute(name="operation", type=dynamodb.AttributeType.STRING),
-            billing_mode=dynamodb.BillingMode.PAY_PER_REQUEST,
-            encryption=dynamodb.TableEncryption.AWS_MANAGED,
-            point_in_time_recovery_specification=dynamodb.PointInTimeRecoverySpecification(
-                point_in_time_recovery_enabled=True
-            ),
-            removal_policy=removal_policy,
+        self.table: dynamodb.ITable = state_table(
+            self, "Table", partition_key="operation", table_name=table_name, removal_policy=removal_policy
         )
 
     @classmethod

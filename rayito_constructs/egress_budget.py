@@ -8,10 +8,11 @@ from typing import Optional, Sequence
 
 import aws_cdk as cdk
 from aws_cdk import aws_cloudwatch as cloudwatch
-from aws_cdk import aws_dynamodb as dynamodb
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
 from constructs import Construct
+
+from ._tables import state_table
 
 from .egress.telemetry import NAMESPACE
 from .options import EgressBudgetOptions
@@ -42,17 +43,8 @@ class EgressBudget(Construct):
         super().__init__(scope, id)
         self.fleet_name = fleet_name
         self.envelopes = tuple(envelopes)
-        self.table = dynamodb.Table(
-            self,
-            "Table",
-            partition_key=dynamodb.Attribute(name="target", type=dynamodb.AttributeType.STRING),
-            sort_key=dynamodb.Attribute(name="item", type=dynamodb.AttributeType.STRING),
-            billing_mode=dynamodb.BillingMode.PAY_PER_REQUEST,
-            encryption=dynamodb.TableEncryption.CUSTOMER_MANAGED if encryption_key else dynamodb.TableEncryption.AWS_MANAGED,
-            encryption_key=encryption_key,
-            point_in_time_recovery_specification=dynamodb.PointInTimeRecoverySpecification(
-                point_in_time_recovery_enabled=True
-            ),
+        self.table = state_table(
+            self, "Table", partition_key="target", sort_key="item", encryption_key=encryption_key,
             removal_policy=removal_policy,
         )
         """The buckets and the envelope history."""

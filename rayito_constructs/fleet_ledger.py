@@ -8,6 +8,8 @@ from aws_cdk import aws_dynamodb as dynamodb
 from aws_cdk import aws_iam as iam
 from constructs import Construct
 
+from ._tables import state_table
+
 _ID = "RayitoFleetLedger"
 
 
@@ -20,17 +22,8 @@ class FleetLedger(Construct):
 
     def __init__(self, scope: Construct, id: str, *, removal_policy: cdk.RemovalPolicy = cdk.RemovalPolicy.DESTROY) -> None:
         super().__init__(scope, id)
-        self.table: dynamodb.ITable = dynamodb.Table(
-            self,
-            "Table",
-            partition_key=dynamodb.Attribute(name="fleet", type=dynamodb.AttributeType.STRING),
-            sort_key=dynamodb.Attribute(name="key", type=dynamodb.AttributeType.STRING),
-            billing_mode=dynamodb.BillingMode.PAY_PER_REQUEST,
-            encryption=dynamodb.TableEncryption.AWS_MANAGED,
-            point_in_time_recovery_specification=dynamodb.PointInTimeRecoverySpecification(
-                point_in_time_recovery_enabled=True
-            ),
-            removal_policy=removal_policy,
+        self.table: dynamodb.ITable = state_table(
+            self, "Table", partition_key="fleet", sort_key="key", removal_policy=removal_policy
         )
 
     @classmethod

@@ -23,10 +23,11 @@ from __future__ import annotations
 from typing import Optional
 
 import aws_cdk as cdk
-from aws_cdk import aws_dynamodb as dynamodb
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
 from constructs import Construct
+
+from ._tables import state_table
 
 PARTITION_KEY = "session_id"
 TTL_ATTRIBUTE = "expires_at"
@@ -51,20 +52,9 @@ class MetadataIndex(Construct):
         removal_policy: cdk.RemovalPolicy = cdk.RemovalPolicy.RETAIN,
     ) -> None:
         super().__init__(scope, id)
-        self.table = dynamodb.Table(
-            self,
-            "Table",
-            partition_key=dynamodb.Attribute(name=PARTITION_KEY, type=dynamodb.AttributeType.STRING),
-            billing_mode=dynamodb.BillingMode.PAY_PER_REQUEST,
-            point_in_time_recovery_specification=dynamodb.PointInTimeRecoverySpecification(
-                point_in_time_recovery_enabled=True
-            ),
-            encryption=(
-                dynamodb.TableEncryption.CUSTOMER_MANAGED if encryption_key else dynamodb.TableEncryption.AWS_MANAGED
-            ),
-            encryption_key=encryption_key,
-            time_to_live_attribute=TTL_ATTRIBUTE,
-            removal_policy=removal_policy,
+        self.table = state_table(
+            self, "Table", partition_key=PARTITION_KEY, encryption_key=encryption_key,
+            time_to_live_attribute=TTL_ATTRIBUTE, removal_policy=removal_policy,
         )
 
     @property

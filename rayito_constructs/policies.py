@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from typing import Callable, Optional, Sequence
 
-import aws_cdk as cdk
 from aws_cdk import aws_dynamodb as dynamodb
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import os
 import textwrap
 from pathlib import Path
 from typing import Callable
 
 import pytest
+
+# Quiet jsii's Node 20 banner for a plain `pytest` too (make test sets it already).
+os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "mi-agente"

@@ -225,7 +225,7 @@ def test_memory_quota_is_402(clock) -> None:
     with MicrovmsEmulator(clock=clock, memory_quota_mib=4096, rate_limits=False) as emu:
         client = microvms_client(emu.endpoint_url)
         image = emu.create_image("grande", memory_mib=2048)
-        first, second = run(client, image), run(client, image)
+        first, _ = run(client, image), run(client, image)
         with pytest.raises(client.exceptions.ServiceQuotaExceededException) as info:
             run(client, image)
         response = info.value.response

@@ -10,7 +10,6 @@ from typing import Any, Iterator
 
 import pytest
 
-from lambdas.reconciler import core
 from lambdas.reconciler.budget import Deferral, DynamoDBBudget, Granted
 from lambdas.reconciler.core import FleetSpec
 from lambdas.reconciler.ledger import DynamoDBLedger

@@ -12,9 +12,7 @@ import os
 import subprocess
 import sys
 import uuid
-from pathlib import Path
 
-import pytest
 
 from lambdas.reconciler.budget import DynamoDBBudget
 from lambdas.reconciler.ledger import DynamoDBLedger

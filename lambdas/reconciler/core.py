@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any, Iterable, Mapping, Optional
 
 LIVE = ("PENDING", "RUNNING", "SUSPENDING", "SUSPENDED")

@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from decimal import Decimal
-from typing import Any, Callable, Iterable, Mapping, Optional, Sequence, Union
+from typing import Any, Callable, Iterable, Optional, Sequence, Union
 
 from .targets import declared_target, envelope_of, normalize
 
@@ -68,7 +68,7 @@ def parse_rate(text: Union[str, float, int]) -> float:
     try:
         count = float(amount)
     except ValueError:
-        raise ValueError(f"is not a rate such as 60/minute or 10/second") from None
+        raise ValueError("is not a rate such as 60/minute or 10/second") from None
     seconds = {"s": 1, "sec": 1, "second": 1, "m": 60, "min": 60, "minute": 60, "h": 3600, "hour": 3600,
                "d": 86400, "day": 86400}.get(unit.strip().lower() or "second")
     if seconds is None:

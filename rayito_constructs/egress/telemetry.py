@@ -9,7 +9,7 @@ import sys
 import threading
 import time
 from collections import defaultdict
-from typing import Any, Callable, Optional, TextIO
+from typing import Any, Callable, TextIO
 
 from .client import Decision, Deferral
 
