@@ -39,3 +39,42 @@ def snapshot_json(snapshot):
     from .cdk_helpers import neutralize
 
     return snapshot.with_defaults(extension_class=JSONSnapshotExtension, matcher=neutralize)
+
+
+# Every template a test synthesizes passes cfn-lint (issue: "on every template the tests
+# synthesize"): Template.from_stack is wrapped to keep each one, and the session fails at the end
+# if any has an error or a warning (W3005, the DependsOn CDK adds on purpose, aside).
+_TEMPLATES: dict[str, dict] = {}
+
+
+def pytest_configure(config) -> None:
+    from aws_cdk.assertions import Template
+
+    original = Template.from_stack  # a bound classmethod
+
+    def from_stack(cls, stack, *args, **kwargs):
+        template = original(stack, *args, **kwargs)
+        _TEMPLATES[f"{stack.node.path}#{len(_TEMPLATES)}"] = template.to_json()
+        return template
+
+    Template.from_stack = classmethod(from_stack)
+
+
+def pytest_sessionfinish(session, exitstatus) -> None:
+    if not _TEMPLATES or exitstatus not in (0,):
+        return
+    import json as _json
+
+    from cfnlint.api import ManualArgs, lint
+
+    findings = []
+    for name, template in _TEMPLATES.items():
+        for match in lint(_json.dumps(template), config=ManualArgs(regions=["us-east-1"], ignore_checks=["W3005"])):
+            findings.append(f"{name}: {match.rule.id} {match.message}")
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        reporter.write_line(f"cfn-lint: {len(_TEMPLATES)} templates synthesized by the tests, {len(findings)} findings")
+    if findings:
+        for finding in findings:
+            reporter.write_line(finding) if reporter else print(finding)
+        session.exitstatus = 1
