@@ -356,3 +356,12 @@ def test_a_new_image_version_rolls_the_fleet(emulator, tables, clock, rollout) -
     first_base = [e for e in requested if e["role"] == "base"][0]
     assert first_base["reason"] == ("image_version" if rollout == "rolling" else "expiring")
     assert_one_vm_per_slot_generation(emulator)
+
+
+def test_budget_defaults_are_the_quotas_the_emulator_enforces() -> None:
+    """The documented quotas live twice on purpose: in the Lambda's code (which cannot import the
+    library) and in the emulator. They must agree."""
+    from lambdas.reconciler.budget import DEFAULT_BUDGETS
+    from rayito_constructs.testing.microvms import DEFAULT_RATE_LIMITS
+
+    assert {op: DEFAULT_RATE_LIMITS[op] for op in DEFAULT_BUDGETS} == DEFAULT_BUDGETS
