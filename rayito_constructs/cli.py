@@ -89,6 +89,10 @@ def plan_document(project: AgentProject) -> dict[str, Any]:
         "env": sorted(project.env),
         "secret_env": list(project.secret_env),
         "egress_allow": list(project.egress.allow),
+        "egress_budgets": [
+            {"target": b.target, "rate_per_second": round(b.rate_per_second, 6), "burst": b.burst}
+            for b in project.egress.budgets
+        ],
         "gateways": [g.name for g in project.gateways],
         "sources": dict(sorted(project.sources.items())),
         "recipe": recipe.to_dict(),
@@ -115,6 +119,9 @@ def _render(doc: dict[str, Any], out: TextIO) -> None:
     rows.append(("env", ", ".join(doc["env"]) or "-", sources.get("env", "default")))
     rows.append(("secret_env", ", ".join(doc["secret_env"]) or "-", sources.get("secret_env", "default")))
     rows.append(("egress allow", ", ".join(doc["egress_allow"]) or "-", sources.get("allow_out", "default")))
+    for budget in doc["egress_budgets"]:
+        rate = f"{budget['rate_per_second'] * 60:g}/minute, burst {budget['burst']}"
+        rows.append((f"budget {budget['target']}", rate, sources.get("budgets", "default")))
     rows.append(("gateways", ", ".join(doc["gateways"]) or "-", sources.get("gateways", "default")))
     width = max(len(r[0]) for r in rows)
     vwidth = min(48, max(len(str(r[1])) for r in rows))

@@ -35,6 +35,10 @@ def test_plan_json_of_the_example() -> None:
     assert doc["recipe"]["parameter_name"] == "/rayito/agents/mi-agente/recipe"
     assert doc["recipe"]["encoding"] == "json" and 0 < doc["recipe"]["bytes"] <= 4096
     assert doc["warnings"] == []
+    assert doc["egress_budgets"] == [
+        {"target": "https://api.example.com", "rate_per_second": 1.0, "burst": 5},
+        {"target": "https://api.example.com/v1/search?region", "rate_per_second": 0.5, "burst": 2},
+    ]
     # 1 base VM at the page's $0.25/hour for 4 GB over 730 hours, 1 parked slot at $0.011/day.
     assert doc["cost"]["base_vms_monthly_usd"] == 182.5
     assert doc["cost"]["warm_slots_monthly_usd"] == pytest.approx(0.33)
@@ -69,6 +73,7 @@ def test_plan_for_a_person() -> None:
     assert "Fleet mi-agente (microvm), scaling from: project" in text
     assert "/rayito/agents/mi-agente/recipe  SecureString, standard tier, json" in text
     assert "max_vms" in text and "checked 2026-10-06" in text
+    assert "budget https://api.example.com  " in text and "60/minute, burst 5" in text
 
 
 def test_agentcore_plan_warns() -> None:
