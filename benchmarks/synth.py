@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import statistics
 import tempfile
 import time
@@ -29,7 +30,20 @@ from rayito_constructs import AgentFleet, AgentProject
 from rayito_constructs.recipe import plan_recipe
 
 ROOT = Path(__file__).resolve().parent.parent
-EXAMPLE = ROOT / "examples" / "mi-agente"
+SOURCE = ROOT / "examples" / "mi-agente"
+
+
+def _example_without_budgets() -> Path:
+    """The example agent without its egress budgets, so every variant has the same resources as
+    the baseline (the budgets' table and alarms are not part of it)."""
+    folder = Path(tempfile.mkdtemp(prefix="rayito-bench-")) / "mi-agente"
+    shutil.copytree(SOURCE, folder)
+    text = (folder / "rayito-agent.toml").read_text()
+    (folder / "rayito-agent.toml").write_text(text.split("[[egress.budgets]]")[0])
+    return folder
+
+
+EXAMPLE = _example_without_budgets()
 ENV = cdk.Environment(account="123456789012", region="us-east-1")
 
 
