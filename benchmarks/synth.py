@@ -13,6 +13,7 @@ cost per fleet (the slope between the smallest and the largest size).
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import shutil
 import statistics
@@ -37,6 +38,7 @@ def _example_without_budgets() -> Path:
     """The example agent without its egress budgets, so every variant has the same resources as
     the baseline (the budgets' table and alarms are not part of it)."""
     folder = Path(tempfile.mkdtemp(prefix="rayito-bench-")) / "mi-agente"
+    atexit.register(shutil.rmtree, folder.parent, True)
     shutil.copytree(SOURCE, folder)
     text = (folder / "rayito-agent.toml").read_text()
     (folder / "rayito-agent.toml").write_text(text.split("[[egress.budgets]]")[0])
