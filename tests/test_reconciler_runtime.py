@@ -82,3 +82,20 @@ def test_handler_runs_a_tick_on_the_old_sdk() -> None:
         assert {"LiveBaseVMs", "ParkedSlots", "Deficit", "WaitTime", "RetryAmplification"} <= names
         assert all(r["_aws"]["CloudWatchMetrics"][0]["Namespace"] == "Rayito/Fleet" for r in emf)
         assert any(r.get("fleet") == "viejo" for r in emf)
+
+
+def test_emf_without_powertools() -> None:
+    import io
+
+    from lambdas.reconciler.telemetry import EmfTelemetry
+
+    out = io.StringIO()
+    telemetry = EmfTelemetry("sin-capa", out=out)
+    telemetry.event("sin-capa", {"event": "run_requested", "slot": "base-0"})
+    telemetry.metric("sin-capa", "Deficit", 2)
+    telemetry.metric("sin-capa", "Throttles", 1, operation="RunMicrovm")
+    telemetry.flush()
+    lines = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert lines[0]["message"] == "run_requested" and lines[0]["fleet"] == "sin-capa"
+    assert lines[1]["Deficit"] == 2 and lines[1]["_aws"]["CloudWatchMetrics"][0]["Namespace"] == "Rayito/Fleet"
+    assert lines[2]["_aws"]["CloudWatchMetrics"][0]["Dimensions"] == [["fleet", "service", "operation"]]

@@ -75,9 +75,16 @@ def build(env: Optional[dict[str, str]] = None, telemetry: Any = None) -> Reconc
     budgets = {k: tuple(v) for k, v in json.loads(env.get("BUDGETS") or "{}").items()}
     spec = spec_from_env(env)
     if telemetry is None:
-        from .telemetry import PowertoolsTelemetry
+        try:
+            from .telemetry import PowertoolsTelemetry
 
-        telemetry = PowertoolsTelemetry(spec.fleet)
+            telemetry = PowertoolsTelemetry(spec.fleet)
+        except ImportError:
+            # The Powertools layer is missing (a wrong ARN, a region without it): keep ticking and
+            # keep telling, in the same format.
+            from .telemetry import EmfTelemetry
+
+            telemetry = EmfTelemetry(spec.fleet)
     queue_url = env.get("DEAD_LETTER_QUEUE_URL")
     sqs = aws.client("sqs") if queue_url else None
 

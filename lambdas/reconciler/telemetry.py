@@ -87,6 +87,39 @@ class PowertoolsTelemetry:
         self.metrics.flush_metrics()
 
 
+class EmfTelemetry:
+    """Embedded metric format and JSON log lines without Powertools (when its layer is missing)."""
+
+    def __init__(self, fleet: str, out: Any = None) -> None:
+        self.fleet = fleet
+        self.out = out or sys.stdout
+        self._metrics: list[tuple[str, float, Optional[str]]] = []
+
+    def event(self, fleet: str, event: dict[str, Any]) -> None:
+        self.out.write(json.dumps({"level": "INFO", "service": SERVICE, "fleet": fleet,
+                                   "message": event["event"], **{k: v for k, v in event.items() if k != "event"}},
+                                  default=str) + "\n")
+
+    def metric(self, fleet: str, name: str, value: float, operation: Optional[str] = None) -> None:
+        self._metrics.append((name, value, operation))
+
+    def flush(self) -> None:
+        import time as _time
+
+        metrics, self._metrics = self._metrics, []
+        for name, value, operation in metrics:
+            dimensions = ["fleet", "service"] + (["operation"] if operation else [])
+            record: dict[str, Any] = {
+                "_aws": {"Timestamp": int(_time.time() * 1000), "CloudWatchMetrics": [{
+                    "Namespace": NAMESPACE, "Dimensions": [dimensions],
+                    "Metrics": [{"Name": name, "Unit": METRICS.get(name, "Count")}]}]},
+                "fleet": self.fleet, "service": SERVICE, name: value,
+            }
+            if operation:
+                record["operation"] = operation
+            self.out.write(json.dumps(record) + "\n")
+
+
 class JsonTelemetry(MemoryTelemetry):
     """Plain JSON lines on stdout, for running a reconciler by hand without Powertools."""
 
