@@ -171,11 +171,16 @@ def test_compressed_recipe_and_customer_key() -> None:
     template = Template.from_stack(stack)
     (recipe,) = template.find_resources("Custom::RayitoRecipe").values()
     assert recipe["Properties"]["Encoding"] == "compressed"
-    assert recipe["Properties"]["KeyId"] == {"Fn::GetAtt": [Match.any_value(), "Arn"]} or "Fn::GetAtt" in recipe["Properties"]["KeyId"]
+    key_id = recipe["Properties"]["KeyId"]
+    assert key_id["Fn::GetAtt"][0].startswith("Key") and key_id["Fn::GetAtt"][1] == "Arn"
     assert decode_recipe(recipe["Properties"]["Value"])["instructions"] == "hola " * 1200
-    # The writer may encrypt with the key.
-    key_policy = json.dumps(template.find_resources("AWS::KMS::Key"))
-    assert "kms:Encrypt" in key_policy or "kms:Encrypt" in json.dumps(template.find_resources("AWS::IAM::Policy"))
+    # The writer may encrypt with exactly that key, and nothing else of KMS.
+    writer = template.find_resources("AWS::IAM::Policy", {"Properties": {"Roles": [{"Ref": Match.string_like_regexp("RayitoRecipeWriterRole")}]}})
+    (policy,) = writer.values()
+    kms_statements = [st for st in policy["Properties"]["PolicyDocument"]["Statement"]
+                      if any(a.startswith("kms:") for a in ([st["Action"]] if isinstance(st["Action"], str) else st["Action"]))]
+    assert len(kms_statements) == 1 and kms_statements[0]["Action"] == "kms:Encrypt"
+    assert kms_statements[0]["Resource"] == key_id
     assert nag(app) == [] and lint_template(template) == []
 
 
