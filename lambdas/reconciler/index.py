@@ -116,8 +116,16 @@ def redrive(reconciler: Reconciler) -> dict[str, Any]:
     return {"fleet": reconciler.spec.fleet, "redriven": reset}
 
 
+_RECONCILER: Optional[Reconciler] = None
+
+
 def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
-    reconciler = build()
+    global _RECONCILER
+    if _RECONCILER is None:
+        # Clients, the bundled model and Powertools load once per execution environment; each
+        # tick resets the reconciler's own state (lease holder, reservations) in begin_tick.
+        _RECONCILER = build()
+    reconciler = _RECONCILER
     if isinstance(event, dict) and event.get("action") == "redrive":
         return redrive(reconciler)
     remaining = context.get_remaining_time_in_millis() / 1000 if context is not None else 60.0

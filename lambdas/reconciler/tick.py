@@ -32,10 +32,9 @@ SLOT_FAILURES = {"ValidationException", "ResourceNotFoundException", "AccessDeni
 
 @dataclass
 class StepResult:
+    """When the next step is worth taking, in seconds (None: not in this tick)."""
+
     wake_after: Optional[float]
-    api_calls: int = 0
-    runs: int = 0
-    deferrals: int = 0
 
 
 @dataclass
@@ -119,8 +118,8 @@ class Reconciler:
         if demand_waits and not ready:
             wait = min(demand_waits + [at - now for at, n in self._held.values() if n >= 1])
             if now + wait >= self._deadline:
-                return StepResult(None, deferrals=1)
-            return StepResult(max(MIN_WAIT_SECONDS, wait), deferrals=1)
+                return StepResult(None)
+            return StepResult(max(MIN_WAIT_SECONDS, wait))
         self._demand.clear()
         if ready and self._observation is not None and now - self._observation[0] <= OBSERVATION_TTL_SECONDS:
             observed = list(self._observation[1])
@@ -128,16 +127,11 @@ class Reconciler:
             observed = self._list(now)
             if not isinstance(observed, Deferral):
                 self._observation = (now, list(observed))
-            elif ready:
-                # Reserved calls cannot wait for a list that is itself waiting: give them up
-                # rather than send them late.
-                for operation in [op for op, (at, _) in self._held.items() if at <= now + 1e-6 and op != "ListMicrovms"]:
-                    del self._held[operation]
         if isinstance(observed, Deferral):
-            self._drop_due(now)
+            self._drop_due(now)  # reserved calls cannot wait for a list: given up, never sent late
             if now + observed.retry_after_seconds >= self._deadline:
-                return StepResult(None, deferrals=1)  # no list before the deadline: the next tick
-            return StepResult(max(MIN_WAIT_SECONDS, observed.retry_after_seconds), deferrals=1)
+                return StepResult(None)  # no list before the deadline: the next tick
+            return StepResult(max(MIN_WAIT_SECONDS, observed.retry_after_seconds))
         slots, stats = self.ledger.load(fleet)
         plan = core.plan(self.spec, slots, observed, now)
         self._persist(slots, plan.slots)
@@ -152,7 +146,8 @@ class Reconciler:
         waits: list[float] = []
         live = plan.live_vms
         width = self.spec.max_starts_per_step
-        runs = attempts = filled = deferrals = 0
+        runs = attempts = filled = 0
+        runs_planned = sum(1 for i in plan.intents if i.kind == "run")
         slots = plan.slots
         for intent in plan.intents:
             if intent.kind == "run":
@@ -165,17 +160,14 @@ class Reconciler:
                 if runs >= width:
                     waits.append(0.0)
                     continue
-                remaining = sum(1 for i in plan.intents if i.kind == "run") - runs
-                want = max(1, min(remaining, width - runs, self.spec.max_vms - live))
+                want = max(1, min(runs_planned - runs, width - runs, self.spec.max_vms - live))
                 calls_before = self.api_calls
                 outcome = self._run(slot, intent, stats["epoch"], now, want)
                 attempts += self.api_calls - calls_before  # every RunMicrovm sent, failed ones too
                 if isinstance(outcome, Deferral):
-                    deferrals += 1
                     waits.append(outcome.retry_after_seconds)
                     if outcome.reason == "budget_empty":
-                        remaining = sum(1 for i in plan.intents if i.kind == "run") - runs
-                        self._demand["RunMicrovm"] = max(1, min(remaining, self.spec.max_vms - live))
+                        self._demand["RunMicrovm"] = want
                     break  # the bucket is empty (or the service said no) for every run after this one
                 runs += 1
                 if outcome == "started":
@@ -190,7 +182,6 @@ class Reconciler:
                 want = sum(1 for i in plan.intents if i.kind == intent.kind)
                 decision = self._call(intent, now, want, slots)
                 if isinstance(decision, Deferral):
-                    deferrals += 1
                     waits.append(decision.retry_after_seconds)
                     if decision.reason == "budget_empty" and intent.kind == "suspend":
                         self._demand["SuspendMicrovm"] = want
@@ -206,7 +197,7 @@ class Reconciler:
         if plan.wake_soon:
             waits.append(PENDING_POLL_SECONDS)
         # A floor on waits: float edges of the buckets must not turn into a busy loop.
-        return StepResult(max(MIN_WAIT_SECONDS, min(waits)) if waits else None, runs=runs, deferrals=deferrals)
+        return StepResult(max(MIN_WAIT_SECONDS, min(waits)) if waits else None)
 
     def _drop_due(self, now: float) -> None:
         """Tokens that came due for this step and were not spent are given up: spent later they
@@ -238,8 +229,7 @@ class Reconciler:
                 self._held[operation] = [now, decision.cost - 1]
             return Granted(operation, 1)
         self._held[operation] = [now + decision.wait_seconds, decision.cost]
-        wait = decision.wait_seconds
-        return Deferral(operation, wait, "reserved")
+        return Deferral(operation, decision.wait_seconds, "reserved")
 
     def _list(self, now: float) -> list[core.Observed] | Deferral:
         observed: list[core.Observed] = []

@@ -222,28 +222,26 @@ class BudgetClient:
     def _acquire(self, target: str, cost: int, step: Optional[str], now: float) -> Decision:
         self._sync_declared(target)
         envelope = self._known.get(target) or self._declared_for(target)
-        busy_first = self._tat.get(target, 0.0) > now
-        tried: set[str] = set()
-        for attempt in range(4):
-            branch = "busy" if (busy_first and "busy" not in tried) or "idle" in tried else "idle"
-            tried.add(branch)
-            ok, result = self._update(target, envelope, cost, now, branch)
-            if ok and result is not None:
-                tat = float(result["tat"]["N"])
+        # Guess idle or busy from the last arrival time seen; a wrong guess is answered with the
+        # item as it is, which says which branch applies: at most one more call.
+        branch = "busy" if self._tat.get(target, 0.0) > now else "idle"
+        for _ in range(3):
+            ok, old = self._update(target, envelope, cost, now, branch)
+            if ok and old is not None:
+                tat = float(old["tat"]["N"])
                 self._tat[target] = tat
                 self.stats.grants += 1
                 self.stats.writes += 1
                 remaining = max(0.0, (now + envelope.burst * envelope.interval - tat) / envelope.interval)
                 return Granted(target, round(remaining, 3), envelope.version, step)
-            old = result
             if old is None:
+                branch = "idle"  # no bucket yet: only the idle branch creates it
                 continue
             version = int(float(old.get("version", {}).get("N", 0)))
             if "rate" in old and version != envelope.version:
                 envelope = Envelope(target, float(old["rate"]["N"]), float(old["burst"]["N"]), version)
                 with self._lock:
                     self._known[target] = envelope
-                tried.clear()
                 continue
             until = float(old.get("backoff_until", {}).get("N", 0))
             if until > now:
@@ -255,8 +253,7 @@ class BudgetClient:
             if tat > limit:
                 wait = tat - limit
                 return self._deny(target, Deferral(target, wait, "budget_empty", 0.0, envelope.version, step), now + wait)
-            if len(tried) == 2:
-                break
+            branch = "idle" if tat <= now else "busy"
         return self._deny(target, Deferral(target, envelope.interval, "budget_empty", 0.0, envelope.version, step),
                           now + envelope.interval)
 

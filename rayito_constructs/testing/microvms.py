@@ -49,9 +49,6 @@ class RealClock:
     def now(self) -> float:
         return time.time()
 
-    def sleep(self, seconds: float) -> None:
-        time.sleep(seconds)
-
 
 class VirtualClock:
     """Time that moves only when told to: ``advance(seconds)``. Thread-safe."""
@@ -71,9 +68,6 @@ class VirtualClock:
         with self._lock:
             self._now += seconds
             return self._now
-
-    def sleep(self, seconds: float) -> None:
-        self.advance(seconds)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -165,7 +159,7 @@ class Fault:
     after_seconds: float = 0.0
     reason: str = "app_crashloop"
     image: Optional[str] = None
-    """Only requests for this image ARN (RunMicrovm faults)."""
+    """Only VMs of this image ARN (``crash`` faults)."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -630,14 +624,8 @@ class MicrovmsEmulator:
         delay = 0.0
         with self._lock:
             for fault in list(self._faults):
-                if fault.operation != name or fault.kind in ("crash", "lost_response"):
+                if fault.operation != name or fault.kind in ("crash", "lost_response") or not self._fires(fault):
                     continue
-                if fault.probability < 1.0 and self._rng.random() >= fault.probability:
-                    continue
-                if fault.times is not None:
-                    fault.times -= 1
-                    if fault.times <= 0:
-                        self._faults.remove(fault)
                 if fault.kind == "latency":
                     delay += fault.seconds
                 elif fault.kind == "InsufficientCapacity":
@@ -650,15 +638,19 @@ class MicrovmsEmulator:
 
     def _take_fault(self, operation: str, kind: str, image: Optional[str] = None) -> Optional[Fault]:
         for fault in list(self._faults):
-            if fault.operation == operation and fault.kind == kind and fault.image in (None, image):
-                if fault.probability < 1.0 and self._rng.random() >= fault.probability:
-                    continue
-                if fault.times is not None:
-                    fault.times -= 1
-                    if fault.times <= 0:
-                        self._faults.remove(fault)
+            if fault.operation == operation and fault.kind == kind and fault.image in (None, image) and self._fires(fault):
                 return fault
         return None
+
+    def _fires(self, fault: Fault) -> bool:
+        """Whether an armed fault fires on this request (its probability), using up one of its times."""
+        if fault.probability < 1.0 and self._rng.random() >= fault.probability:
+            return False
+        if fault.times is not None:
+            fault.times -= 1
+            if fault.times <= 0:
+                self._faults.remove(fault)
+        return True
 
     # ------------------------------------------------------------------ helpers for operations
 
