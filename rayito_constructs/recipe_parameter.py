@@ -14,11 +14,9 @@ from typing import Optional
 import aws_cdk as cdk
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
-from aws_cdk import aws_lambda as lambda_
-from aws_cdk import aws_logs as logs
 from constructs import Construct
 
-from ._assets import lambda_code_dir
+from ._function import library_function
 from .permissions import recipe_parameter_arn
 from .recipe import EncodedRecipe
 
@@ -31,37 +29,15 @@ class RecipeWriter(Construct):
 
     def __init__(self, scope: Construct, id: str) -> None:
         super().__init__(scope, id)
-        self.log_group = logs.LogGroup(
-            self, "Logs", retention=logs.RetentionDays.THREE_MONTHS, removal_policy=cdk.RemovalPolicy.DESTROY
-        )
-        self.role = iam.Role(
+        made = library_function(
             self,
-            "Role",
-            assumed_by=iam.ServicePrincipal("lambda.amazonaws.com"),
-            description="Rayito recipe writer: puts and deletes fleet recipe parameters",
-        )
-        self.role.add_to_policy(
-            iam.PolicyStatement(
-                sid="Logs",
-                actions=["logs:CreateLogStream", "logs:PutLogEvents"],
-                resources=[self.log_group.log_group_arn],
-            )
-        )
-        self.function = lambda_.Function(
-            self,
-            "Function",
+            name="recipe_writer",
             description="Writes Rayito fleet recipes as SecureString parameters (never logs them)",
-            runtime=lambda_.Runtime.PYTHON_3_14,
-            architecture=lambda_.Architecture.ARM_64,
-            handler="index.handler",
-            code=lambda_.Code.from_asset(str(lambda_code_dir("recipe_writer")), exclude=["__pycache__", "*.pyc"]),
-            role=self.role,
-            timeout=cdk.Duration.seconds(60),
-            memory_size=256,
-            log_group=self.log_group,
-            logging_format=lambda_.LoggingFormat.JSON,
-            recursive_loop=lambda_.RecursiveLoop.TERMINATE,
+            role_description="Rayito recipe writer: puts and deletes fleet recipe parameters",
         )
+        self.log_group = made.log_group
+        self.role = made.role
+        self.function = made.function
 
     @classmethod
     def of(cls, scope: Construct) -> "RecipeWriter":

@@ -16,17 +16,16 @@ from aws_cdk import aws_dynamodb as dynamodb
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_lambda_destinations as destinations
-from aws_cdk import aws_logs as logs
 from aws_cdk import aws_scheduler as scheduler
 from aws_cdk import aws_scheduler_targets as scheduler_targets
 from aws_cdk import aws_sqs as sqs
 from constructs import Construct
 
-from ._assets import lambda_code_dir
+from ._function import library_function
 from ._nag import acknowledge_wildcard_resources
 from .control_plane_budget import ControlPlaneBudget
 from .fleet_ledger import FleetLedger
-from .permissions import STAR_REASONS, WILDCARD_REASON, FleetAccess, microvm_statements
+from .permissions import STAR_REASONS, WILDCARD_REASON, FleetAccess, Statement, microvm_statements
 from .project import AgentProject
 
 NAMESPACE = "Rayito/Fleet"
@@ -104,30 +103,6 @@ class FleetReconciler(Construct):
             cdk.Acknowledgment(id="AwsSolutions-SQS3", reason="this queue is the dead-letter queue itself")
         )
 
-        log_group = logs.LogGroup(self, "Logs", retention=logs.RetentionDays.THREE_MONTHS,
-                                  removal_policy=cdk.RemovalPolicy.DESTROY)
-        role = iam.Role(self, "Role", assumed_by=iam.ServicePrincipal("lambda.amazonaws.com"),
-                        description=f"Rayito reconciler of fleet {project.name}")
-        role.add_to_policy(iam.PolicyStatement(sid="Logs", actions=["logs:CreateLogStream", "logs:PutLogEvents"],
-                                               resources=[log_group.log_group_arn]))
-        statements = microvm_statements(access)
-        for statement in statements:
-            role.add_to_policy(statement.to_policy_statement())
-            reason = STAR_REASONS.get(statement.sid, WILDCARD_REASON)
-            if statement.sid == "Microvms" and "*" not in statement.resources:
-                reason = WILDCARD_REASON
-            acknowledge_wildcard_resources(role, statement.resources, reason)
-        role.add_to_policy(iam.PolicyStatement(
-            sid="Ledger",
-            actions=["dynamodb:Query", "dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem", "dynamodb:DeleteItem"],
-            resources=[ledger_table.table_arn],
-            conditions={"ForAllValues:StringEquals": {"dynamodb:LeadingKeys": [project.name]}},
-        ))
-        role.add_to_policy(iam.PolicyStatement(sid="ControlPlaneBudget", actions=["dynamodb:UpdateItem", "dynamodb:GetItem"],
-                                               resources=[budget_table.table_arn]))
-        role.add_to_policy(iam.PolicyStatement(sid="DeadLetters", actions=["sqs:SendMessage"],
-                                               resources=[self.dead_letter_queue.queue_arn]))
-
         layer_arn = powertools_layer_arn or (
             f"arn:{stack.partition}:lambda:{stack.region}:{POWERTOOLS_ACCOUNT}:layer:"
             f"AWSLambdaPowertoolsPythonV3-python314-arm64:{POWERTOOLS_LAYER_VERSION}"
@@ -157,30 +132,35 @@ class FleetReconciler(Construct):
             environment["BASE_ROLLOUT"] = base_rollout
         if execution_role_arn:
             environment["EXECUTION_ROLE_ARN"] = execution_role_arn
-        self.function = lambda_.Function(
+        statements = [
+            *microvm_statements(access),
+            Statement("Ledger",
+                      ("dynamodb:Query", "dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem", "dynamodb:DeleteItem"),
+                      (ledger_table.table_arn,),
+                      {"ForAllValues:StringEquals": {"dynamodb:LeadingKeys": [project.name]}}),
+            Statement("ControlPlaneBudget", ("dynamodb:UpdateItem", "dynamodb:GetItem"), (budget_table.table_arn,)),
+            Statement("DeadLetters", ("sqs:SendMessage",), (self.dead_letter_queue.queue_arn,)),
+        ]
+        reasons = {s.sid: STAR_REASONS.get(s.sid, WILDCARD_REASON) for s in statements}
+        if "*" not in next(s for s in statements if s.sid == "Microvms").resources:
+            reasons["Microvms"] = WILDCARD_REASON
+        made = library_function(
             self,
-            "Function",
+            name="reconciler",
+            as_package=True,
             description=f"Rayito reconciler: keeps fleet {project.name}'s base VMs and parked slots",
-            runtime=lambda_.Runtime.PYTHON_3_14,
-            architecture=lambda_.Architecture.ARM_64,
-            handler="reconciler.index.handler",
-            code=lambda_.Code.from_asset(
-                str(lambda_code_dir("reconciler").parent),
-                exclude=["*", "!reconciler", "!reconciler/**", "__pycache__", "**/__pycache__", "*.pyc"],
-            ),
+            role_description=f"Rayito reconciler of fleet {project.name}",
+            statements=statements,
+            wildcard_reasons=reasons,
             layers=[lambda_.LayerVersion.from_layer_version_arn(self, "Powertools", layer_arn)],
-            role=role,
             timeout=cdk.Duration.seconds(tick_seconds + 15),
-            memory_size=256,
             environment=environment,
-            log_group=log_group,
-            logging_format=lambda_.LoggingFormat.JSON,
-            recursive_loop=lambda_.RecursiveLoop.TERMINATE,
             # Stale ticks are dropped, never retried: the next tick starts from the truth anyway.
             retry_attempts=0,
             max_event_age=cdk.Duration.seconds(60),
             on_failure=destinations.SqsDestination(self.dead_letter_queue),
         )
+        self.function = made.function
         """The reconciler function (invoke it on demand; ``{"action": "redrive"}`` retries dead slots)."""
         schedule_role = iam.Role(
             self,

@@ -1,0 +1,132 @@
+"""One way to make the small Lambda functions this library deploys (reconciler, recipe writer and
+any later one): the same runtime, role, log group and cdk-nag treatment for each.
+
+Every function gets
+
+* its own role, trusted by ``lambda.amazonaws.com`` only, whose every statement has a Sid and is
+  given by the caller as :class:`~rayito_constructs.permissions.Statement`\\ s; wildcard resources are
+  acknowledged for cdk-nag one ARN at a time, with the reason the caller gives (never a blanket
+  ``AwsSolutions-IAM5``);
+* its own log group (retention configurable, deleted with the stack), JSON log format;
+* Python 3.14 on arm64, code taken from ``lambdas/<name>`` as it is (no Docker, no bundling);
+* recursive-loop protection and, when asked, reserved concurrency.
+
+Permissions boundaries are not handled here: ``AgentFleet``/``FleetStack`` apply
+``iam.PermissionsBoundary.of(scope)``, which reaches every role below that scope, today's and
+tomorrow's, including the roles made through this module.
+
+The child construct ids are ``Logs``, ``Role`` and ``Function``, under the scope given, so moving an
+existing function onto this helper keeps its logical ids.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable, Mapping, Optional, Sequence
+
+import aws_cdk as cdk
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_lambda as lambda_
+from aws_cdk import aws_logs as logs
+from constructs import Construct
+
+from ._assets import lambda_code_dir
+from ._nag import acknowledge_wildcard_resources
+from .permissions import Statement
+
+#: The runtime and architecture of every function of the library.
+RUNTIME = lambda_.Runtime.PYTHON_3_14
+ARCHITECTURE = lambda_.Architecture.ARM_64
+#: Default retention of the library's function logs.
+DEFAULT_LOG_RETENTION = logs.RetentionDays.THREE_MONTHS
+_EXCLUDE = ["__pycache__", "**/__pycache__", "*.pyc"]
+
+
+@dataclass(frozen=True)
+class LibraryFunction:
+    """What :func:`library_function` made."""
+
+    function: lambda_.Function
+    role: iam.Role
+    log_group: logs.LogGroup
+
+
+def function_code(name: str, *, as_package: bool = False) -> lambda_.Code:
+    """The code of ``lambdas/<name>``: the folder itself (handler ``index.handler``), or, with
+    ``as_package``, its parent with only that folder in it (handler ``<name>.index.handler``, for
+    code that uses relative imports)."""
+    folder = lambda_code_dir(name)
+    if as_package:
+        return lambda_.Code.from_asset(str(folder.parent), exclude=["*", f"!{name}", f"!{name}/**", *_EXCLUDE])
+    return lambda_.Code.from_asset(str(folder), exclude=_EXCLUDE)
+
+
+def add_statements(role: iam.Role, statements: Iterable[Statement], reasons: Mapping[str, str]) -> None:
+    """Add each statement to ``role``; acknowledge each of its wildcard ARNs with its Sid's reason.
+
+    A wildcard resource in a statement whose Sid has no reason is a synth error: a new wildcard
+    must come with its justification, never pass silently.
+    """
+    for statement in statements:
+        role.add_to_policy(statement.to_policy_statement())
+        stack = cdk.Stack.of(role)
+        wild = [r for r in statement.resources if "*" in str(stack.resolve(r))]
+        if wild and statement.sid not in reasons:
+            raise ValueError(f"statement {statement.sid}: wildcard resources {wild} need a reason")
+        if wild:
+            acknowledge_wildcard_resources(role, wild, reasons[statement.sid])
+
+
+def library_function(
+    scope: Construct,
+    *,
+    name: str,
+    description: str,
+    role_description: str,
+    statements: Sequence[Statement] = (),
+    wildcard_reasons: Optional[Mapping[str, str]] = None,
+    handler: Optional[str] = None,
+    as_package: bool = False,
+    timeout: cdk.Duration = cdk.Duration.seconds(60),
+    memory_size: int = 256,
+    environment: Optional[Mapping[str, str]] = None,
+    layers: Sequence[lambda_.ILayerVersion] = (),
+    log_retention: logs.RetentionDays = DEFAULT_LOG_RETENTION,
+    reserved_concurrency: Optional[int] = None,
+    **function_props: object,
+) -> LibraryFunction:
+    """Make the log group, the role and the function of ``lambdas/<name>`` under ``scope``.
+
+    :param name: the folder under ``lambdas/``.
+    :param statements: the role's permissions, each with a Sid (``Logs`` is added here).
+    :param wildcard_reasons: ``{sid: reason}`` for every statement with a ``*`` in a resource.
+    :param handler: Default: ``index.handler`` (``<name>.index.handler`` with ``as_package``).
+    :param function_props: other ``lambda_.Function`` keyword arguments (retries, destinations...).
+    """
+    log_group = logs.LogGroup(scope, "Logs", retention=log_retention, removal_policy=cdk.RemovalPolicy.DESTROY)
+    role = iam.Role(scope, "Role", assumed_by=iam.ServicePrincipal("lambda.amazonaws.com"), description=role_description)
+    role.add_to_policy(
+        iam.PolicyStatement(sid="Logs", actions=["logs:CreateLogStream", "logs:PutLogEvents"],
+                            resources=[log_group.log_group_arn])
+    )
+    add_statements(role, statements, wildcard_reasons or {})
+    function = lambda_.Function(
+        scope,
+        "Function",
+        description=description,
+        runtime=RUNTIME,
+        architecture=ARCHITECTURE,
+        handler=handler or (f"{name}.index.handler" if as_package else "index.handler"),
+        code=function_code(name, as_package=as_package),
+        role=role,
+        timeout=timeout,
+        memory_size=memory_size,
+        environment=dict(environment) if environment else None,
+        layers=list(layers) or None,
+        log_group=log_group,
+        logging_format=lambda_.LoggingFormat.JSON,
+        recursive_loop=lambda_.RecursiveLoop.TERMINATE,
+        reserved_concurrent_executions=reserved_concurrency,
+        **function_props,
+    )
+    return LibraryFunction(function=function, role=role, log_group=log_group)
