@@ -126,6 +126,19 @@ class Clock:
         return self.now
 
 
+class TickingClock(Clock):
+    """A virtual clock that moves ``step`` seconds each time it is read: time passes between
+    calls, as it does for real, without a test waiting for it."""
+
+    def __init__(self, now: float = 1_790_000_000.0, step: float = 0.0005) -> None:
+        super().__init__(now)
+        self.step = step
+
+    def __call__(self) -> float:
+        self.now += self.step
+        return self.now
+
+
 class Upstream:
     """An HTTP target on 127.0.0.1 that records each request that reached it (method, path,
     arrival time) and answers what ``respond(path, count)`` says: (status, headers)."""

@@ -811,7 +811,10 @@ class BudgetClient:
             streak = self._state.streak.get(target, 0) + 1
             self._state.streak[target] = streak
             slots = min(2 ** min(streak - 1, 30), self.max_spread)
-            wait = deferral.retry_after_seconds + self._random.randrange(slots) * env.interval + 0.01 * env.interval
+            # After a backoff every waiting process may go at once (the bucket has refilled):
+            # spread them by up to a tenth of a second each, not by whole refill intervals.
+            unit = env.interval if deferral.reason == BUDGET_EMPTY else min(env.interval, 0.1)
+            wait = deferral.retry_after_seconds + self._random.randrange(slots) * unit + min(0.01 * env.interval, 0.01)
             self.stats.denials += 1
             spread = Deferral(deferral.target, wait, deferral.reason, deferral.remaining, deferral.envelope_version,
                               deferral.step, deferral.detail, deferral.belongs, deferral.rate_per_second, deferral.burst)
