@@ -304,6 +304,23 @@ class BudgetClient:
             self._calibrating = threading.Thread(target=self._calibrate, name="egress-store-clock", daemon=True)
             self._calibrating.start()
 
+    @classmethod
+    def from_recipe(cls, recipe: Any, *, table_name: Optional[str] = None, **kwargs: Any) -> "BudgetClient":
+        """The client an agent makes from its recipe: the declared envelopes and the default of
+        ``recipe["egress"]``, the table from ``RAYITO_EGRESS_BUDGET_TABLE`` (which ``AgentFleet``
+        sets) unless ``table_name`` is given."""
+        import os
+
+        egress = dict(recipe.get("egress") or {})
+        envelopes = [Envelope(b["target"], b["rate_per_second"], b["burst"]) for b in egress.get("budgets", [])]
+        default = egress.get("default") or {}
+        table = table_name or os.environ.get("RAYITO_EGRESS_BUDGET_TABLE")
+        if not table:
+            raise ValueError("RAYITO_EGRESS_BUDGET_TABLE is not set and no table_name was given")
+        kwargs.setdefault("default_rate", default.get("rate_per_second", 1.0))
+        kwargs.setdefault("default_burst", default.get("burst", 5))
+        return cls(table, envelopes=envelopes, **kwargs)
+
     # ------------------------------------------------------------------ table
 
     @staticmethod
