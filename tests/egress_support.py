@@ -18,7 +18,7 @@ from rayito_constructs.egress import store_client
 
 class CountingStore:
     """moto in server mode (DynamoDB and the rest) on 127.0.0.1, counting the calls it answers per
-    operation: the ground truth for store calls per grant."""
+    operation (the ground truth for store calls per grant), one request at a time."""
 
     def __init__(self) -> None:
         from moto.server import DomainDispatcherApplication, MotoRequestHandler, create_backend_app
@@ -28,11 +28,18 @@ class CountingStore:
         self._lock = threading.Lock()
         app = DomainDispatcherApplication(create_backend_app)
 
+        serial = threading.Lock()
+
         def counting(environ: dict[str, Any], start_response: Callable[..., Any]) -> Any:
             operation = environ.get("HTTP_X_AMZ_TARGET", "").rpartition(".")[2] or environ.get("PATH_INFO", "")
             with self._lock:
                 self.calls[operation] += 1
-            return app(environ, start_response)
+            # DynamoDB applies each write to an item atomically, conditions included; moto's
+            # server runs requests in threads with no lock, so two conditional updates of one
+            # item can interleave (and a read can see an item half written). One request at a
+            # time makes it as atomic as the service.
+            with serial:
+                return list(app(environ, start_response))
 
         class Quiet(MotoRequestHandler):
             def log_request(self, *args: Any, **kwargs: Any) -> None:
@@ -203,3 +210,33 @@ def conforms(intervals: list[tuple[float, float]], rate: float, burst: int, slac
             if inside > burst + rate * (b - a) + slack:
                 return f"{inside} grants within {b - a:.3f} s, the envelope allows {burst + rate * (b - a):.2f}"
     return None
+
+
+# ------------------------------------------------------------------------------------ processes
+
+def hammer(endpoint: str, table: str, target: str, rate: float, burst: int, skew: float, barrier: Any,
+           start: Any, seconds: float, results: Any, go: Any = None) -> None:
+    """A worker process: its clock is ``skew`` seconds off; after the barrier (and ``go``, when
+    given: a process that starts mid-window) it acquires as fast as it can until ``start +
+    seconds`` and sends each grant's (sent, answered) in true time as it happens."""
+    from rayito_constructs.egress import BudgetClient, Envelope, Granted
+
+    barrier.wait(timeout=300)
+    if go is not None:
+        go.wait(timeout=300)
+    client = BudgetClient(table, ddb(endpoint, read_timeout=5.0), envelopes=[Envelope(target, rate, burst)],
+                          clock=lambda: time.time() + skew)
+    while time.time() < start.value:
+        time.sleep(0.001)
+    end = start.value + seconds
+    while time.time() < end:
+        sent = time.time()
+        decision = client.acquire(f"{target}/work")
+        answered = time.time()
+        if isinstance(decision, Granted):
+            results.put(("grant", sent, answered))
+        elif decision.reason == "limiter_unavailable":
+            results.put(("outage", sent, answered))
+        else:
+            time.sleep(min(decision.retry_after_seconds, 0.05))
+    results.put(("done", skew, client.stats.calls))

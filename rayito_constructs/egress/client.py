@@ -164,6 +164,7 @@ class StoreTime:
         self.low: Optional[float] = None
         self.high: Optional[float] = None
         self.last: Optional[float] = None
+        self.round_trip = 0.0
 
     def observe(self, sent: float, received: float, headers: Any) -> bool:
         date = headers.get("date") if headers else None
@@ -174,6 +175,7 @@ class StoreTime:
         except (TypeError, ValueError, IndexError, OverflowError):
             return False
         low, high = server - received, server + 1.0 - sent
+        self.round_trip = received - sent
         if self.low is None or self.high is None or self.last is None:
             self.low, self.high = low, high
         else:
@@ -190,6 +192,9 @@ class StoreTime:
             return None
         if local < self.last or local - self.last > self.max_age:
             return None
+        # A request is processed after it is sent: a bucket started at the latest time "now" can
+        # be started earlier than the store processes it by the request's time in flight (a few
+        # milliseconds; adding the slowest round trip instead cost whole seconds under load).
         return local + self.low, local + self.high
 
 
@@ -641,7 +646,8 @@ class BudgetClient:
             return self._tell(Deferral(url.origin, 0.0, INVALID_TARGET, None, step=step, detail=str(exc)))
         except Exception as exc:  # noqa: BLE001 - fail closed on anything the store does
             detail = _error_code(exc)
-            log.warning("egress budget store unavailable (%s); deferring requests for %.1f s", detail, self.outage_seconds)
+            log.warning("egress budget store unavailable (%s); deferring requests for %.1f s", detail, self.outage_seconds,
+                        exc_info=log.isEnabledFor(logging.DEBUG))
             deferral = Deferral(url.origin, self.outage_seconds, LIMITER_UNAVAILABLE, None, step=step, detail=detail)
             with self._lock:
                 self.stats.failures += 1
