@@ -398,3 +398,150 @@ def test_waiting_processes_spread_their_wake_ups(store, table) -> None:
     print(f"store calls per grant, 8 processes: spread {spread:.2f}, herd {herd:.2f}")
     assert spread < herd
     assert spread <= 3.0  # about one store call per token, not one per waiting process (8)
+
+
+# ---------------------------------------------------------------------------------- corners
+
+def test_store_time_from_date_headers() -> None:
+    from rayito_constructs.egress import StoreTime
+
+    t = StoreTime(max_age=10)
+    assert t.bounds(100.0) is None
+    assert not t.observe(100.0, 100.1, {"date": "not a date"}) and not t.observe(100.0, 100.1, {})
+    assert t.observe(1000.2, 1000.3, {"date": "Thu, 01 Jan 1970 00:16:40 GMT"})  # 1000 s
+    low, high = t.bounds(1000.3)
+    assert (low, high) == pytest.approx((1000.0, 1001.1))  # one answer: a second of doubt, and its round trip
+    t.observe(1000.95, 1000.96, {"date": "Thu, 01 Jan 1970 00:16:40 GMT"})  # just before the turn
+    t.observe(1001.0, 1001.01, {"date": "Thu, 01 Jan 1970 00:16:41 GMT"})  # just after it
+    low, high = t.bounds(1001.01)
+    assert low <= 1001.01 <= high and high - low < 0.07
+    assert t.bounds(999.0) is None and t.bounds(1020.0) is None  # a clock that went back, or stale
+    t.observe(5000.0, 5000.1, {"date": "Thu, 01 Jan 1970 00:16:42 GMT"})  # a jump: start again
+    low, high = t.bounds(5000.1)
+    assert 1002.0 <= low + 0.1 and high - low <= 1.2
+
+
+def test_the_background_calibration_narrows_the_store_clock(store, table) -> None:
+    c = BudgetClient(table, ddb(store.endpoint))
+    c._calibrating.join(timeout=30)
+    low, high = c._time.bounds(c._clock())
+    assert high - low < 0.9  # one response alone leaves a whole second of doubt
+    still = Clock()
+    frozen = ddb(store.endpoint)
+    virtual_store_time(frozen, still)
+    stuck = BudgetClient(table, frozen, clock=still, calibrate=False)
+    stuck._calibrate(limit=0.1, pause=0.01)  # a store clock that never turns: it gives up in time
+    nodate = ddb(store.endpoint)
+    nodate.meta.events.register("before-parse.dynamodb.*", lambda response_dict, **_: response_dict["headers"].pop("date", None))
+    BudgetClient(table, nodate, calibrate=False)._calibrate(limit=0.1)
+    BudgetClient(table, ddb("http://127.0.0.1:9"), calibrate=False)._calibrate(limit=0.1)
+
+
+def test_declarations_are_checked_and_a_recipe_makes_the_client(store, table, monkeypatch) -> None:
+    with pytest.raises(ValueError, match="declared more than once"):
+        BudgetClient(table, ddb(store.endpoint), envelopes=[Envelope(API, 1, 1), Envelope(f"{API}:443/", 2, 2)],
+                     calibrate=False)
+    recipe = {"egress": {"budgets": [{"target": SEARCH, "rate_per_second": 0.5, "burst": 2}],
+                         "default": {"rate_per_second": 2.0, "burst": 3}}}
+    monkeypatch.delenv("RAYITO_EGRESS_BUDGET_TABLE", raising=False)
+    with pytest.raises(ValueError, match="RAYITO_EGRESS_BUDGET_TABLE"):
+        BudgetClient.from_recipe(recipe, dynamodb=ddb(store.endpoint))
+    monkeypatch.setenv("RAYITO_EGRESS_BUDGET_TABLE", table)
+    c = BudgetClient.from_recipe(recipe, dynamodb=ddb(store.endpoint), calibrate=False)
+    assert c.default_rate == 2.0 and c.default_burst == 3
+    assert c.buckets_of(f"{API}/v1/search?region=eu") == (f"{API}/v1/search?region=eu",)
+    assert Envelope(API, 4, 1).interval == 0.25
+
+
+def test_two_processes_redeployed_at_once_write_the_declaration_once(store, table) -> None:
+    clock = Clock()
+    new_client(store, table, clock, envelopes=[Envelope(API, 10, 5)]).acquire(API)
+    a = new_client(store, table, clock, envelopes=[Envelope(API, 3, 2)])
+    b = new_client(store, table, clock, envelopes=[Envelope(API, 3, 2)])
+    raced = []
+
+    def b_first(**_) -> None:  # b writes between a's read and a's write
+        if not raced:
+            raced.append(b.acquire(API))
+
+    a._ddb.meta.events.register("before-call.dynamodb.TransactWriteItems", b_first)
+    assert a.acquire(API).envelope_version == 1 and raced[0].envelope_version == 1
+    assert [h["version"] for h in a.envelopes(API)] == [0, 1]
+    # The same race for an operator: the later writer writes the next version, not over it.
+    raced.clear()
+    a._ddb.meta.events.unregister("before-call.dynamodb.TransactWriteItems", b_first)
+
+    def b_puts(**_) -> None:
+        if not raced:
+            raced.append(b.put_envelope(API, 1, 1, "b first"))
+
+    a._ddb.meta.events.register("before-call.dynamodb.TransactWriteItems", b_puts)
+    assert a.put_envelope(API, 2, 2, "a second") == 3 and raced == [2]
+    assert [h["reason"] for h in a.envelopes(API)][-2:] == ["b first", "a second"]
+
+
+def test_a_burst_lowered_below_the_cost_is_an_invalid_cost(store, table) -> None:
+    clock = Clock()
+    a = new_client(store, table, clock, envelopes=[Envelope(API, 1, 3)])
+    assert isinstance(a.acquire(API), Granted)
+    new_client(store, table, clock, envelopes=[Envelope(API, 1, 3)]).put_envelope(API, 1, 1, "lowered")
+    clock.now += 10
+    d = a.acquire(API, cost=3)  # a still believes the burst is 3
+    assert isinstance(d, Deferral) and d.reason == "invalid_cost" and "above the envelope's burst of 1" in d.detail
+
+
+def test_an_origin_envelope_reaches_path_classes_too(store, table) -> None:
+    clock = Clock()
+    envs = [Envelope(f"{API}/v1", 10, 10)]
+    c = new_client(store, table, clock, envelopes=envs, default_rate=100, default_burst=100)
+    assert c.acquire(f"{API}/v1/x").charged == (f"{API}/v1",)
+    new_client(store, table, clock, envelopes=envs).put_envelope(API, 1, 1, "the origin, now")
+    clock.now += 1
+    assert c.acquire(f"{API}/v1/x").charged == (f"{API}/v1", API)
+
+
+def test_deleted_items_and_stale_value_buckets_heal(store, table) -> None:
+    clock = Clock()
+    raw = ddb(store.endpoint)
+    c = new_client(store, table, clock, envelopes=[Envelope(SEARCH, 10, 10), Envelope(API, 10, 10)])
+    assert isinstance(c.acquire(f"{API}/other"), Granted)
+    raw.delete_item(TableName=table, Key={"target": {"S": API}, "item": {"S": "bucket"}})
+    clock.now += 1
+    assert isinstance(c.acquire(f"{API}/other"), Granted)  # created again, version 0 again
+    assert isinstance(c.acquire(f"{API}/v1/search?region=eu"), Granted)
+    c.put_envelope(SEARCH, 5, 5, "slower")
+    # A value bucket the put did not reach (written between its query and its copy):
+    raw.update_item(TableName=table, Key={"target": {"S": SEARCH}, "item": {"S": "bucket=eu"}},
+                    UpdateExpression="SET #v = :v", ExpressionAttributeNames={"#v": "version"},
+                    ExpressionAttributeValues={":v": {"N": "0"}})
+    clock.now += 5
+    d = c.acquire(f"{API}/v1/search?region=eu")
+    assert isinstance(d, Granted) and d.envelope_version == 1
+    item = raw.get_item(TableName=table, Key={"target": {"S": SEARCH}, "item": {"S": "bucket=eu"}})["Item"]
+    assert item["version"]["N"] == "1" and item["burst"]["N"] == "5"
+
+
+def test_a_token_that_cannot_be_given_back_is_left_unused(store, table) -> None:
+    clock = Clock()
+    c = new_client(store, table, clock, envelopes=[Envelope(API, 1, 3), Envelope(SEARCH, 1, 1)])
+    assert isinstance(c.acquire(f"{API}/v1/search?region=eu"), Granted)
+
+    def no_refund(params, **_) -> None:
+        if "tat - :step" in params.get("UpdateExpression", ""):
+            raise ConnectionError("the store went away")
+
+    c._ddb.meta.events.register("before-call.dynamodb.UpdateItem", no_refund)
+    assert c.acquire(f"{API}/v1/search?region=eu").reason == "budget_empty"
+    assert c.stats.refunds == 0
+
+
+def test_error_codes() -> None:
+    from rayito_constructs.egress.client import _error_code
+
+    class Coded(Exception):
+        response = {"Error": {"Code": "ThrottlingException"}}
+
+    class Uncoded(Exception):
+        response = {"Error": {}}
+
+    assert _error_code(Coded()) == "ThrottlingException" and _error_code(Uncoded()) == "Uncoded"

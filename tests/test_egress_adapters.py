@@ -281,3 +281,34 @@ def test_requests_adapter_mounted_by_hand_still_works(store, table, upstream, cl
     assert session.get(f"{upstream.url}/a", timeout=10).status_code == 200
     with pytest.raises(EgressDeferred):
         session.get(f"{upstream.url}/b", timeout=10)
+
+
+def test_connection_retries_pay_too(store, table, clock) -> None:
+    decisions: list = []
+    refused = "http://127.0.0.1:9"
+    b = budget(store, table, clock, decisions, envelopes=[Envelope(refused, 0.001, 5)])
+    session = budget_session(b, max_retries=Retry(total=2, connect=2, backoff_factor=0))
+    with pytest.raises(requests.ConnectionError):
+        session.get(f"{refused}/x", timeout=5)
+    assert sum(type(d).__name__ == "Granted" for d in decisions) == 3  # the first try and two retries
+
+
+def test_a_url_no_target_can_be_made_of_is_refused_by_the_adapters(store, table, clock, upstream) -> None:
+    b = budget(store, table, clock)
+    with httpx.Client(transport=BudgetTransport(b), timeout=10) as http:
+        with pytest.raises(EgressDeferred) as info:
+            http.get("http://a..b.com/x")
+    assert info.value.deferral.reason == "invalid_target"
+    with pytest.raises(EgressDeferred) as info:
+        budget_session(b).get("http://0x100000000/x", timeout=10)
+    assert info.value.deferral.reason == "invalid_target"
+    assert upstream.seen == []
+
+
+def test_a_503_retry_of_a_url_that_is_not_a_target_still_defers(store, table, clock) -> None:
+    from rayito_constructs.egress.adapters import _Gate
+
+    gate = _Gate(budget(store, table, clock), "s", 30.0)
+    with pytest.raises(EgressDeferred) as info:
+        gate.refuse("not a url", 12.0, 503)
+    assert info.value.deferral.target == "not a url" and info.value.deferral.retry_after_seconds == 12.0

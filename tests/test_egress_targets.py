@@ -182,3 +182,17 @@ def test_every_spelling_of_an_ipv4_address_is_one_target(value) -> None:
     a, b = value >> 24, value & 0xFFFFFF
     assert normalize(f"http://{a}.{b}/") == expected
     assert normalize(f"http://0{oct(a)[2:]}.{b}/") == expected
+
+
+def test_corners_of_hosts_paths_and_queries() -> None:
+    assert canonical_host("::1") == "[::1]"  # an unbracketed address handed over by a client
+    for host in ("[::g]", "[1:2:3:4:5:6:7:8:9]"):
+        with pytest.raises(TargetError):
+            canonical_host(host)
+    with pytest.raises(TargetError, match="part 'a'"):
+        normalize("http://1.a.3.4/")
+    assert remove_dot_segments("./a/b") == "a/b"
+    with pytest.raises(TargetError, match="no name"):
+        declared_target(f"{API}/v1?%20")
+    decl = [declared(f"{API}/v1?model"), declared(f"{API}/v1?region")]
+    assert [b.target for b in resolve(f"{API}/v1/x?model=a&&region=b", decl)] == [f"{API}/v1?model=a", f"{API}/v1?region=b"]

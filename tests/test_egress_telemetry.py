@@ -165,3 +165,12 @@ def test_a_closed_stream_does_not_break_the_recorder() -> None:
     out.close()
     recorder(Granted(API, 1.0, 0))
     assert recorder.close()[0]["Granted"] == 1
+
+
+def test_an_outage_only_window_has_no_remaining_and_logging_can_be_off() -> None:
+    out = io.StringIO()
+    recorder = EmfRecorder("f", out=out, log_decisions=False, background=False)
+    recorder(Deferral(API, 1.0, "limiter_unavailable", None, 0, None, "EndpointConnectionError"))
+    (record, by_reason) = recorder.close()
+    assert "RemainingAtDecision" not in record and record["Deferrals"] == 1 and record["DeferralRate"] == 100.0
+    assert by_reason["reason"] == "limiter_unavailable" and logs(out) == []

@@ -143,6 +143,10 @@ class StoreStats:
     failures: int = 0
 
 
+class _Reroute(Exception):
+    """An envelope changed under a request: work out its buckets again."""
+
+
 class StoreClockError(RuntimeError):
     """The store's time is not known (its responses carry no ``Date``)."""
 
@@ -483,8 +487,13 @@ class BudgetClient:
         for _ in range(5):
             item = self._get(key)
             if not item:
-                if self._write_version(key, None, rate, burst, own, digest, f"{source} envelope", source):
-                    return _Env(key, rate, burst, 0, own)
+                # Version 0, or, when the bucket item was deleted but its history was not, the
+                # version after the last one recorded.
+                new = self._last_version(key) + 1
+                if self._write_version(key, None, rate, burst, own, digest,
+                                       f"{source} envelope" if new == 0 else f"{source} envelope (bucket recreated)",
+                                       source, new=new):
+                    return _Env(key, rate, burst, new, own)
                 continue
             if digest in item.get("declared", {}).get("SS", []):
                 return _env_of(key, item)
@@ -494,11 +503,20 @@ class BudgetClient:
                 return _Env(key, rate, burst, version + 1, own)
         return _env_of(key, self._get(key))
 
+    def _last_version(self, key: str) -> int:
+        page = self._call("query", KeyConditionExpression="#t = :t AND begins_with(#i, :p)",
+                          ExpressionAttributeNames={"#t": "target", "#i": "item"},
+                          ExpressionAttributeValues={":t": {"S": key}, ":p": {"S": "envelope#"}},
+                          ConsistentRead=True, ScanIndexForward=False, Limit=1, ProjectionExpression="#i")
+        items = page.get("Items", [])
+        return int(items[0]["item"]["S"].split("#", 1)[1]) if items else -1
+
     def _write_version(self, key: str, old: Optional[int], rate: float, burst: int, own: bool,
-                       digest: Optional[str], reason: str, source: str) -> bool:
-        """Write version ``old + 1`` (or 0) of an envelope and its history item in one
-        transaction; False when another process changed it first."""
-        new = 0 if old is None else old + 1
+                       digest: Optional[str], reason: str, source: str, new: Optional[int] = None) -> bool:
+        """Write version ``old + 1`` (or ``new`` for a new bucket item) of an envelope and its
+        history item in one transaction; False when another process changed it first."""
+        if new is None:
+            new = 0 if old is None else old + 1
         _, latest = self._now()
         values: dict[str, Any] = {":new": _i(new), ":rate": _n(rate), ":burst": _i(burst), ":own": {"BOOL": own}}
         update = "SET #v = :new, rate = :rate, burst = :burst, #o = :own"
@@ -655,6 +673,14 @@ class BudgetClient:
             return self._tell(deferral)
 
     def _acquire(self, url: Url, cost: int, step: Optional[str], local: float) -> Decision:
+        for _ in range(3):
+            try:
+                return self._acquire_once(url, cost, step, local)
+            except _Reroute:
+                continue
+        return self._acquire_once(url, cost, step, local, reroute=False)
+
+    def _acquire_once(self, url: Url, cost: int, step: Optional[str], local: float, reroute: bool = True) -> Decision:
         buckets = self._route(url)
         envs = [self._env(b.envelope) for b in buckets]
         belongs = tuple(b.target for b in buckets)
@@ -687,9 +713,13 @@ class BudgetClient:
         taken: list[_Taken] = []
         for bucket in buckets:
             try:
-                outcome = self._take(bucket, cost, step, belongs)
+                outcome = self._take(bucket, cost, step, belongs, reroute)
             except RateError as exc:  # the envelope changed under us to a burst below the cost
                 outcome = Deferral(bucket.target, 0.0, INVALID_COST, None, 0, step, f"cost {exc}", belongs)
+            except _Reroute:
+                for t in taken:
+                    self._refund(t)
+                raise
             if isinstance(outcome, Deferral):
                 for t in taken:
                     self._refund(t)
@@ -701,7 +731,8 @@ class BudgetClient:
         return Granted(first.bucket.target, round(min(t.remaining for t in taken), 3), first.env.version, step,
                        belongs, first.env.rate, first.env.burst)
 
-    def _take(self, bucket: Bucket, cost: int, step: Optional[str], belongs: tuple[str, ...]) -> Union[_Taken, Deferral]:
+    def _take(self, bucket: Bucket, cost: int, step: Optional[str], belongs: tuple[str, ...],
+              reroute: bool = True) -> Union[_Taken, Deferral]:
         target = bucket.target
         branch = "idle"
         env = self._env(bucket.envelope)
@@ -747,8 +778,10 @@ class BudgetClient:
             if version != env.version:
                 if bucket.value is not None and version < env.version:
                     self._upgrade(bucket, env)
-                else:
-                    self._forget(bucket.envelope)
+                    continue
+                self._forget(bucket.envelope)
+                if reroute:
+                    raise _Reroute()  # the change may add a bucket (its origin) to the request
                 continue
             until = float(item.get("backoff_until", {}).get("N", 0))
             if until > earliest:
