@@ -415,11 +415,13 @@ class BudgetClient:
                 raise StoreClockError("the store's responses carry no Date header")
         return bounds
 
-    def _calibrate(self, limit: float = 1.2, pause: float = 0.04) -> None:
+    def _calibrate(self, limit: float = 4.0, pause: float = 0.04, target: float = 0.02) -> None:
         """Read the store's time until its ``Date`` turns a second: the two responses either side
-        of the turn bound the offset to about the pause plus a round trip."""
+        of the turn bound the offset to about the pause plus a round trip. Then, while the doubt is
+        wider than ``target``, probe more densely around the next predicted turns."""
         started = time.monotonic()
-        first: Optional[str] = None
+        last: Optional[str] = None
+        dense = False
         while time.monotonic() - started < limit:
             try:
                 response = self._call("get_item", Key={"target": {"S": "~clock"}, "item": {"S": "~clock"}})
@@ -428,11 +430,22 @@ class BudgetClient:
             date = response.get("ResponseMetadata", {}).get("HTTPHeaders", {}).get("date")
             if date is None:
                 return
-            if first is None:
-                first = date
-            elif date != first:
+            turned = last is not None and date != last
+            last = date
+            if not turned:
+                time.sleep(pause / 4 if dense else pause)
+                continue
+            with self._lock:
+                local = self._clock()
+                bounds = self._time.bounds(local) if self._time else None
+            if bounds is None or bounds[1] - bounds[0] <= target:
                 return
-            time.sleep(pause)
+            # The store's next second turns at local time (store second + 1) - offset: wait until
+            # just before the earliest it can, then probe four times as often across it.
+            offset_high = bounds[1] - local
+            next_turn = math.floor(bounds[0]) + 1.0 - offset_high
+            time.sleep(max(0.0, next_turn - local - (bounds[1] - bounds[0]) - pause))
+            dense = True
 
     def sync_clock(self) -> Optional[float]:
         """Ask the store for its time now (one cheap read); returns how uncertain this process's
@@ -750,9 +763,8 @@ class BudgetClient:
                     # saw already refuses, without asking the store.
                     with self._lock:
                         self.stats.cache_denials += 1
-                        self.stats.denials -= 1  # _deny counts store denials
                     return self._deny(bucket, env, Deferral(target, known - limit, BUDGET_EMPTY, 0.0, env.version, step,
-                                                            "", belongs, env.rate, env.burst))
+                                                            "", belongs, env.rate, env.burst), collided=False)
             ok, item = self._update(bucket, env, cost, earliest, latest, branch)
             if ok:
                 tat = float(item["tat"]["N"])
@@ -857,21 +869,24 @@ class BudgetClient:
         except Exception as exc:  # noqa: BLE001 - a token not given back only leaves the envelope unused
             log.info("egress budget: token of %s not given back (%s)", taken.bucket.target, _error_code(exc))
 
-    def _deny(self, bucket: Bucket, env: _Env, deferral: Deferral) -> Deferral:
+    def _deny(self, bucket: Bucket, env: _Env, deferral: Deferral, collided: bool = True) -> Deferral:
         """Cache a denial until a token is due, spread over the next tokens: a process denied
         ``k`` times in a row wakes at the due time of one of the next ``2^(k-1)`` tokens (at most
         ``max_spread``) picked at random, so about one waiting process wakes per token instead of
         every one of them, and a token that is due finds someone there."""
         target = bucket.target
         with self._lock:
-            streak = self._state.streak.get(target, 0) + 1
-            self._state.streak[target] = streak
-            slots = min(2 ** min(streak - 1, 30), self.max_spread)
+            # Only the store's refusal is news of contention; a refusal this process predicted
+            # from its own last grant is not, and must not widen the window.
+            streak = self._state.streak.get(target, 0) + (1 if collided else 0)
+            if collided:
+                self._state.streak[target] = streak
+                self.stats.denials += 1
+            slots = min(2 ** min(max(streak, 1) - 1, 30), self.max_spread)
             # After a backoff every waiting process may go at once (the bucket has refilled):
             # spread them by up to a tenth of a second each, not by whole refill intervals.
             unit = env.interval if deferral.reason == BUDGET_EMPTY else min(env.interval, 0.1)
             wait = deferral.retry_after_seconds + self._random.randrange(slots) * unit + min(0.01 * env.interval, 0.01)
-            self.stats.denials += 1
             spread = Deferral(deferral.target, wait, deferral.reason, deferral.remaining, deferral.envelope_version,
                               deferral.step, deferral.detail, deferral.belongs, deferral.rate_per_second, deferral.burst)
             self._state.denied[target] = _Denied(self._clock() + wait, spread)
