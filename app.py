@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import Optional
 
 # jsii starts Node.js when aws_cdk is imported and prints a banner on Node 20 (end of life since
 # 2026-04-30; this project is tested on it): silenced for `npx cdk synth` outside make too. Only
@@ -29,14 +30,15 @@ DEFAULT_PROJECT = "examples/mi-agente"
 EXIT_INVALID = 2
 
 
-def main() -> int:
+def main(app: "Optional[object]" = None) -> int:
+    """Synthesize; returns the exit status. ``app``: a ``cdk.App`` (tests give one with context)."""
     import aws_cdk as cdk
     from jsii.errors import JSIIError
 
     from rayito_constructs import AgentProject, FleetStack, Problem, ProjectError
     from rayito_constructs.overrides import name_what_was_typed, read_context
 
-    app = cdk.App()
+    app = app or cdk.App()
     options: dict = {}
     try:
         overrides, options, problems = read_context(app.node.get_all_context())
