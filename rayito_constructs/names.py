@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+import unicodedata
 import weakref
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -55,8 +56,10 @@ def is_fleet_name(name: object) -> bool:
 
 
 def suggested_name(name: str) -> Optional[str]:
-    """A valid name close to ``name`` (other characters become ``-``), or None."""
-    cleaned = re.sub(r"[^A-Za-z0-9_-]+", "-", name).strip("-")[:FLEET_NAME_MAX].strip("-")
+    """A valid name close to ``name`` (accents and full-width letters folded to ASCII, other
+    characters become ``-``), or None."""
+    folded = "".join(c for c in unicodedata.normalize("NFKD", name) if not unicodedata.combining(c))
+    cleaned = re.sub(r"[^A-Za-z0-9_-]+", "-", folded).strip("-")[:FLEET_NAME_MAX].strip("-")
     return cleaned if cleaned and cleaned != name else None
 
 

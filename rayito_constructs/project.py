@@ -295,7 +295,7 @@ class AgentProject(ValidatedModel):
         data: dict[str, Any] = {}
         if file.is_file():
             data = _read_project_file(file)
-        default_name = path.resolve().name
+        default_name = os.path.basename(os.path.abspath(path))  # "." is the current folder; links keep their name
         builder = _Builder(data, overrides, default_name, path, "project")
         if not file.is_file():
             builder.warnings.append(

@@ -490,3 +490,16 @@ def test_a_broken_key_does_not_hide_other_rules_nor_invent_them(agent_folder) ->
         "min_vms: 3 is above max_vms (2)",
         "memory_mib: 3000 is not a MicroVM size class (512, 1024, 2048, 4096, 8192 MiB)",
     ])
+
+
+def test_a_linked_folder_keeps_the_name_it_is_called_by(agent_folder, tmp_path) -> None:
+    target = agent_folder(None, name="agent-v2")
+    link = tmp_path / "bot"
+    link.symlink_to(target, target_is_directory=True)
+    assert AgentProject.load(link).name == "bot"
+
+
+@pytest.mark.parametrize(("folder_name", "hint"), [("agénte", "agente"), ("ａｇｅｎｔ", "agent"), ("mi agente", "mi-agente")])
+def test_a_bad_folder_name_suggests_a_good_one(agent_folder, folder_name, hint) -> None:
+    (message,) = load_error(agent_folder(None, name=folder_name))
+    assert f"for example {hint!r}" in message
