@@ -323,18 +323,26 @@ class AgentProject(ValidatedModel):
         return _Builder(data, overrides, str(recipe.get("name", "")), None, "recipe").build()
 
     def model_copy(self, *, update: Optional[Mapping[str, Any]] = None, deep: bool = False) -> "AgentProject":  # type: ignore[override]
-        """A copy; with ``update``, checked like a new project, and what changed is ``explicit``."""
+        """A copy; with ``update``, checked like a new project, and what changed is ``explicit``.
+
+        A mapping for a table (``update={"scaling": {"max_vms": 5}}``) changes only those keys.
+        """
         if not update:
             return super().model_copy(deep=deep)
         data = {name: getattr(self, name) for name in type(self).model_fields}
         data.update(update)
+        for key, value in update.items():
+            if key in _SECTIONS and isinstance(value, Mapping):  # a mapping updates those keys of the table
+                old = getattr(self, key)
+                data[key] = {**{f: getattr(old, f) for f in type(old).model_fields}, **value}
         if "sources" not in update:
             sources = dict(self.sources)
             for key, value in update.items():
                 if key in _SECTIONS:
                     old = getattr(self, key)
                     for field in type(old).model_fields:
-                        if getattr(old, field) != getattr(value, field, getattr(old, field)):
+                        given = value.get(field, getattr(old, field)) if isinstance(value, Mapping) else getattr(value, field, getattr(old, field))
+                        if getattr(old, field) != given:
                             sources["allow_out" if (key, field) == ("egress", "allow") else field] = "explicit"
                 elif key in type(self).model_fields and key not in ("sources", "warnings", "folder"):
                     sources[key] = "explicit"

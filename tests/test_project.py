@@ -503,3 +503,14 @@ def test_a_linked_folder_keeps_the_name_it_is_called_by(agent_folder, tmp_path) 
 def test_a_bad_folder_name_suggests_a_good_one(agent_folder, folder_name, hint) -> None:
     (message,) = load_error(agent_folder(None, name=folder_name))
     assert f"for example {hint!r}" in message
+
+
+def test_model_copy_with_a_mapping_changes_only_those_keys() -> None:
+    project = AgentProject.load(EXAMPLE)
+    bigger = project.model_copy(update={"scaling": {"max_vms": 5}})
+    assert (bigger.scaling.max_vms, bigger.scaling.idle, bigger.scaling.warm_vms) == (5, 600, 1)
+    assert bigger.sources["max_vms"] == "explicit" and bigger.sources["idle"] == "project"
+    assert problems_of(lambda: project.model_copy(update={"scaling": {"min_vms": 9}})) == [
+        "min_vms: 9 is above max_vms (3)",
+        "warm_vms: 1 is above the limit of 0 (max_vms - min_vms = 3 - 9)",
+    ]
