@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import re
 
 import aws_cdk as cdk
@@ -12,10 +11,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rayito_constructs import AgentFleet, AgentImage, AgentProject, FleetStack, RecipeParameter
-from rayito_constructs.names import is_fleet_name, is_stack_name, safe_stack_name, stack_name_for
+from rayito_constructs.names import is_fleet_name, safe_stack_name, stack_name_for
 from rayito_constructs.recipe import encode_recipe
 
-from .cdk_helpers import ENV, new_app, new_stack, stack_props
+from .cdk_helpers import new_app, new_stack, stack_props
 from .conftest import EXAMPLE
 
 CFN_STACK_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9-]*$")
