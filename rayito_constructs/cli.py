@@ -273,6 +273,8 @@ def run() -> None:
     try:
         code = main()
         sys.stdout.flush()
+    except KeyboardInterrupt:
+        code = 128 + 2
     except BrokenPipeError:
         # Python may still flush at exit: point stdout at /dev/null so that it cannot fail again.
         devnull = os.open(os.devnull, os.O_WRONLY)

@@ -159,8 +159,10 @@ def read_context(context: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, 
         elif key in APP_CONTEXT:
             app[key] = value
         else:
-            hint = did_you_mean(key, known) or (
-                "; env.NAME and secret_env.NAME take one variable" if table in ("env", "secret_env") else ""
+            hint = (
+                did_you_mean(key, known)
+                or (did_you_mean(variable, known) if dot and variable else "")  # -c scaling.max_vms=3
+                or ("; env.NAME and secret_env.NAME take one variable" if table in ("env", "secret_env") else "")
             )
             problems.append(Problem(key, f"-c {key}: unknown context key{hint}"))
     for table, variables in per_name.items():

@@ -80,3 +80,8 @@ def test_whole_numbers_are_ascii() -> None:
     assert read_overrides({"max_vms": " 3 "})["max_vms"] == 3
     assert read_overrides({"max_vms": "３"})["max_vms"] == "３"  # left for the model to refuse
     assert read_overrides({"max_vms": "٣"})["max_vms"] == "٣"
+
+
+def test_a_table_prefix_in_context_points_to_the_option() -> None:
+    _, _, problems = read_context({"scaling.max_vms": "3"})
+    assert [p.message for p in problems] == ["-c scaling.max_vms: unknown context key; did you mean 'max_vms'?"]
