@@ -272,7 +272,7 @@ def parse(url: str) -> Url:
     hostport = parts.netloc.rpartition("@")[2]
     if hostport.startswith("["):
         end = hostport.find("]")
-        if end < 0:
+        if end < 0:  # pragma: no cover - urlsplit refuses an unclosed '[' first
             raise TargetError(f"{url!r}: the IPv6 address has no closing ']'")
         host, rest = hostport[: end + 1], hostport[end + 1:]
         if rest and not rest.startswith(":"):

@@ -113,7 +113,7 @@ class EmfRecorder:
         def run() -> None:
             while not closed.wait(window):
                 recorder = ref()
-                if recorder is None:
+                if recorder is None:  # pragma: no cover - the recorder was collected while the thread slept
                     return
                 if recorder.clock() - recorder._start >= recorder.window:
                     recorder.flush()
