@@ -215,10 +215,11 @@ def conforms(intervals: list[tuple[float, float]], rate: float, burst: int, slac
 # ------------------------------------------------------------------------------------ processes
 
 def hammer(endpoint: str, table: str, target: str, rate: float, burst: int, skew: float, barrier: Any,
-           start: Any, seconds: float, results: Any, go: Any = None) -> None:
+           start: Any, seconds: float, results: Any, go: Any = None, granted: Any = None, enough: int = 0) -> None:
     """A worker process: its clock is ``skew`` seconds off; after the barrier (and ``go``, when
     given: a process that starts mid-window) it acquires as fast as it can until ``start +
-    seconds`` and sends each grant's (sent, answered) in true time as it happens."""
+    seconds`` (or until the workers' shared ``granted`` count reaches ``enough``) and sends each
+    grant's (sent, answered) in true time as it happens."""
     from rayito_constructs.egress import BudgetClient, Envelope, Granted
 
     barrier.wait(timeout=300)
@@ -229,12 +230,15 @@ def hammer(endpoint: str, table: str, target: str, rate: float, burst: int, skew
     while time.time() < start.value:
         time.sleep(0.001)
     end = start.value + seconds
-    while time.time() < end:
+    while time.time() < end and not (granted is not None and granted.value >= enough):
         sent = time.time()
         decision = client.acquire(f"{target}/work")
         answered = time.time()
         if isinstance(decision, Granted):
             results.put(("grant", sent, answered))
+            if granted is not None:
+                with granted.get_lock():
+                    granted.value += 1
         elif decision.reason == "limiter_unavailable":
             results.put(("outage", sent, answered))
         else:

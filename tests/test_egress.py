@@ -190,7 +190,8 @@ def test_a_class_refusal_gives_the_origins_token_back(store, table) -> None:
 
 def test_an_operator_envelope_on_an_origin_makes_its_classes_pay_it(store, table) -> None:
     clock = Clock()
-    envelopes = [Envelope(SEARCH, 10, 10)]  # the origin has no envelope of its own
+    # The origin has no envelope of its own; another origin's class is declared too.
+    envelopes = [Envelope(SEARCH, 10, 10), Envelope("https://other.example.org/v1", 1, 1)]
     a = new_client(store, table, clock, envelopes=envelopes, default_rate=100, default_burst=100)
     b = new_client(store, table, clock, envelopes=envelopes, default_rate=100, default_burst=100)
     assert b.acquire(f"{API}/v1/search?region=eu").charged == (f"{API}/v1/search?region=eu",)
@@ -389,7 +390,7 @@ def test_waiting_processes_spread_their_wake_ups(store, table) -> None:
             c.sync_clock()
         before = store.snapshot()
         grants: list[tuple[float, float]] = []
-        drive(clients, clock, API, 20.0, tick=0.01, grants=grants)
+        drive(clients, clock, API, 8.0, tick=0.02, grants=grants)
         assert conforms(grants, rate=5, burst=1) is None
         updates = store.snapshot()["UpdateItem"] - before["UpdateItem"]
         return updates / len(grants)
@@ -509,6 +510,10 @@ def test_deleted_items_and_stale_value_buckets_heal(store, table) -> None:
     clock.now += 1
     assert isinstance(c.acquire(f"{API}/other"), Granted)  # created again, version 0 again
     assert isinstance(c.acquire(f"{API}/v1/search?region=eu"), Granted)
+    # A value bucket deleted while this process believes it busy: created again.
+    raw.delete_item(TableName=table, Key={"target": {"S": SEARCH}, "item": {"S": "bucket=eu"}})
+    clock.now += 0.01
+    assert isinstance(c.acquire(f"{API}/v1/search?region=eu"), Granted)
     c.put_envelope(SEARCH, 5, 5, "slower")
     # A value bucket the put did not reach (written between its query and its copy):
     raw.update_item(TableName=table, Key={"target": {"S": SEARCH}, "item": {"S": "bucket=eu"}},
@@ -521,17 +526,53 @@ def test_deleted_items_and_stale_value_buckets_heal(store, table) -> None:
     assert item["version"]["N"] == "1" and item["burst"]["N"] == "5"
 
 
+def test_an_origin_refusal_gives_the_class_token_back(store, table) -> None:
+    clock = Clock()
+    c = new_client(store, table, clock, envelopes=[Envelope(API, 0.01, 1), Envelope(SEARCH, 0.01, 2)])
+    other = new_client(store, table, clock, envelopes=[Envelope(API, 0.01, 1), Envelope(SEARCH, 0.01, 2)])
+    assert isinstance(other.acquire(f"{API}/elsewhere"), Granted)  # the origin's only token
+    refused = c.acquire(f"{API}/v1/search?region=eu")
+    assert isinstance(refused, Deferral) and refused.target == API and c.stats.refunds == 1
+    clock.now += 0.01
+    left = c.remaining([f"{API}/v1/search?region=eu"])
+    assert c._get(SEARCH, "bucket=eu")["tat"]["N"]  # the class bucket exists, its token given back:
+    assert other.acquire(f"{API}/v1/search?region=eu").target == API  # still the origin that refuses
+    assert left == {f"{API}/v1/search?region=eu": 0.0}
+
+
+def test_an_origin_changed_under_a_request_re_routes_it(store, table) -> None:
+    clock = Clock()
+    envs = [Envelope(API, 10, 10), Envelope(SEARCH, 10, 10)]
+    c = new_client(store, table, clock, envelopes=envs)
+    assert isinstance(c.acquire(f"{API}/v1/search?region=eu"), Granted)
+    new_client(store, table, clock, envelopes=envs).put_envelope(API, 5, 5, "slower origin")
+    clock.now += 1
+    d = c.acquire(f"{API}/v1/search?region=eu")  # the class pays, the origin says "version 1": again
+    assert isinstance(d, Granted) and c.stats.refunds == 1
+    assert c.acquire(f"{API}/x").envelope_version == 1
+
+
+def test_a_grant_halves_the_spread_window(store, table) -> None:
+    clock = Clock()
+    c = new_client(store, table, clock, envelopes=[Envelope(API, 10, 10)])
+    c._state.streak[API] = 3  # three store refusals in a row
+    assert isinstance(c.acquire(API), Granted)
+    assert c._state.streak[API] == 2
+
+
 def test_a_token_that_cannot_be_given_back_is_left_unused(store, table) -> None:
     clock = Clock()
-    c = new_client(store, table, clock, envelopes=[Envelope(API, 1, 3), Envelope(SEARCH, 1, 1)])
-    assert isinstance(c.acquire(f"{API}/v1/search?region=eu"), Granted)
+    c = new_client(store, table, clock, envelopes=[Envelope(API, 0.01, 1), Envelope(SEARCH, 1, 1)])
+    other = new_client(store, table, clock, envelopes=[Envelope(API, 0.01, 1), Envelope(SEARCH, 1, 1)])
+    assert isinstance(other.acquire(f"{API}/elsewhere"), Granted)
 
     def no_refund(params, **_) -> None:
         if "tat - :step" in params.get("UpdateExpression", ""):
             raise ConnectionError("the store went away")
 
-    c._ddb.meta.events.register("before-call.dynamodb.UpdateItem", no_refund)
-    assert c.acquire(f"{API}/v1/search?region=eu").reason == "budget_empty"
+    c._ddb.meta.events.register("before-parameter-build.dynamodb.UpdateItem", no_refund)
+    refused = c.acquire(f"{API}/v1/search?region=eu")
+    assert refused.reason == "budget_empty" and refused.target == API
     assert c.stats.refunds == 0
 
 

@@ -204,8 +204,10 @@ def test_a_store_outage_after_the_answer_does_not_raise(store, table, upstream, 
     upstream.respond = script({"/limited": [(429, {"Retry-After": "5"})]}, clock)
     b = budget(store, table, clock, envelopes=[Envelope(upstream.url, 10, 10)])
     session = budget_session(b)
-    b._ddb.meta.events.register("before-call.dynamodb.UpdateItem", _fail_backoff)
+    b._ddb.meta.events.register("before-parameter-build.dynamodb.UpdateItem", _fail_backoff)
     assert session.get(f"{upstream.url}/limited", timeout=10).status_code == 429  # answered; the backoff is lost
+    assert b.remaining([upstream.url])[upstream.url] > 0  # no backoff was stored
+    assert b.backoff(upstream.url, 5, "http_429") is False
 
 
 def _fail_backoff(params, **_):

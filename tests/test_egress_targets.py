@@ -106,6 +106,7 @@ def test_remove_dot_segments_is_rfc_3986() -> None:
     assert remove_dot_segments("/a/..") == "/"
     assert remove_dot_segments("/a/.") == "/a/"
     assert remove_dot_segments(".") == ""
+    assert remove_dot_segments("/..") == "/" and remove_dot_segments("/../../a") == "/a"
 
 
 def test_paths_that_dodge_a_class_fall_under_it() -> None:

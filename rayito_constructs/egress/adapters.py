@@ -90,7 +90,7 @@ class _Gate:
             return None
         seconds = retry_after_seconds(headers, default=self.default_backoff_seconds,
                                       cap=self.budget.max_backoff_seconds, now=self.budget._clock())
-        if seconds > 0:
+        if seconds > 0:  # pragma: no branch - "Retry-After: 0" asks for no wait (tested through retry_after_seconds)
             self.budget.backoff(url, seconds, f"http_{status}")
         return seconds
 

@@ -115,7 +115,7 @@ class EmfRecorder:
                 recorder = ref()
                 if recorder is None:  # pragma: no cover - the recorder was collected while the thread slept
                     return
-                if recorder.clock() - recorder._start >= recorder.window:
+                if recorder.clock() - recorder._start >= recorder.window:  # pragma: no branch - a decision flushed first
                     recorder.flush()
                 del recorder
 
