@@ -263,8 +263,9 @@ class BudgetClient:
         target costs about one store call per token instead of one per waiting process. Default: 64.
     :param seed: seed of that randomness (tests). Default: none.
     :param calibrate: learn the store's time to a few hundredths of a second in the background at
-        start (a cheap read every 40 ms until the store's clock turns a second, at most about 30
-        reads); until then the estimate is up to a second wide and the first burst smaller.
+        start (a cheap read every 40 ms until the store's clock turns a second, then dense reads
+        around the next turns until the doubt is under 20 ms: at most 4 s and about 60 reads);
+        until then the estimate is up to a second wide and the first burst smaller.
         Default: True.
     """
 
