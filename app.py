@@ -47,7 +47,8 @@ def main() -> None:
             image_arn=context("image_arn"),
             metadata_index=_flag(context("metadata_index")),
             keep_recipe=_flag(context("keep_recipe")),
-            scope_microvm_actions_to_image=_flag(context("scope_microvm_actions_to_image")),
+            scope_microvm_actions_to_image=context("scope_microvm_actions_to_image") is None
+            or _flag(context("scope_microvm_actions_to_image")),
             env=cdk.Environment(
                 account=os.environ.get("CDK_DEFAULT_ACCOUNT"), region=os.environ.get("CDK_DEFAULT_REGION")
             ),

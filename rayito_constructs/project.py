@@ -16,7 +16,7 @@ from typing import Any, Iterable, Literal, Mapping, Optional
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from .envrules import secret_reason
+from .envrules import credential_problem, credential_shape, secret_reason
 from .errors import FleetWarning, Problem, ProjectError, did_you_mean, show
 from .options import (
     MEMORY_CLASSES_MIB,
@@ -438,6 +438,9 @@ class _Builder:
             return False
         if len(value) > _ENV_VALUE_MAX:
             self._problem(f"env.{key}", f"value of {len(value)} characters is above the limit of {_ENV_VALUE_MAX}")
+            return False
+        if shape := credential_shape(value):  # names the variable and the shape, never the value
+            self._problem(f"env.{key}", credential_problem(key, shape))
             return False
         return True
 
