@@ -82,8 +82,9 @@ class RecipePlan:
 
     ``document`` is what the stack ships (its image version is ``None`` when the version is only
     known at deploy; ``image_version`` then holds that deploy-time value). ``encoded`` is the
-    recipe as it will be stored; with a deploy-time version it is sized with a stand-in version
-    (:data:`VERSION_STAND_IN`), and the writer encodes the real one.
+    document encoded as it will be stored; with a deploy-time version it is the document without
+    its version (checked to fit with a stand-in version, :data:`VERSION_STAND_IN`), and the writer
+    encodes the real one.
     """
 
     parameter_name: str
@@ -91,11 +92,8 @@ class RecipePlan:
     warnings: tuple[FleetWarning, ...]
     document: Optional[dict[str, Any]] = None
     image_version: Optional[str] = None
-
-    @property
-    def version_at_deploy(self) -> bool:
-        """True when the image version is filled in at deploy (the stack builds the image)."""
-        return self.image_version is not None and self.document is not None and self.document["image"]["version"] is None
+    version_at_deploy: bool = False
+    """True when the image version is filled in at deploy (the stack builds the image)."""
 
     def to_dict(self) -> Optional[dict[str, Any]]:
         if self.encoded is None:
@@ -234,11 +232,12 @@ def plan_recipe(
             "version in [image] to pin it",
         ),)
     try:
-        sized = build_recipe(project, VERSION_STAND_IN) if at_deploy else document
-        encoded = encode_recipe(sized)
+        encoded = encode_recipe(document)
+        if at_deploy:  # it must still fit once the deploy fills the version in
+            encode_recipe(build_recipe(project, VERSION_STAND_IN))
     except RecipeTooLarge as exc:
-        return RecipePlan(name, None, (*warnings, FleetWarning(exc.code, str(exc).split(": ", 1)[1])), document, deploy_value)
-    return RecipePlan(name, encoded, warnings, document, deploy_value)
+        return RecipePlan(name, None, (FleetWarning(exc.code, str(exc).split(": ", 1)[1]),), document, deploy_value, at_deploy)
+    return RecipePlan(name, encoded, warnings, document, deploy_value, at_deploy)
 
 
 def recipe_to_project_data(recipe: Mapping[str, Any]) -> dict[str, Any]:

@@ -59,10 +59,11 @@ STANDARD_PARAMETER_BYTES = 4096
 COMPRESSED_PREFIX = "rz1:"
 NAMESPACE = "Rayito/Fleet"
 SERVICE = "rayito-recipe-writer"
-#: The SDK's standard retry mode, 3 attempts per call; with these timeouts one call takes at most
-#: about 45 s, and the handler keeps ``RESERVE_MS`` to answer CloudFormation (an unanswered
-#: request makes CloudFormation wait an hour and then fail the deploy).
-RETRIES = {"mode": "standard", "max_attempts": 3}
+#: The SDK's standard retry mode, 3 attempts per call in all (botocore's ``max_attempts`` counts
+#: the retries only: 3 there makes 4 requests; ``total_max_attempts`` counts them all). With these
+#: timeouts one call takes at most about 45 s, and the handler keeps ``RESERVE_MS`` to answer
+#: CloudFormation (an unanswered request makes CloudFormation wait and then fail the deploy).
+RETRIES = {"mode": "standard", "total_max_attempts": 3}
 CONNECT_TIMEOUT = 3
 READ_TIMEOUT = 10
 CALL_BUDGET_MS = 45_000
@@ -192,8 +193,9 @@ def _error_code(exc: Exception) -> str:
 
 def _not_saved(exc: Exception, what: str) -> NotSaved:
     code = _error_code(exc)
-    page = "recipe_access_denied" if code in ("AccessDeniedException", "AccessDenied") else "recipe_not_saved"
-    return NotSaved(page, f"{what}: {code}")
+    status = getattr(exc, "response", {}).get("ResponseMetadata", {}).get("HTTPStatusCode")
+    denied = code in ("AccessDeniedException", "AccessDenied") or status == 403
+    return NotSaved("recipe_access_denied" if denied else "recipe_not_saved", f"{what}: {code}")
 
 
 def read_document(s3: Any, props: Mapping[str, Any], fleet: str, deadline: _Deadline) -> dict[str, Any]:
