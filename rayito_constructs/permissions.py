@@ -83,13 +83,15 @@ TABLE_DATA_ACTIONS = (
     "dynamodb:ConditionCheckItem",
 )
 #: What DynamoDB needs of a principal that reads and writes a table under a customer key (the
-#: same set as CDK's ``grant_read_write_data``), only through DynamoDB.
+#: set of CDK's ``grant_read_write_data``, its ``*`` families spelled out), only through DynamoDB.
 TABLE_KEY_ACTIONS = (
     "kms:Decrypt",
     "kms:DescribeKey",
     "kms:Encrypt",
-    "kms:ReEncrypt*",
-    "kms:GenerateDataKey*",
+    "kms:GenerateDataKey",
+    "kms:GenerateDataKeyWithoutPlaintext",
+    "kms:ReEncryptFrom",
+    "kms:ReEncryptTo",
 )
 LAMBDA_SERVICE = "lambda.amazonaws.com"
 #: The managed connector an image build passes even when the request names none (Q114).
@@ -131,8 +133,6 @@ STAR_REASONS = {
     "AgentRecipe": "every fleet's recipe (parameter/rayito/agents/*) in an account-wide policy",
     "AgentRecipeWrite": "every fleet's recipe (parameter/rayito/agents/*) in an account-wide policy",
     "ReadCodeArtifact": "the image's code artifact objects given by the caller",
-    "MetadataIndexKey": "kms:ReEncrypt* and kms:GenerateDataKey* name a family of KMS actions on one key",
-    "TablesKey": "kms:ReEncrypt* and kms:GenerateDataKey* name a family of KMS actions on one key",
 }
 #: Kept for code that predates the per-Sid reasons.
 WILDCARD_REASON = (

@@ -271,8 +271,9 @@ def test_customer_key_metadata_table_and_connectors() -> None:
     ssm = '{"StringEquals": {"kms:ViaService": "ssm.us-east-1.amazonaws.com"}}'
     dynamo = '{"StringEquals": {"kms:ViaService": "dynamodb.us-east-1.amazonaws.com"}}'
     table_arn = "arn:aws:dynamodb:us-east-1:123456789012:table/sessions"
-    table_key = ("MetadataIndexKey", ("kms:Decrypt", "kms:DescribeKey", "kms:Encrypt", "kms:GenerateDataKey*",
-                                      "kms:ReEncrypt*"), ("<Key.Arn>",), dynamo)
+    table_key = ("MetadataIndexKey", ("kms:Decrypt", "kms:DescribeKey", "kms:Encrypt", "kms:GenerateDataKey",
+                                      "kms:GenerateDataKeyWithoutPlaintext", "kms:ReEncryptFrom", "kms:ReEncryptTo"),
+                 ("<Key.Arn>",), dynamo)
     launcher, caller, publisher = (pinned(template, p) for p in ("Launcher", "Caller", "Publisher"))
     assert ("AgentRecipeKey", ("kms:Decrypt",), ("<Key.Arn>",), ssm) in launcher
     assert ("AgentRecipeKey", ("kms:Decrypt", "kms:Encrypt"), ("<Key.Arn>",), ssm) in caller
