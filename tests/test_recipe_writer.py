@@ -390,6 +390,43 @@ def test_no_time_left_is_an_answer_not_a_timeout(aws) -> None:
     assert aws.proxy.seen == {}  # nothing was started that could outlast the function
 
 
+def test_a_denied_delete_is_reported_not_raised(aws) -> None:
+    run(aws.event("Create"))
+    aws.proxy.fail("DeleteParameter", "AccessDeniedException")
+    run(aws.event("Delete", physical=NAME))
+    assert aws.answer["Status"] == "SUCCESS"
+    assert aws.answer["Data"]["Outcome"] == "recipe_access_denied" and aws.stored() is not None
+    run(aws.event("Delete", physical=NAME, FailureMode="fail"))
+    assert aws.answer["Status"] == "FAILED"
+
+
+def test_without_a_deploy_time_version_the_document_keeps_its_own(aws) -> None:
+    project = AgentProject.load(EXAMPLE).model_copy(
+        update={"image": AgentProject.load(EXAMPLE).image.model_copy(update={"version": "2.0"})})
+    run(aws.event("Create", ImageVersion=None, **aws.upload(build_recipe(project))))
+    assert decode_recipe(aws.stored())["image"]["version"] == "2.0"
+
+
+def test_a_client_that_cannot_be_made_is_an_answer(aws, monkeypatch) -> None:
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "not a url")
+    monkeypatch.setattr(boto3, "DEFAULT_SESSION", None)
+    run(aws.event("Create"))
+    assert aws.answer["Status"] == "SUCCESS" and aws.answer["Data"]["Outcome"] == "recipe_not_saved"
+    assert aws.answer["Data"]["Reason"] == "ValueError"
+
+
+def test_malformed_documents_and_properties(aws) -> None:
+    import hashlib
+
+    body = b"not json"
+    aws.s3.put_object(Bucket=aws.synthesized.properties["DocumentBucket"], Key="garbage.json", Body=body)
+    run(aws.event("Create", DocumentKey="garbage.json", DocumentSha256=hashlib.sha256(body).hexdigest()))
+    assert aws.answer["Data"]["Reason"] == "the recipe document is not JSON"
+    run(aws.event("Create", DocumentSha256="not-a-hash"))
+    assert aws.answer["Data"]["Reason"] == "refused: DocumentBucket, DocumentKey and DocumentSha256 are required"
+    assert aws.proxy.seen["PutParameter"] == 0 and aws.stored() is None
+
+
 # ------------------------------------------------------------------ who may ask
 
 
@@ -428,6 +465,8 @@ def test_a_hostile_document_writes_nothing(aws) -> None:
     "https://cloudformation-custom-resource-response-useast1.s3.amazonaws.com.attacker.com/x",
     "https://cloudformation-custom-resource-response-useast1.s3.amazonaws.com@attacker.com/x",
     "file:///etc/passwd",
+    "https://cloudformation-custom-resource-response-useast1.s3.amazonaws.com:99999/x",
+    "https://[cloudformation-custom-resource-response-useast1.s3.amazonaws.com/x",
 ])
 def test_only_cloudformation_is_answered(aws, url, caplog) -> None:
     event = aws.event("Create")
