@@ -74,6 +74,13 @@ def make_ca_and_server(folder: Path, host: str = CFN_HOST) -> tuple[Path, Path, 
 class _Responses(BaseHTTPRequestHandler):
     def do_PUT(self) -> None:  # noqa: N802
         body = self.rfile.read(int(self.headers["Content-Length"]))
+        self.server.attempts += 1  # type: ignore[attr-defined]
+        if self.server.unavailable > 0:  # type: ignore[attr-defined]
+            self.server.unavailable -= 1  # type: ignore[attr-defined]
+            self.send_response(503)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
         self.server.received.append({"host": self.headers.get("Host"), "path": self.path, "body": json.loads(body)})  # type: ignore[attr-defined]
         self.send_response(200)
         self.send_header("Content-Length", "0")
@@ -128,6 +135,8 @@ class CloudFormationEndpoint:
         self.ca, cert, key = make_ca_and_server(folder)
         self.tls = ThreadingHTTPServer(("127.0.0.1", 0), _Responses)
         self.tls.received = []  # type: ignore[attr-defined]
+        self.tls.attempts = 0  # type: ignore[attr-defined]
+        self.tls.unavailable = 0  # type: ignore[attr-defined]
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         context.load_cert_chain(cert, key)
         self.tls.socket = context.wrap_socket(self.tls.socket, server_side=True)
@@ -139,6 +148,15 @@ class CloudFormationEndpoint:
     @property
     def received(self) -> list[dict[str, Any]]:
         return self.tls.received  # type: ignore[attr-defined]
+
+    def unavailable(self, times: int) -> None:
+        """Answer the next ``times`` PUTs with 503, as S3 sometimes does."""
+        self.tls.unavailable = times  # type: ignore[attr-defined]
+        self.tls.attempts = 0  # type: ignore[attr-defined]
+
+    @property
+    def attempts(self) -> int:
+        return self.tls.attempts  # type: ignore[attr-defined]
 
     @property
     def tunnels(self) -> list[str]:

@@ -488,3 +488,48 @@ def test_no_egress_budget_without_declared_budgets(agent_folder) -> None:
     stack = new_stack(app)
     fleet = AgentFleet(stack, "Fleet", project=AgentProject.load(agent_folder(None, name="simple")))
     assert fleet.egress_budget is None
+
+
+def test_token_valued_inputs() -> None:
+    """Everything a user may pass as a CloudFormation parameter: the image, the key, the boundary."""
+    app = new_app()
+    stack = new_stack(app)
+    image = cdk.CfnParameter(stack, "ImageArn", type="String")
+    key_arn = cdk.CfnParameter(stack, "KeyArn", type="String")
+    boundary_arn = cdk.CfnParameter(stack, "BoundaryArn", type="String")
+    key = kms.Key.from_key_arn(stack, "Key", key_arn.value_as_string)
+    boundary = iam.ManagedPolicy.from_managed_policy_arn(stack, "Boundary", boundary_arn.value_as_string)
+    project = AgentProject.load(EXAMPLE, sessions="dedicated", max_concurrency=1)
+    fleet = AgentFleet(stack, "Fleet", project=project, image_arn=image.value_as_string, recipe_key=key,
+                       permissions_boundary=boundary, metadata_index=True, own_microvm_log_group=False)
+    AgentFleet(stack, "Second", project=AgentProject.load(EXAMPLE, name="second"), recipe_key=key,
+               permissions_boundary=boundary)  # the same tokens: the same key and boundary
+    assert fleet.image_arn == image.value_as_string
+    template = Template.from_stack(stack)
+    for role in template.find_resources("AWS::IAM::Role").values():
+        assert role["Properties"]["PermissionsBoundary"] == {"Ref": "BoundaryArn"}
+    for table in template.find_resources("AWS::DynamoDB::Table").values():
+        assert table["Properties"]["SSESpecification"]["KMSMasterKeyId"] == {"Ref": "KeyArn"}
+    # The image named by a token has no name at synth: no log group of its own, and the VMs'
+    # log streams are found from the ARN by CloudFormation.
+    named = [g["Properties"].get("LogGroupName") for g in template.find_resources("AWS::Logs::LogGroup").values()]
+    assert [n for n in named if n] == ["/aws/lambda-microvms/second"]  # the second fleet builds its image
+    assert iam_violations(template.to_json()) == [] and nag(app) == [] and lint_template(template) == []
+
+
+def test_recipe_parameter_on_its_own(agent_folder) -> None:
+    from rayito_constructs import RecipeParameter, encode_recipe
+
+    app = new_app()
+    stack = new_stack(app)
+    document = build_recipe(AgentProject.load(agent_folder(None, name="solo")))
+    RecipeParameter(stack, "FromDocument", fleet_name="solo", recipe=document, image_version="4.0")
+    RecipeParameter(stack, "FromEncoded", fleet_name="solo2", recipe=encode_recipe({**document, "name": "solo2"}))
+    with pytest.raises(ValueError, match="the document is the recipe of 'solo', not of 'other'"):
+        RecipeParameter(stack, "Mismatch", fleet_name="other", recipe=document)
+    with pytest.raises(ValueError, match="recipe_failure: 'never' is not one of"):
+        RecipeParameter(stack, "Odd", fleet_name="solo", recipe=document, recipe_failure="never")
+    recipes = Template.from_stack(stack).find_resources("Custom::RayitoRecipe")
+    assert sorted(r["Properties"]["ParameterName"] for r in recipes.values()) == [
+        "/rayito/agents/solo/recipe", "/rayito/agents/solo2/recipe"]
+    assert nag(app) == []

@@ -478,6 +478,23 @@ def test_only_cloudformation_is_answered(aws, url, caplog) -> None:
     assert "ResponseURL is not CloudFormation's response endpoint" in caplog.text
 
 
+def test_a_busy_response_endpoint_is_tried_again(aws) -> None:
+    aws.cfn.unavailable(2)
+    run(aws.event("Create"))
+    assert aws.cfn.attempts == 3 and aws.answer["Status"] == "SUCCESS"
+    aws.cfn.unavailable(3)
+    with pytest.raises(Exception, match="503"):  # the runtime then reports the error; CloudFormation times out
+        run(aws.event("Update", physical=NAME))
+    assert aws.cfn.attempts == 3
+    # A response host that cannot be reached at all (the path-style URL, which the proxy has no way to)
+    event = aws.event("Update", physical=NAME)
+    event["ResponseURL"] = "https://s3.amazonaws.com/cloudformation-custom-resource-response-useast1/x?Signature=y"
+    aws.cfn.tunnels.clear()
+    with pytest.raises(OSError, match="Tunnel connection failed"):
+        run(event)
+    assert aws.cfn.tunnels == ["s3.amazonaws.com:443"] * 3
+
+
 def test_an_alias_of_the_function_is_the_function(aws) -> None:
     run(aws.event("Create"), Context(arn=FUNCTION_ARN + ":live"))
     assert aws.answer["Data"]["Outcome"] == "saved"

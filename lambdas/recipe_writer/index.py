@@ -37,6 +37,7 @@ import os
 import re
 import sys
 import time
+import urllib.error
 import urllib.parse
 import urllib.request
 import zlib
@@ -69,6 +70,8 @@ READ_TIMEOUT = 10
 CALL_BUDGET_MS = 45_000
 RESERVE_MS = 10_000
 RESPONSE_TIMEOUT = 10
+#: S3 answers a pre-signed PUT with a 5xx now and then: the answer is sent up to 3 times.
+RESPONSE_ATTEMPTS = 3
 _VERSION = re.compile(r"^[0-9]{1,9}(\.[0-9]{1,9})?$")
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 _FLEET = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
@@ -326,9 +329,19 @@ def _respond(event: Mapping[str, Any], status: str, physical: str, data: Mapping
     request = urllib.request.Request(
         event["ResponseURL"], data=body, method="PUT", headers={"Content-Type": "", "Content-Length": str(len(body))}
     )
-    # A fresh opener per answer: it honours the environment's proxy settings as they are now.
-    with urllib.request.build_opener().open(request, timeout=RESPONSE_TIMEOUT) as response:  # noqa: S310
-        response.read()
+    for attempt in range(RESPONSE_ATTEMPTS):
+        try:
+            # A fresh opener per answer: it honours the environment's proxy settings as they are now.
+            with urllib.request.build_opener().open(request, timeout=RESPONSE_TIMEOUT) as response:  # noqa: S310
+                response.read()
+            return
+        except urllib.error.HTTPError as exc:
+            if exc.code < 500 or attempt == RESPONSE_ATTEMPTS - 1:
+                raise
+        except (urllib.error.URLError, TimeoutError, ConnectionError):
+            if attempt == RESPONSE_ATTEMPTS - 1:
+                raise
+        time.sleep(0.5 * 2**attempt)
 
 
 def handler(event: Mapping[str, Any], context: Any, clients_factory: Callable[[], Clients] = clients) -> None:
