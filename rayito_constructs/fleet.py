@@ -34,7 +34,7 @@ from .permissions import (
 from .policies import CallerPolicy, ImagePublisherPolicy, SandboxLauncherPolicy
 from .project import AgentProject
 from .recipe import parameter_name, plan_recipe
-from .recipe_parameter import RecipeParameter, RecipeWriter
+from .recipe_parameter import RecipeParameter
 from .reconciler import FleetReconciler
 
 _IMAGE_NAME = re.compile(r":microvm-image:([A-Za-z0-9_-]{1,64})$")

@@ -8,11 +8,13 @@
   (a Sid'd statement must also carry one of the Sids that may hold a wildcard).
 * Every ``iam:PassRole`` names roles (no wildcard; a role ARN or a role of the template) and
   carries ``iam:PassedToService``.
+* Every KMS grant names the service it goes through (``kms:ViaService``).
 """
 
 from __future__ import annotations
 
 import fnmatch
+import json
 import re
 from typing import Any, Iterable
 
@@ -44,7 +46,7 @@ ALLOWED_WILDCARDS: tuple[tuple[re.Pattern[str], frozenset[str], frozenset[str] |
     (re.compile(r"^\*$"), frozenset(NO_RESOURCE), None),
     (re.compile(r"^\*$"), frozenset(MICROVM_ACTIONS), frozenset({"MicrovmsOnAnyImage"})),
     # one image and its versions, or every image account-wide
-    (re.compile(r"^(arn:[^:]+:lambda:[^:]+:[^:]+:microvm-image:[A-Za-z0-9_-]+|<[A-Za-z0-9.]+>):\*$"),
+    (re.compile(r"^(arn:[^:]+:lambda:[^:]+:[^:]+:microvm-image:[^:*/]+|<[A-Za-z0-9.]+>):\*$"),
      frozenset({*MICROVM_ACTIONS, *IMAGE_ACTIONS}), None),
     (re.compile(r"^arn:[^:]+:lambda:[^:]+:[^:]+:microvm-image:\*$"), frozenset({*MICROVM_ACTIONS, *IMAGE_ACTIONS}), None),
     (re.compile(r"^arn:[^:]+:lambda:[^:]+:aws:network-connector:aws-network-connector:\*$"),
@@ -128,6 +130,9 @@ def iam_violations(template: dict[str, Any]) -> list[str]:
                 for resource in as_list(statement.get("Resource")):
                     if not _role_reference_ok(resource, roles):
                         found.append(f"{where}: iam:PassRole on {flatten_cfn_reference(resource)}, not a role")
+            if any(a.lower().startswith("kms:") or a == "*" for a in actions):
+                if "kms:ViaService" not in json.dumps(statement.get("Condition", {})):
+                    found.append(f"{where}: a KMS grant without kms:ViaService")
             sid = statement.get("Sid")
             for resource in as_list(statement.get("Resource")):
                 flat = flatten_cfn_reference(resource)

@@ -436,6 +436,8 @@ def test_not_action_in_a_launcher() -> None:
     ({"Sid": "Mine", "Effect": "Allow", "Action": "lambda:ListMicrovms", "Resource": "*"}, "may not hold a wildcard"),
     ({"Effect": "Allow", "Action": "ssm:GetParameter", "Resource": "arn:aws:ssm:us-east-1:1:parameter/*"},
      "outside the wildcard allow-list"),
+    ({"Effect": "Allow", "Action": ["kms:Decrypt"], "Resource": "arn:aws:kms:us-east-1:123456789012:key/k"},
+     "a KMS grant without kms:ViaService"),
 ])
 def test_invariants_catch_each_breach(statement, message) -> None:
     found = iam_violations(_hostile(statement, description="Rayito CallerPolicy: x"))
