@@ -456,6 +456,11 @@ def test_a_hostile_document_writes_nothing(aws) -> None:
     run(aws.event("Create", ImageVersion="1.0; rm -rf"))
     assert aws.answer["Data"]["Reason"] == "refused: ImageVersion must look like 1.0"
     assert aws.proxy.seen["PutParameter"] == 0 and aws.stored() is None
+    # A delete that names another fleet's parameter as its physical id deletes nothing.
+    aws.ssm.put_parameter(Name="/rayito/agents/other/recipe", Value="{}", Type="SecureString")
+    run(aws.event("Delete", physical="/rayito/agents/other/recipe"))
+    assert aws.answer["Data"]["Outcome"] == "skipped" and aws.proxy.seen["DeleteParameter"] == 0
+    assert aws.ssm.get_parameter(Name="/rayito/agents/other/recipe")["Parameter"]["Name"]
 
 
 @pytest.mark.parametrize("url", [
