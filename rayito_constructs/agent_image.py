@@ -28,6 +28,7 @@ from constructs import Construct
 from ._nag import acknowledge_statements
 from .envrules import credential_problem, credential_shape, secret_reason
 from .execution_role import LOG_GROUP_PREFIX, microvm_log_streams_arn
+from .names import claim
 from .options import MEMORY_CLASSES_MIB
 from .permissions import LAMBDA_SERVICE, Statement, image_arn_for, source_arn_condition
 
@@ -245,6 +246,7 @@ class AgentImage(Construct):
         if problems:
             raise ValueError("\n".join(problems))
         super().__init__(scope, id)
+        claim(self, "image", image_name)  # one MicrovmImage of a name per account and region
         stack = cdk.Stack.of(self)
         self.image_name = image_name
         """The image's name."""

@@ -22,6 +22,7 @@ from .agent_image import DEFAULT_LOG_RETENTION, AgentImage
 from .egress_budget import EgressBudget
 from .execution_role import LOG_GROUP_PREFIX, MicrovmExecutionRole
 from .metadata_index import MetadataIndex
+from .names import claim
 from .permissions import (
     FleetAccess,
     caller_statements,
@@ -182,6 +183,7 @@ class AgentFleet(_FleetGrants):
             raise ValueError(f"recipe_failure: {recipe_failure!r} is not one of 'warn', 'fail'")
         image_name = image.image_name if image is not None else _image_name(image_arn, project.name)
         super().__init__(scope, id)
+        claim(self, "fleet", project.name)  # one fleet of a name per account and region in an app
         self.permissions_boundary = permissions_boundary
         """The boundary of every role the fleet creates, when given."""
         if permissions_boundary is not None:

@@ -36,6 +36,7 @@ from aws_cdk import aws_s3_assets as s3_assets
 from constructs import Construct
 
 from ._function import library_function
+from .names import claim
 from .permissions import recipe_parameter_arn, via
 from .recipe import EncodedRecipe, canonical_json, decode_recipe
 
@@ -187,6 +188,7 @@ class RecipeParameter(Construct):
         stack = cdk.Stack.of(self)
         self.fleet_name = fleet_name
         self.parameter_name = f"/rayito/agents/{fleet_name}/recipe"
+        claim(self, "recipe parameter", self.parameter_name)  # one writer of it per account and region
         """``/rayito/agents/<name>/recipe``."""
         self.parameter_arn = recipe_parameter_arn(stack, fleet_name)
         """The parameter's ARN."""

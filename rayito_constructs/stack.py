@@ -10,6 +10,7 @@ from aws_cdk import aws_kms as kms
 from constructs import Construct
 
 from .fleet import AgentFleet
+from .names import is_stack_name, safe_stack_name
 from .project import AgentProject
 
 
@@ -27,6 +28,8 @@ class FleetStack(cdk.Stack):
     :param permissions_boundary: a managed policy set as the permissions boundary of every role in
         the stack, now and later, the recipe writer included. Default: none.
     :param stack_props: ``cdk.Stack`` keyword arguments (``env``, ``description``, ``synthesizer``...).
+        Default ``stack_name``: CDK's (the id), or one derived from it when the id is not a valid
+        stack name (``Fleet-my_agent`` → ``Fleet-my-agent-<hash>``).
 
     Outputs include ``RecipeOutcome`` and ``RecipeSaved``: what the deploy did with the recipe
     (``saved``, or the warning code and ``RecipeReason`` when it could not save it).
@@ -48,6 +51,10 @@ class FleetStack(cdk.Stack):
         **stack_props: Any,
     ) -> None:
         stack_props.setdefault("description", f"Rayito agent fleet {project.name} (rayito_constructs)")
+        if "stack_name" not in stack_props and not is_stack_name(id):
+            stage = scope if cdk.Stage.is_stage(scope) else cdk.Stage.of(scope)
+            prefix = f"{stage.stage_name}-" if stage is not None and stage.stage_name else ""
+            stack_props["stack_name"] = safe_stack_name(prefix + id)
         super().__init__(scope, id, **stack_props)
         if permissions_boundary is not None:
             # The stack's scope: every role of the stack, the recipe writer included, now and later.
