@@ -18,6 +18,7 @@ from .egress.client import LIMITER_UNAVAILABLE, REASONS
 from .egress.targets import declared_target
 from .egress.telemetry import NAMESPACE
 from .options import EgressBudgetOptions
+from .permissions import table_key_statement
 
 
 class EgressBudget(Construct):
@@ -71,9 +72,14 @@ class EgressBudget(Construct):
 
     def grant_acquire(self, grantee: iam.IGrantable) -> iam.Grant:
         """What ``BudgetClient`` needs: conditional updates of buckets, reads, envelope versions."""
-        return self.table.grant(
+        grant = self.table.grant(
             grantee, "dynamodb:UpdateItem", "dynamodb:GetItem", "dynamodb:Query", "dynamodb:PutItem"
         )
+        key = self.table.encryption_key
+        if key is not None:  # the customer key, through DynamoDB only (kms:ViaService)
+            region = cdk.Stack.of(self).region
+            grant = grant.combine(table_key_statement("EgressBudgetKey", key.key_arn, region).grant(grantee, self))
+        return grant
 
     def metric(self, name: str, target: str, **props: object) -> cloudwatch.Metric:
         """``Requests``, ``Granted``, ``Deferrals``, ``DeferralRate``, ``RemainingAtDecision``,
