@@ -4,16 +4,18 @@ CloudWatch would read), not on the recorder's counters."""
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import time
 import uuid
+from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
 from aws_cdk.assertions import Template
 
-from rayito_constructs import AgentFleet, AgentProject, decode_recipe
+from rayito_constructs import AgentFleet, AgentProject
 from rayito_constructs.egress import BudgetClient, Deferral, EmfRecorder, Granted
 
 from .cdk_helpers import new_app, new_stack
@@ -29,12 +31,13 @@ def fleet() -> tuple[dict[str, Any], dict[str, Any]]:
     app = new_app()
     stack = new_stack(app, "MiAgente")
     # The fleet as AgentFleet builds it (its image and reconciler aside: they add nothing here).
-    AgentFleet(stack, "Fleet", project=AgentProject.load(EXAMPLE), reconciler=False, build_image=False)
+    fleet = AgentFleet(stack, "Fleet", project=AgentProject.load(EXAMPLE), reconciler=False, build_image=False)
     template = Template.from_stack(stack)
     (resource,) = template.find_resources("Custom::RayitoRecipe").values()
-    value = resource["Properties"]["Value"]
-    parts = value["Fn::Join"][1] if isinstance(value, dict) else [value]
-    recipe = decode_recipe("".join(p if isinstance(p, str) else "1.0" for p in parts))
+    # The recipe document is an asset of the stack; the template names it by its hash.
+    staged = (Path(app.synth().directory) / fleet.recipe.document.asset_path).read_bytes()
+    assert hashlib.sha256(staged).hexdigest() == resource["Properties"]["DocumentSha256"]
+    recipe = json.loads(staged)
     alarms = template.find_resources("AWS::CloudWatch::Alarm", {"Properties": {"Namespace": "Rayito/Egress"}})
     return recipe, alarms
 
