@@ -104,6 +104,9 @@ class Fleet:
     ddb: Any = None
     sqs: Any = None
     invocations: list[Invocation] = field(default_factory=list)
+    _built_env: Any = None
+    _environment: Any = None  # this fleet's warm execution environment (its built reconciler)
+    _stdout: io.StringIO = field(default_factory=io.StringIO)
 
     @property
     def fleet(self) -> str:
@@ -125,16 +128,24 @@ class Fleet:
         return reconciler
 
     def invoke(self, monkeypatch: Any, event: Optional[dict[str, Any]] = None, *, timeout: float = 65.0,
-               powertools: bool = True, cold: bool = True) -> Invocation:
-        """One invocation of ``index.handler``, as the scheduler sends it (a cold start by default)."""
-        out = io.StringIO()
+               powertools: bool = True, cold: Optional[bool] = None) -> Invocation:
+        """One invocation of ``index.handler``, as the scheduler sends it: in a new execution
+        environment the first time and whenever the environment changed (a deploy), in the
+        same warm one otherwise, as Lambda does (``cold`` forces either)."""
+        out = self._stdout  # one stdout per execution environment, as in Lambda
+        start = out.tell()
         before = dict(self.emulator.calls)
         with redirect_stdout(out):
-            if cold or index._RECONCILER is None:
-                index._RECONCILER = self.reconciler(monkeypatch, powertools=powertools)
+            changed = self._built_env != (self.env, powertools)
+            if cold or (cold is None and changed) or self._environment is None:
+                self._environment = self.reconciler(monkeypatch, powertools=powertools)
+                self._built_env = (dict(self.env), powertools)
+            if cold is False and index._RECONCILER is not None:
+                self._environment = index._RECONCILER  # the test set up this environment itself
+            index._RECONCILER = self._environment
             result = index.handler(event if event is not None else {"source": "schedule"},
                                    LambdaContext(self.clock, timeout))
-        records = [json.loads(line) for line in out.getvalue().splitlines() if line.startswith("{")]
+        records = [json.loads(line) for line in out.getvalue()[start:].splitlines() if line.startswith("{")]
         calls = {k: v - before.get(k, 0) for k, v in self.emulator.calls.items() if v != before.get(k, 0)}
         invocation = Invocation(result, records, calls)
         self.invocations.append(invocation)
@@ -228,3 +239,40 @@ def deployed_fleet(aws: str, *, clock: Optional[VirtualClock] = None, emulator: 
         index._RECONCILER = None
         if own:
             emulator.stop()
+
+
+def wire_fault(client: Any, operation: str, code: str, status: int, *, times: Optional[int] = None,
+               message: str = "injected") -> dict[str, int]:
+    """Answer ``operation`` on this boto3 client with an error the emulator cannot make (an
+    AccessDenied from IAM, say), at the HTTP layer: botocore parses it as it would AWS's."""
+    from botocore.awsrequest import AWSResponse
+
+    state = {"left": -1 if times is None else times, "sent": 0}
+
+    class _Raw:
+        def __init__(self, data: bytes) -> None:
+            self._data = data
+
+        def stream(self, **_: Any) -> Iterator[bytes]:
+            yield self._data
+
+    def send(request: Any, **_: Any) -> Any:
+        if state["left"] == 0:
+            return None
+        state["left"] -= 1
+        state["sent"] += 1
+        body = json.dumps({"message": message}).encode()
+        return AWSResponse(request.url, status, {"x-amzn-ErrorType": code, "Content-Type": "application/json"}, _Raw(body))
+
+    client.meta.events.register_first(f"before-send.lambda-microvms.{operation}", send)
+    return state
+
+
+def list_lag(client: Any, clock: VirtualClock, seconds: float) -> None:
+    """ListMicrovms answers omit VMs younger than ``seconds`` (eventually consistent lists)."""
+
+    def hide(parsed: Any, **_: Any) -> None:
+        now = clock.now()
+        parsed["items"] = [i for i in parsed.get("items", []) if now - i["startedAt"].timestamp() >= seconds]
+
+    client.meta.events.register("after-call.lambda-microvms.ListMicrovms", hide)

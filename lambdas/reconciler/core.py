@@ -165,7 +165,7 @@ class Observed:
 class Intent:
     """A control-plane call the step wants to make, in priority order."""
 
-    kind: str  # run | suspend | terminate | resume | describe
+    kind: str  # run | suspend | terminate | resume
     slot_id: str
     microvm_id: Optional[str] = None
     role: Optional[str] = None
@@ -194,8 +194,8 @@ def client_token(epoch: str, fleet: str, slot_id: str, generation: int) -> str:
     return f"rz1-{digest[:48]}"
 
 
-def _event(kind: str, slot: Optional[Slot] = None, **fields: Any) -> dict[str, Any]:
-    event: dict[str, Any] = {"event": kind}
+def _event(name: str, slot: Optional[Slot] = None, **fields: Any) -> dict[str, Any]:
+    event: dict[str, Any] = {"event": name}
     if slot is not None:
         event.update(slot=slot.slot_id, role=slot.role, generation=slot.generation, microvm_id=slot.microvm_id)
     event.update({k: v for k, v in fields.items() if v is not None})
@@ -232,17 +232,23 @@ def own_vm_ids(slots: Mapping[str, Slot]) -> set[str]:
     return {i for s in slots.values() for i in (s.microvm_id, s.retiring_id) if i}
 
 
-def to_confirm(slots: Mapping[str, Slot], listed: Iterable[str], now: float) -> list[str]:
-    """VMs of ours a list did not show that are old enough for GetMicrovm to be sure of them:
-    a younger one is live until seen (lists lag new VMs), so asking would prove nothing."""
-    shown = set(listed)
+def to_confirm(slots: Mapping[str, Slot], observed: Mapping[str, Observed], now: float) -> list[str]:
+    """VMs of ours GetMicrovm should be asked about before the plan: those a list did not show
+    that are old enough for the answer to mean something (a younger one is live until seen:
+    lists lag new VMs), and those that ended before their time (the answer has the reason)."""
     out = []
     for slot in slots.values():
         for vm_id in (slot.microvm_id, slot.retiring_id):
-            if vm_id and vm_id not in shown:
-                started = slot.vm_started_at if vm_id == slot.microvm_id else None
-                if started is None or now - started >= CONSISTENCY_SECONDS:
-                    out.append(vm_id)
+            if not vm_id:
+                continue
+            vm = observed.get(vm_id)
+            current = vm_id == slot.microvm_id
+            started = slot.vm_started_at if current else None
+            if vm is None and (started is None or now - started >= CONSISTENCY_SECONDS):
+                out.append(vm_id)
+            elif (vm is not None and vm.state in ENDED and vm.reason is None and current and slot.role != MEMBER
+                  and not slot.ending and (started or vm.started_at) + (slot.lifetime or 0) > now + EXPIRY_MARGIN_SECONDS):
+                out.append(vm_id)
     return sorted(set(out))
 
 
@@ -331,14 +337,13 @@ def plan(spec: FleetSpec, ledger: Mapping[str, Slot], observed: Iterable[Observe
             slot.crashes += 1
             events.append(_event("vm_ended_unexpectedly", slot, state=vm.state, crashes=slot.crashes,
                                  end_reason=vm.reason, lived=round(now - started, 3)))
-            if vm.state != GONE and vm.reason is None:
-                intents.append(Intent("describe", slot.slot_id, slot.microvm_id))
             if slot.crashes >= spec.max_start_attempts:
                 vm_id = slot.microvm_id
                 requeue(slot, "crash_loop")
                 slot.phase, slot.dead_kind = DEAD, "crash"
                 slot.reason = f"ended early {slot.crashes} times in a row (last: {vm.reason or vm.state})"
-                events.append(_event("slot_dead_lettered", slot, reason=slot.reason, last_vm=vm_id))
+                events.append(_event("slot_dead_lettered", slot, reason=slot.reason, kind="crash",
+                                     errors=slot.crashes, last_vm=vm_id))
             else:
                 requeue(slot, "replaced_after_early_end")
             continue
@@ -509,7 +514,7 @@ def plan(spec: FleetSpec, ledger: Mapping[str, Slot], observed: Iterable[Observe
         handovers.append(Intent("resume", slot.slot_id, donor.microvm_id, role=BASE, successor=True,
                                 reason="handover", donor=donor.slot_id))
 
-    intents = [i for i in intents if i.kind == "describe"] + handovers + [i for i in intents if i.kind != "describe"] + runs + successors
+    intents = handovers + intents + runs + successors
 
     base = [s for s in slots.values() if s.role == BASE]
     warm = [s for s in slots.values() if s.role == WARM]

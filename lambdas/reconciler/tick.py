@@ -172,7 +172,10 @@ class Reconciler:
                 return StepResult(None)  # no list before the deadline: the next tick
             return StepResult(max(MIN_WAIT_SECONDS, observed.retry_after_seconds))
         slots, stats = self.ledger.load(fleet)
-        observed = observed + self._confirm(slots, observed, now)
+        confirmed = self._confirm(slots, observed, now)
+        if confirmed:  # a get's answer is newer than the list's line about the same VM
+            known = {o.microvm_id for o in confirmed}
+            observed = [o for o in observed if o.microvm_id not in known] + confirmed
         others = self.ledger.load_vm_ids(self.siblings) if self.siblings else set()
         fingerprint = self.spec.fingerprint()
         plan = core.plan(self.spec, slots, observed, now, others=others, strays=stats.get("strays") or {},
@@ -282,7 +285,7 @@ class Reconciler:
         unknown) when the get fails or the budget says wait."""
         out: list[core.Observed] = []
         asked = 0
-        for vm_id in core.to_confirm(slots, (o.microvm_id for o in observed), now):
+        for vm_id in core.to_confirm(slots, {o.microvm_id: o for o in observed}, now):
             cached = self._confirmed.get(vm_id)
             if cached is not None and now - cached[0] <= CONFIRM_TTL_SECONDS:
                 if cached[1] is not None:
@@ -463,7 +466,7 @@ class Reconciler:
             slot.ending = intent.reason
             self._save(slot, slots)  # fenced: a tick that lost its lease ends nothing
         try:
-            result = self._api(method, microvmIdentifier=intent.microvm_id)
+            self._api(method, microvmIdentifier=intent.microvm_id)
         except ClientError as exc:
             if _code(exc) not in ("ConflictException", "ResourceNotFoundException"):
                 self._failed(operation, exc, now)
@@ -474,10 +477,7 @@ class Reconciler:
         except BotoCoreError as exc:
             self._emit({"event": "api_error", "operation": operation, "code": type(exc).__name__})
             return None
-        if intent.kind == "describe":
-            self._emit({"event": "vm_end_reason", "slot": intent.slot_id, "microvm_id": intent.microvm_id,
-                        "state": result.get("state"), "end_reason": result.get("stateReason")})
-        elif intent.kind in ("suspend", "resume"):
+        if intent.kind in ("suspend", "resume"):
             if slot is not None:
                 slot.parking_since = now
                 self._save(slot, slots)
@@ -577,7 +577,6 @@ class Reconciler:
 _OPERATIONS = {
     "suspend": ("SuspendMicrovm", "suspend_microvm"),
     "terminate": ("TerminateMicrovm", "terminate_microvm"),
-    "describe": ("GetMicrovm", "get_microvm"),
     "resume": ("ResumeMicrovm", "resume_microvm"),
 }
 
