@@ -209,7 +209,7 @@ def test_a_vm_missing_from_a_list_is_confirmed_before_it_is_replaced(aws, monkey
 
 def test_lost_responses_count_as_live_until_seen(aws, monkeypatch) -> None:
     """#11.2: every answer lost: the slots are in doubt, counted live; the same tokens get the VMs."""
-    with deployed_fleet(aws, env={"MIN_VMS": "3", "WARM_VMS": "0", "MAX_VMS": "3"}) as fleet:
+    with deployed_fleet(aws, env={"MIN_VMS": "3", "WARM_VMS": "0", "MAX_VMS": "4"}) as fleet:
         client_vm(fleet)  # a client's VM started at the same moment: never attached
         fleet.emulator.inject("RunMicrovm", "lost_response", times=3)
         fleet.every_minute(monkeypatch, 3)
