@@ -48,6 +48,8 @@ PARK_GRACE_SECONDS = 30.0
 #: A VM that ends within this much of its ``maximumDurationInSeconds`` ended normally (clock skew
 #: between the function and the service included); earlier, it ended early (a crash).
 EXPIRY_MARGIN_SECONDS = 90.0
+#: How soon a step looks again at a parked slot's PENDING VM (measured PENDING: about 2 s).
+PENDING_POLL_SECONDS = 2.0
 #: A base successor without headroom takes a parked VM this long before the old VM's end.
 HANDOVER_LEAD_SECONDS = 120.0
 #: Backoff of a slot after a failed RunMicrovm: base * 4^(errors-1), at most the cap.
@@ -277,6 +279,7 @@ def plan(spec: FleetSpec, ledger: Mapping[str, Slot], observed: Iterable[Observe
     events: list[dict[str, Any]] = []
     intents: list[Intent] = []
     wake_soon = False
+    pending_since: list[float] = []  # warm VMs still PENDING: parked as soon as they run
 
     def requeue(slot: Slot, reason: str) -> None:
         _requeue(slot, reason, now)
@@ -379,6 +382,7 @@ def plan(spec: FleetSpec, ledger: Mapping[str, Slot], observed: Iterable[Observe
                 events.append(_event("vm_parked", slot, claim_to_complete=_since(slot.requested_at, now)))
             elif vm.state == "PENDING":
                 wake_soon = True
+                pending_since.append(vm.started_at)
 
     # 2. VMs of the image no slot of ours holds: foreign. Never touched, never put in a slot.
     own = own_vm_ids(slots)
@@ -419,7 +423,7 @@ def plan(spec: FleetSpec, ledger: Mapping[str, Slot], observed: Iterable[Observe
                 slot.draining = True
                 events.append(_event("slot_draining", slot, reason="spec_shrank"))
             continue  # parked first, then ended (below)
-        if slot.in_doubt_since is not None and slot.microvm_id is None:
+        if slot.microvm_id is None and _in_doubt(slot):
             continue  # a VM may exist for it: the same token must still be asked before forgetting it
         del slots[slot.slot_id]
         for vm_id in (slot.microvm_id, slot.retiring_id):
@@ -431,7 +435,7 @@ def plan(spec: FleetSpec, ledger: Mapping[str, Slot], observed: Iterable[Observe
     # 4. How many VMs count toward max_vms: ours that are not provably ended (in-doubt runs
     # included), and foreign ones (a client's VM of the fleet's image is part of the fleet).
     live_ids = {i for i in own_vm_ids(slots) if not ended(seen.get(i))} | set(foreign)
-    in_doubt = [s for s in slots.values() if s.in_doubt_since is not None and s.microvm_id is None]
+    in_doubt = [s for s in slots.values() if s.microvm_id is None and _in_doubt(s)]
     live = len(live_ids) + len(in_doubt)
 
     # 5. Parked slots are ended first when there are more VMs than max_vms or more parked slots
@@ -463,7 +467,7 @@ def plan(spec: FleetSpec, ledger: Mapping[str, Slot], observed: Iterable[Observe
             if slot.retry_at is not None and slot.retry_at > now:
                 wake_at = slot.retry_at if wake_at is None else min(wake_at, slot.retry_at)
                 continue
-            runs.append(Intent("run", slot.slot_id, role=slot.role, retry=slot.in_doubt_since is not None))
+            runs.append(Intent("run", slot.slot_id, role=slot.role, retry=_in_doubt(slot)))
             if slot.queued_at is not None and now - slot.queued_at > spec.admission_deadline_seconds and not noted(slot, "deadline"):
                 events.append(_event("admission_deadline_exceeded", slot, waited=round(now - slot.queued_at, 3)))
                 note(slot, "deadline")
@@ -533,6 +537,11 @@ def plan(spec: FleetSpec, ledger: Mapping[str, Slot], observed: Iterable[Observe
         "StrayVMs": len(tracked),
         "OldestStrayAge": round(max(stray_ages), 3) if stray_ages else 0.0,
     }
+    if pending_since:
+        # Poll as PENDING usually ends (measured: about 2 s), then less often for slow starts
+        # (a fresh image version's first launches take up to a minute).
+        poll = now + max(PENDING_POLL_SECONDS, (now - max(pending_since)) / 2)
+        wake_at = poll if wake_at is None else min(wake_at, poll)
     return Plan(slots, intents, events, gauges, live, wake_soon, tracked, wake_at)
 
 
@@ -556,6 +565,14 @@ def handover(base: Slot, donor: Slot, now: float) -> tuple[Slot, Slot]:
     base.phase, base.requested_at, base.handover_from, base.parking_since = STARTING, now, donor.slot_id, None
     _requeue(donor, "handed_to_" + base.slot_id, now)
     return base, donor
+
+
+def _in_doubt(slot: Slot) -> bool:
+    """A RunMicrovm of the slot's generation may have made a VM nobody has the ID of: its answer
+    was lost (an ambiguous error), or the tick that sent it died or lost its lease before writing
+    the answer down (the slot is still STARTING). Such a slot counts as live and asks again with
+    the same token, which returns that VM if it exists."""
+    return slot.in_doubt_since is not None or (slot.phase == STARTING and slot.requested_at is not None)
 
 
 def noted(slot: Slot, reason: str) -> bool:

@@ -4,10 +4,11 @@ DynamoDB layout (partition key ``fleet``, sort key ``key``):
 
 * ``slot#<slot id>``: ``doc`` = the slot as JSON (see :class:`.core.Slot`);
 * ``#tick``: the tick lease: ``holder``, ``expires_at`` and ``fence``, a counter every
-  acquisition increments. Every ledger write of a tick is a transaction conditioned on the
-  ``fence`` it acquired: a tick whose lease was taken over (its clock ran slow, it hung past its
-  lease) fails its next write with :class:`FencedOut` and stops, before any further call. Clock
-  skew can only make a lease end early or late; it can never let two ticks both write.
+  acquisition increments. The newest tick always takes the lease (it has the latest deadline; a
+  killed tick's lease must not hold the fleet back), and every ledger write of a tick is a
+  transaction conditioned on the ``fence`` it acquired: an older tick (a duplicate delivery, a
+  hung or skewed one) fails its next write with :class:`FencedOut` and stops, before its next
+  RunMicrovm, resume or terminate (each is written down first). No clock is compared.
 * ``#stats``: ``epoch`` (part of every client token, so a re-created ledger never reuses a token
   of an earlier one), ``run_attempts`` and ``slots_filled`` (retry amplification), ``spec`` (the
   fingerprint of the spec the last tick ran) and ``strays`` (foreign VMs seen, as JSON).
@@ -41,11 +42,9 @@ class MemoryLedger:
         self._stats: dict[str, dict[str, Any]] = {}
 
     def acquire_tick(self, fleet: str, holder: str, now: float, lease_seconds: float) -> Optional[int]:
-        """The lease and its fence token, or None while another tick holds it."""
+        """The lease and its new fence token (taken over from any earlier holder)."""
         with self._lock:
             lease = self._leases.setdefault(fleet, {"holder": None, "expires_at": 0.0, "fence": 0})
-            if lease["holder"] not in (None, holder) and lease["expires_at"] >= now:
-                return None
             lease.update(holder=holder, expires_at=now + lease_seconds, fence=lease["fence"] + 1)
             return lease["fence"]
 
@@ -121,21 +120,17 @@ class DynamoDBLedger:
         return {"fleet": {"S": fleet}, "key": {"S": key}}
 
     def acquire_tick(self, fleet: str, holder: str, now: float, lease_seconds: float) -> Optional[int]:
-        """The lease and its fence token (one conditional UpdateItem), or None while another
-        tick holds it."""
-        try:
-            result = self._ddb.update_item(
-                TableName=self._table,
-                Key=self._key(fleet, "#tick"),
-                UpdateExpression="SET holder = :holder, expires_at = :expires ADD fence :one",
-                ConditionExpression="attribute_not_exists(holder) OR expires_at < :now OR holder = :holder",
-                ExpressionAttributeValues={":now": {"N": repr(now)}, ":holder": {"S": holder},
-                                           ":expires": {"N": repr(now + lease_seconds)}, ":one": {"N": "1"}},
-                ReturnValues="UPDATED_NEW",
-            )
-            return int(result["Attributes"]["fence"]["N"])
-        except self._ddb.exceptions.ConditionalCheckFailedException:
-            return None
+        """The lease and its new fence token (one UpdateItem), taken over from any earlier
+        holder: the fence, not the clock, decides who may write (``expires_at`` only informs)."""
+        result = self._ddb.update_item(
+            TableName=self._table,
+            Key=self._key(fleet, "#tick"),
+            UpdateExpression="SET holder = :holder, expires_at = :expires ADD fence :one",
+            ExpressionAttributeValues={":holder": {"S": holder}, ":expires": {"N": repr(now + lease_seconds)},
+                                       ":one": {"N": "1"}},
+            ReturnValues="UPDATED_NEW",
+        )
+        return int(result["Attributes"]["fence"]["N"])
 
     def release_tick(self, fleet: str, holder: str) -> None:
         try:

@@ -35,7 +35,8 @@ from . import core
 from .budget import Deferral, Granted
 from .ledger import FencedOut
 
-PENDING_POLL_SECONDS = 5.0
+#: A step waiting for our own suspend or resume to show looks again after this long.
+TRANSITION_POLL_SECONDS = 5.0
 MIN_WAIT_SECONDS = 0.05
 #: A step that wakes for tokens it reserved acts on the list its reservation was made with, if
 #: that list is at most this old (with the VMs it started since): reserved calls then go out on
@@ -115,7 +116,9 @@ class Reconciler:
         return {"fleet": self.spec.fleet, "steps": steps, "api_calls": self.api_calls - calls, **outcome}
 
     def begin_tick(self, lease_seconds: float = 120.0, deadline_seconds: float = 50.0) -> bool:
-        """Take the fleet's tick lease; False (and a timeline line) when another tick holds it."""
+        """Take the fleet's tick lease, from a tick still holding it too: the newest invocation
+        has the latest deadline (and a killed one's lease must not hold the fleet back). The
+        older tick's next ledger write fails on the fence and it stops (``lease_lost``)."""
         holder = uuid.uuid4().hex  # each tick its own holder: a second tick of this object waits too
         fence = self.ledger.acquire_tick(self.spec.fleet, holder, self.clock(), lease_seconds)
         if fence:
@@ -236,7 +239,7 @@ class Reconciler:
                         live += 1
                     filled += 1
                     if slot.role == core.WARM:
-                        waits.append(PENDING_POLL_SECONDS)  # to park it once it runs
+                        waits.append(core.PENDING_POLL_SECONDS)  # to park it once it runs
                 elif outcome == "in_doubt":
                     if not intent.retry:
                         live += 1  # the VM may exist (a lost response): counted until proven
@@ -265,7 +268,7 @@ class Reconciler:
             self.telemetry.metric(fleet, "RetryAmplification", round(total_attempts / max(1, total_filled), 4))
         self._drop_due(now)
         if plan.wake_soon:
-            waits.append(PENDING_POLL_SECONDS)
+            waits.append(TRANSITION_POLL_SECONDS)
         if plan.wake_at is not None:
             waits.append(max(0.0, plan.wake_at - now))
         # A floor on waits: float edges of the buckets must not turn into a busy loop.
