@@ -86,8 +86,8 @@ def test_without_the_powertools_layer_it_still_ticks_and_tells(aws, monkeypatch)
 
 def test_redrive_through_the_handler(aws, monkeypatch) -> None:
     with deployed_fleet(aws, env={"MIN_VMS": "1", "WARM_VMS": "0"}) as fleet:
-        fleet.emulator.inject("RunMicrovm", "crash", after_seconds=30, reason="Container Stopped with Exit Code: 1",
-                              times=None)
+        crash = fleet.emulator.inject("RunMicrovm", "crash", after_seconds=30,
+                                      reason="Container Stopped with Exit Code: 1", times=None)
         fleet.every_minute(monkeypatch, 6)
         assert fleet.emulator.calls["RunMicrovm"] == 3  # max_start_attempts early ends, then dead
         letters = fleet.dead_letters()
@@ -95,7 +95,7 @@ def test_redrive_through_the_handler(aws, monkeypatch) -> None:
         assert "Exit Code: 1" in letters[0]["reason"] and letters[0]["kind"] == "crash"
         fleet.every_minute(monkeypatch, 3)
         assert fleet.emulator.calls["RunMicrovm"] == 3  # not retried forever
-        fleet.emulator._faults.clear()
+        fleet.emulator.remove_fault(crash)
         redriven = fleet.invoke(monkeypatch, {"action": "redrive"})
         assert redriven.result["redriven"] == ["base-0"]
         assert fleet.ledger_slots()["base-0"]["phase"] == "queued"
@@ -130,15 +130,16 @@ def test_a_client_session_is_never_touched_after_a_failed_run(aws, monkeypatch, 
     options = {"memory_quota_mib": 4096} if fault == "quota" else {}
     with deployed_fleet(aws, env={"MIN_VMS": "1", "WARM_VMS": "2", "MAX_VMS": "6"}, **options) as fleet:
         if fault == "throttle":
-            fleet.emulator.set_rate_limit("RunMicrovm", 0.2, 1)
+            fleet.emulator.set_rate_limit("RunMicrovm", 0.2, 1, surge=0)
         elif fault == "quota":
             pass  # one 4096 MiB VM fits; the next RunMicrovm is a 402
         else:
-            fleet.emulator.inject("RunMicrovm", fault, times=2)
+            armed = fleet.emulator.inject("RunMicrovm", fault, times=2)
         fleet.invoke(monkeypatch, timeout=10)
         if fault == "throttle":
             fleet.emulator.set_rate_limit("RunMicrovm", 5, 5)
-        fleet.emulator._faults.clear()
+        elif fault != "quota":
+            fleet.emulator.remove_fault(armed)
         if fault == "quota":
             fleet.emulator.memory_quota_mib = 3 * 4096  # the client's VM and one more fit
         sessions = [client_vm(fleet, f"client-{i}") for i in range(2)]
@@ -166,6 +167,7 @@ def test_a_vm_id_is_never_in_two_slots(aws, monkeypatch) -> None:
 def test_foreign_vms_count_toward_max_vms_but_never_fill_a_slot(aws, monkeypatch) -> None:
     with deployed_fleet(aws, env={"MIN_VMS": "2", "WARM_VMS": "0", "MAX_VMS": "3"}) as fleet:
         sessions = [client_vm(fleet, f"client-{i}") for i in range(2)]
+        fleet.clock.advance(5)  # listed once the service's reads catch up (foreign VMs count once seen)
         runs = fleet.every_minute(monkeypatch, 3)
         assert len(fleet.ours()) == 1 and len(fleet.live()) == 3  # max_vms holds, clients included
         assert any(e["reason"] == "max_vms_reached" for r in runs for e in r.events("run_deferred"))
@@ -268,12 +270,12 @@ def test_concurrent_ticks_hold_the_lease_one_at_a_time(aws, monkeypatch) -> None
 def test_no_dip_at_expiry_without_headroom(aws, monkeypatch) -> None:
     """#11.3: min 3 / warm 2 / max 5: no headroom for a successor, ever. Lifetimes are spread and
     a parked VM is handed to a base slot before its VM ends: RUNNING never below 3."""
-    env = {"MIN_VMS": "3", "WARM_VMS": "2", "MAX_VMS": "5", "MAX_LIFETIME_SECONDS": "3600",
+    env = {"MIN_VMS": "3", "WARM_VMS": "2", "MAX_VMS": "5", "MAX_LIFETIME_SECONDS": "1800",
            "SUCCESSOR_LEAD_SECONDS": "300", "IDLE_SECONDS": ""}
     with deployed_fleet(aws, env=env, pending_seconds=2) as fleet:
         fleet.every_minute(monkeypatch, 2)
         lowest, handovers = 3, 0
-        for _ in range(3 * 60):
+        for _ in range(3 * 30):  # three lifetimes
             run = fleet.every_minute(monkeypatch, 1)[0]
             handovers += len(run.events("vm_handed_over"))
             lowest = min(lowest, len(fleet.live(("RUNNING",))))
@@ -286,12 +288,12 @@ def test_no_dip_at_expiry_without_headroom(aws, monkeypatch) -> None:
 
 
 def test_no_dip_at_expiry_with_headroom(aws, monkeypatch) -> None:
-    env = {"MIN_VMS": "3", "WARM_VMS": "0", "MAX_VMS": "4", "MAX_LIFETIME_SECONDS": "3600",
+    env = {"MIN_VMS": "3", "WARM_VMS": "0", "MAX_VMS": "4", "MAX_LIFETIME_SECONDS": "1800",
            "SUCCESSOR_LEAD_SECONDS": "300"}
     with deployed_fleet(aws, env=env, pending_seconds=2) as fleet:
         fleet.every_minute(monkeypatch, 2)
         lowest = 3
-        for _ in range(2 * 60):
+        for _ in range(2 * 30):
             fleet.every_minute(monkeypatch, 1)
             lowest = min(lowest, len(fleet.live(("RUNNING", "SUSPENDING", "SUSPENDED"))))
             assert len(fleet.live()) <= 4
@@ -337,7 +339,7 @@ def test_an_api_error_under_powertools_does_not_crash_the_tick(aws, monkeypatch)
 def test_the_handler_client_makes_one_request_per_call(aws, monkeypatch) -> None:
     """#11.4/#17: a throttled call is one request the emulator sees, and one the metrics count."""
     with deployed_fleet(aws, env={"MIN_VMS": "3", "WARM_VMS": "0", "MAX_VMS": "3"}) as fleet:
-        fleet.emulator.set_rate_limit("RunMicrovm", 0.1, 1)
+        fleet.emulator.set_rate_limit("RunMicrovm", 0.1, 1, surge=0)  # 429s, not held requests
         run = fleet.invoke(monkeypatch, timeout=20)
         throttled = fleet.emulator.throttled["RunMicrovm"]
         assert throttled >= 1
@@ -380,14 +382,14 @@ def test_a_crash_at_601_seconds_is_a_crash_loop(aws, monkeypatch) -> None:
 def test_request_errors_dead_letter_after_max_start_attempts(aws, monkeypatch, case) -> None:
     """#17: RunMicrovm Validation / NotFound / AccessDenied / Conflict."""
     env = {"MIN_VMS": "1", "WARM_VMS": "0", "MAX_VMS": "2"}
-    if case == "validation":
-        env["IMAGE_ARN"] = "mi-agente"  # the measured answer to a bare name: ValidationException
     if case == "not_found":
         env["IMAGE_ARN"] = "arn:aws:lambda:us-east-1:123456789012:microvm-image:nadie"
     with deployed_fleet(aws, env=env) as fleet:
         r = fleet.reconciler(monkeypatch)
         if case == "access_denied":
             wire_fault(r.microvms, "RunMicrovm", "AccessDeniedException", 403)
+        if case == "validation":
+            wire_fault(r.microvms, "RunMicrovm", "ValidationException", 400, message="1 validation error detected")
         if case == "conflict":
             wire_fault(r.microvms, "RunMicrovm", "ConflictException", 409, message="token used with other parameters")
         index._RECONCILER = r
@@ -400,6 +402,15 @@ def test_request_errors_dead_letter_after_max_start_attempts(aws, monkeypatch, c
                 "conflict": "Conflict"}[case]
         assert letter["reason"].startswith(code)
         assert fleet.ledger_slots()["base-0"]["phase"] == "dead"
+
+
+def test_a_list_the_service_refuses_ends_the_tick(aws, monkeypatch) -> None:
+    """A bare image name (measured: ValidationException "Invalid ARN format"): one list a tick,
+    told, never retried within the tick."""
+    with deployed_fleet(aws, env={"IMAGE_ARN": "mi-agente"}) as fleet:
+        runs = fleet.every_minute(monkeypatch, 2)
+        assert fleet.emulator.calls == {"ListMicrovms": 2}
+        assert [e["code"] for r in runs for e in r.events("api_error")] == ["ValidationException"] * 2
 
 
 def test_a_conflict_naming_the_vm_gives_the_slot_its_vm(aws, monkeypatch) -> None:
@@ -444,13 +455,13 @@ def test_errors_of_other_calls_are_told_and_retried_later(aws, monkeypatch, oper
 
 def test_insufficient_capacity_backs_off_every_reconciler(aws, monkeypatch) -> None:
     with deployed_fleet(aws, env={"MIN_VMS": "3", "WARM_VMS": "0", "MAX_VMS": "3"}) as fleet:
-        fleet.emulator.inject("RunMicrovm", "InsufficientCapacity", times=None)
+        capacity = fleet.emulator.inject("RunMicrovm", "InsufficientCapacity", times=None)
         run = fleet.invoke(monkeypatch)
         # One call, then the shared 30 s backoff holds every slot; one more after it, in the tick.
         errors = run.events("api_error")
         assert fleet.emulator.calls["RunMicrovm"] == len(errors) == 2
         assert errors[1]["time"] - errors[0]["time"] >= 30 and errors[0]["retry_after"] == 30.0
-        fleet.emulator._faults.clear()
+        fleet.emulator.remove_fault(capacity)
         fleet.clock.advance(31)
         fleet.every_minute(monkeypatch, 2)
         assert len(fleet.ours()) == 3

@@ -58,8 +58,11 @@ RETRY_CAP_SECONDS = 900.0
 #: A dead-lettered slot whose failures were the service's (500s, capacity, quota) is probed
 #: once per this long; failures of the request or of the app wait for redrive or a new spec.
 DEAD_PROBE_SECONDS = 900.0
-#: Reasons of VM ends that were asked for (our TerminateMicrovm or a client's), not crashes.
-REQUESTED_END_REASONS = ("terminated_by_request", "success.", "success", "idle_timeout")
+#: Words of the ``stateReason`` of ends that are no crash: a TerminateMicrovm (measured:
+#: "Success."), the end of the lifetime ("MicroVM exceeded maximum lifetime.") or of an idle
+#: policy's suspended duration ("MicroVM exceeded suspended duration.").
+REQUESTED_END_REASONS = ("success", "exceeded maximum lifetime", "exceeded suspended duration",
+                         "terminated_by_request", "idle_timeout", "maximum_duration")
 
 
 @dataclass(frozen=True)
@@ -331,7 +334,7 @@ def plan(spec: FleetSpec, ledger: Mapping[str, Slot], observed: Iterable[Observe
             started = slot.vm_started_at if slot.vm_started_at is not None else vm.started_at
             life = slot.lifetime or spec.max_lifetime_seconds
             reason = (vm.reason or "").strip().lower()
-            if started + life <= now + EXPIRY_MARGIN_SECONDS or slot.ending or reason in REQUESTED_END_REASONS:
+            if started + life <= now + EXPIRY_MARGIN_SECONDS or slot.ending or any(w in reason for w in REQUESTED_END_REASONS):
                 slot.crashes = 0
                 events.append(_event("vm_expired" if not slot.ending else "vm_ended", slot, state=vm.state,
                                      end_reason=vm.reason))

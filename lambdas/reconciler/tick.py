@@ -46,6 +46,8 @@ OBSERVATION_TTL_SECONDS = 2.0
 CONFIRM_TTL_SECONDS = 20.0
 #: At most this many GetMicrovm confirmations per step.
 MAX_CONFIRMS_PER_STEP = 25
+#: A ListMicrovms that failed on the service's side is asked again after this long in a tick.
+LIST_RETRY_SECONDS = 5.0
 QUOTA_BACKOFF_SECONDS = 60.0
 CAPACITY_BACKOFF_SECONDS = 30.0
 BACKOFF_CODES = {"ThrottlingException", "ServiceQuotaExceededException", "InsufficientCapacityException"}
@@ -328,7 +330,13 @@ class Reconciler:
             try:
                 page = self._api("list_microvms", **kwargs)
             except ClientError as exc:
-                return self._failed("ListMicrovms", exc, now)
+                deferral = self._failed("ListMicrovms", exc, now)
+                status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 500)
+                if _code(exc) not in BACKOFF_CODES and 400 <= status < 500:
+                    return Deferral("ListMicrovms", float("inf"), deferral.reason)  # asking again will not help
+                if _code(exc) not in BACKOFF_CODES:
+                    return Deferral("ListMicrovms", LIST_RETRY_SECONDS, deferral.reason)
+                return deferral
             except BotoCoreError as exc:
                 self._emit({"event": "api_error", "operation": "ListMicrovms", "code": type(exc).__name__})
                 return Deferral("ListMicrovms", 1.0, "error:" + type(exc).__name__)
