@@ -52,6 +52,8 @@ EXPIRY_MARGIN_SECONDS = 90.0
 PENDING_POLL_SECONDS = 2.0
 #: A base successor without headroom takes a parked VM this long before the old VM's end.
 HANDOVER_LEAD_SECONDS = 120.0
+#: A base VM that cannot have a successor before its end is replaced this soon after it.
+EXPIRY_WAKE_SECONDS = 1.0
 #: Backoff of a slot after a failed RunMicrovm: base * 4^(errors-1), at most the cap.
 RETRY_BASE_SECONDS = 2.0
 RETRY_CAP_SECONDS = 900.0
@@ -377,7 +379,8 @@ def plan(spec: FleetSpec, ledger: Mapping[str, Slot], observed: Iterable[Observe
                 requeue(slot, "taken_by_client")
             elif vm.state == "RUNNING":
                 intents.append(Intent("suspend", slot.slot_id, vm.microvm_id))
-                slot.phase = PARKING
+                if slot.phase != PARKING:
+                    slot.phase, slot.parking_since = PARKING, None  # set when the service accepts it
             elif vm.state == "SUSPENDING":
                 slot.phase = PARKING
             elif vm.state == "SUSPENDED" and slot.phase != PARKED:
@@ -498,22 +501,43 @@ def plan(spec: FleetSpec, ledger: Mapping[str, Slot], observed: Iterable[Observe
                 intents.append(Intent("terminate", slot.slot_id, slot.retiring_id, reason="replaced_parked_slot"))
     successors.sort(key=lambda i: i.priority)
 
-    # 7. A base successor with no headroom takes a parked VM shortly before the old VM ends:
-    # min_vms never dips because the parked pool does, for a moment, instead.
-    headroom = spec.max_vms - live - sum(1 for r in runs if not r.retry)
+    # 7. Base slots before parked ones when there is not room for every run; a base slot with no
+    # room at all takes a parked VM (its own VM ended, or shortly before its VM ends): min_vms
+    # never dips because the parked pool does, for a moment, instead.
+    headroom = spec.max_vms - live
     handovers: list[Intent] = []
     donors = [s for s in parked if not s.ending and not s.draining and s.retiring_id is None]
+    new_runs = [r for r in runs if not r.retry]
+    if len(new_runs) > headroom:
+        runs.sort(key=lambda r: (r.retry is False, r.role != BASE))
+        for intent in [r for r in runs if not r.retry and r.role == BASE][max(0, headroom):]:
+            slot = slots[intent.slot_id]
+            if not donors or slot.phase == STARTING:
+                break
+            donor = max(donors, key=lambda d: (d.vm_started_at or 0) + (d.lifetime or spec.max_lifetime_seconds))
+            donors.remove(donor)
+            runs.remove(intent)
+            handovers.append(Intent("resume", slot.slot_id, donor.microvm_id, role=BASE, reason="handover",
+                                    donor=donor.slot_id))
+    headroom -= len([r for r in runs if not r.retry])
     for intent in list(successors):
         if headroom > 0:
             headroom -= 1  # this successor runs a VM of its own (budget permitting)
             continue
         slot = slots[intent.slot_id]
         expires = (slot.vm_started_at or now) + (slot.lifetime or spec.max_lifetime_seconds)
-        if intent.role != BASE or intent.reason != "expiring" or expires - now > HANDOVER_LEAD_SECONDS:
+        if intent.role != BASE or intent.reason != "expiring":
+            continue
+        if expires - now > HANDOVER_LEAD_SECONDS:
+            at = expires - HANDOVER_LEAD_SECONDS
+            wake_at = at if wake_at is None else min(wake_at, at)
             continue
         life = spec.max_lifetime_seconds
         usable = [d for d in donors if (d.vm_started_at or now) + (d.lifetime or life) - now > spec.successor_lead_seconds]
         if not usable:
+            # No headroom, nothing parked (max_vms == min_vms, say): replace it the moment it ends.
+            at = expires + EXPIRY_WAKE_SECONDS
+            wake_at = at if wake_at is None else min(wake_at, at)
             continue
         donor = max(usable, key=lambda d: (d.vm_started_at or 0) + (d.lifetime or life))
         donors.remove(donor)
@@ -561,7 +585,9 @@ def handover(base: Slot, donor: Slot, now: float) -> tuple[Slot, Slot]:
     """A base slot takes a warm slot's parked VM (written before ResumeMicrovm is called): the
     only way a VM changes slots, and always between two slots of this ledger, explicitly."""
     base, donor = copy.copy(base), copy.copy(donor)
-    base.retiring_id, base.microvm_id = base.microvm_id, donor.microvm_id
+    if base.microvm_id:
+        base.retiring_id = base.microvm_id
+    base.microvm_id = donor.microvm_id
     base.generation += 1
     base.request, base.in_doubt_since, base.errors = None, None, 0
     base.vm_started_at, base.lifetime = donor.vm_started_at, donor.lifetime
@@ -618,6 +644,7 @@ def admit_run(spec: FleetSpec, slot: Slot, intent: Intent, now: float) -> Slot:
     slot.requested_at = now
     slot.noted = None
     slot.retry_at = None
+    slot.parking_since = None  # of the previous VM: never of this one
     return slot
 
 

@@ -49,7 +49,10 @@ MAX_CONFIRMS_PER_STEP = 25
 #: A ListMicrovms that failed on the service's side is asked again after this long in a tick.
 LIST_RETRY_SECONDS = 5.0
 QUOTA_BACKOFF_SECONDS = 60.0
-CAPACITY_BACKOFF_SECONDS = 30.0
+#: An offset between our clock and the service's Date beyond this is not believed.
+MAX_CLOCK_OFFSET_SECONDS = 300.0
+#: InsufficientCapacity is not measured; it is retried soon, by every reconciler together.
+CAPACITY_BACKOFF_SECONDS = 5.0
 BACKOFF_CODES = {"ThrottlingException", "ServiceQuotaExceededException", "InsufficientCapacityException"}
 REQUEST_FAILURES = {"ValidationException", "ResourceNotFoundException", "AccessDeniedException"}
 SERVICE_FAILURES = {"ServiceQuotaExceededException", "InsufficientCapacityException"}
@@ -88,6 +91,7 @@ class Reconciler:
     _held: dict[str, list[float]] = field(default_factory=dict)  # operation -> [ready_at, tokens]
     _confirmed: dict[str, tuple[float, Optional[core.Observed]]] = field(default_factory=dict)
     _told: set = field(default_factory=set)  # strays told in this tick
+    _offset: float = 0.0  # the service's clock minus ours, from the Date of its answers
 
     # ------------------------------------------------------------------ ticks and steps
 
@@ -144,7 +148,7 @@ class Reconciler:
 
     def step(self) -> StepResult:
         """Observe, plan, act. Returns when the next step is worth taking (None: not this tick)."""
-        now = self.clock()
+        now = self._now()
         fleet = self.spec.fleet
         # Calls the last step had no token for: reserve them before listing again, so a fleet
         # waiting for the shared budget does not spend a ListMicrovms on every try.
@@ -161,7 +165,7 @@ class Reconciler:
         ready = any(ready_at <= now + 1e-6 and n >= 1 for ready_at, n in self._held.values())
         if demand_waits and not ready:
             wait = min(demand_waits + [at - now for at, n in self._held.values() if n >= 1])
-            if now + wait >= self._deadline:
+            if self.clock() + wait >= self._deadline:
                 return StepResult(None)
             return StepResult(max(MIN_WAIT_SECONDS, wait))
         self._demand.clear()
@@ -173,7 +177,7 @@ class Reconciler:
                 self._observation = (now, list(observed))
         if isinstance(observed, Deferral):
             self._drop_due(now)  # reserved calls cannot wait for a list: given up, never sent late
-            if now + observed.retry_after_seconds >= self._deadline:
+            if self.clock() + observed.retry_after_seconds >= self._deadline:
                 return StepResult(None)  # no list before the deadline: the next tick
             return StepResult(max(MIN_WAIT_SECONDS, observed.retry_after_seconds))
         slots, stats = self.ledger.load(fleet)
@@ -340,6 +344,7 @@ class Reconciler:
             except BotoCoreError as exc:
                 self._emit({"event": "api_error", "operation": "ListMicrovms", "code": type(exc).__name__})
                 return Deferral("ListMicrovms", 1.0, "error:" + type(exc).__name__)
+            self._learn_offset(page)
             for item in page.get("items") or []:
                 observed.append(core.Observed(item["microvmId"], item["state"], _epoch(item["startedAt"]),
                                               item.get("imageVersion")))
@@ -361,7 +366,7 @@ class Reconciler:
             return Deferral(operation, held[0] - now, "reserved")
         burst = int(self.budget.shape(operation)[1])
         # Never reserve past the tick's deadline: the tick would end holding tokens nobody uses.
-        horizon = max(0.0, min(self.reserve_horizon, self._deadline - now - 1))
+        horizon = max(0.0, min(self.reserve_horizon, self._deadline - self.clock() - 1))
         decision = self.budget.acquire(operation, now, cost=max(1, min(want, burst)), horizon=horizon)
         if isinstance(decision, Deferral):
             self._deferred(decision)
@@ -433,7 +438,10 @@ class Reconciler:
         request_error = code in REQUEST_FAILURES or code == "ConflictException" or (
             400 <= status < 500 and code not in BACKOFF_CODES and code not in SERVICE_FAILURES)
         kind = "request" if request_error else "service"
-        slot.errors += 1
+        # Capacity and the memory quota are the account's state, not the slot's: the shared
+        # backoff paces them, and they never dead-letter a slot (a 402 lasts until VMs end).
+        counted = code not in SERVICE_FAILURES
+        slot.errors += 1 if counted else 0
         slot.reason = f"{code}: {message}"[:500]
         if ambiguous:
             slot.in_doubt_since = slot.in_doubt_since or now
@@ -443,7 +451,7 @@ class Reconciler:
             slot.generation += 1  # the token's parameters changed and the VM is unnamed: a new token
             slot.request = None
         outcome = "in_doubt" if slot.in_doubt_since is not None else "retry_later"
-        if slot.errors >= self.spec.max_start_attempts:
+        if counted and slot.errors >= self.spec.max_start_attempts:
             slot.phase, slot.dead_kind = core.DEAD, kind
             slot.retry_at = now + core.DEAD_PROBE_SECONDS if kind == "service" else None
             event = core._event("slot_dead_lettered", slot, reason=slot.reason, kind=kind, errors=slot.errors,
@@ -451,7 +459,7 @@ class Reconciler:
             self._emit(event)
             self._dead_letter(event)
             outcome = "dead"
-        else:
+        elif counted:
             slot.retry_at = now + core.retry_delay(slot.errors)
         self._save(slot, slots)
         if deferral is not None and code in BACKOFF_CODES:
@@ -582,7 +590,28 @@ class Reconciler:
         self._emit(core._event(kind, slot, reason=reason))
 
     def _emit(self, event: dict[str, Any]) -> None:
-        self.telemetry.event(self.spec.fleet, {"time": round(self.clock(), 3), **event})
+        self.telemetry.event(self.spec.fleet, {"time": round(self._now(), 3), **event})
+
+    def _now(self) -> float:
+        """The service's time as this function's clock and the last answer's ``Date`` tell it:
+        VM start times come from the service, so expiries and ages are reckoned on its clock,
+        whatever this environment's clock says (a skew of 30 s would delay a replacement by 30 s)."""
+        return self.clock() + self._offset
+
+    def _learn_offset(self, response: Any) -> None:
+        headers = (response or {}).get("ResponseMetadata", {}).get("HTTPHeaders", {}) if isinstance(response, dict) else {}
+        date = headers.get("date")
+        if not date:
+            return
+        try:
+            from email.utils import parsedate_to_datetime
+
+            service = parsedate_to_datetime(date).timestamp() + 0.5  # whole seconds: the middle of one
+        except (TypeError, ValueError):
+            return
+        offset = service - self.clock()
+        if abs(offset) <= MAX_CLOCK_OFFSET_SECONDS:
+            self._offset = offset if abs(offset - self._offset) >= 1.0 else self._offset
 
 
 _OPERATIONS = {
