@@ -193,6 +193,7 @@ class Plan:
     wake_soon: bool = False
     strays: dict[str, dict[str, Any]] = field(default_factory=dict)
     wake_at: Optional[float] = None  # the soonest a slot's backoff ends
+    pending_warm: list[str] = field(default_factory=list)  # parked slots' VMs still PENDING
 
 
 def client_token(epoch: str, fleet: str, slot_id: str, generation: int) -> str:
@@ -285,6 +286,7 @@ def plan(spec: FleetSpec, ledger: Mapping[str, Slot], observed: Iterable[Observe
     intents: list[Intent] = []
     wake_soon = False
     pending_since: list[float] = []  # warm VMs still PENDING: parked as soon as they run
+    pending_ids: list[str] = []
 
     def requeue(slot: Slot, reason: str) -> None:
         _requeue(slot, reason, now)
@@ -389,6 +391,7 @@ def plan(spec: FleetSpec, ledger: Mapping[str, Slot], observed: Iterable[Observe
             elif vm.state == "PENDING":
                 wake_soon = True
                 pending_since.append(vm.started_at)
+                pending_ids.append(vm.microvm_id)
 
     # 2. VMs of the image no slot of ours holds: foreign. Never touched, never put in a slot.
     own = own_vm_ids(slots)
@@ -569,7 +572,7 @@ def plan(spec: FleetSpec, ledger: Mapping[str, Slot], observed: Iterable[Observe
         # (a fresh image version's first launches take up to a minute).
         poll = now + max(PENDING_POLL_SECONDS, (now - max(pending_since)) / 2)
         wake_at = poll if wake_at is None else min(wake_at, poll)
-    return Plan(slots, intents, events, gauges, live, wake_soon, tracked, wake_at)
+    return Plan(slots, intents, events, gauges, live, wake_soon, tracked, wake_at, pending_ids)
 
 
 def _requeue(slot: Slot, reason: str, now: float) -> None:

@@ -44,6 +44,10 @@ MIN_WAIT_SECONDS = 0.05
 OBSERVATION_TTL_SECONDS = 2.0
 #: GetMicrovm answers are reused within a tick for this long (a VM a list missed is asked once).
 CONFIRM_TTL_SECONDS = 20.0
+#: A step may look at the last list plus GetMicrovm answers this long after the list was made.
+PEEK_TTL_SECONDS = 12.0
+#: At most this many GetMicrovm peeks replace one ListMicrovms.
+MAX_PEEKS = 2
 #: At most this many GetMicrovm confirmations per step.
 MAX_CONFIRMS_PER_STEP = 25
 #: A ListMicrovms that failed on the service's side is asked again after this long in a tick.
@@ -92,6 +96,7 @@ class Reconciler:
     _confirmed: dict[str, tuple[float, Optional[core.Observed]]] = field(default_factory=dict)
     _told: set = field(default_factory=set)  # strays told in this tick
     _offset: float = 0.0  # the service's clock minus ours, from the Date of its answers
+    _peek_ids: list = field(default_factory=list)  # VMs the next step asks GetMicrovm about
 
     # ------------------------------------------------------------------ ticks and steps
 
@@ -141,6 +146,7 @@ class Reconciler:
         """Release the lease; reservations not used are given up with it."""
         self._held.clear()
         self._demand.clear()
+        self._peek_ids = []
         self._observation = None
         self._deadline = float("inf")
         self.ledger.release_tick(self.spec.fleet, self.holder)
@@ -171,6 +177,8 @@ class Reconciler:
         self._demand.clear()
         if ready and self._observation is not None and now - self._observation[0] <= OBSERVATION_TTL_SECONDS:
             observed = list(self._observation[1])
+        elif not ready and (peeked := self._peek(now)) is not None:
+            observed = peeked
         else:
             observed = self._list(now)
             if not isinstance(observed, Deferral):
@@ -273,6 +281,11 @@ class Reconciler:
             # attempts themselves (30 minutes of 500s must show, not divide by zero).
             self.telemetry.metric(fleet, "RetryAmplification", round(total_attempts / max(1, total_filled), 4))
         self._drop_due(now)
+        # Waking only for parked slots' PENDING VMs: the next step asks GetMicrovm about them (its
+        # own quota, 100/s) on top of this list, instead of listing again (ListMicrovms, 10/s,
+        # shared by every fleet, is what a fleet count of dozens waits on while converging).
+        only_pending = plan.pending_warm and not any(w != core.PENDING_POLL_SECONDS for w in waits)
+        self._peek_ids = list(plan.pending_warm) if only_pending and len(plan.pending_warm) <= MAX_PEEKS else []
         if plan.wake_soon:
             waits.append(TRANSITION_POLL_SECONDS)
         if plan.wake_at is not None:
@@ -320,6 +333,23 @@ class Reconciler:
                 out.append(seen)
                 self._emit({"event": "vm_confirmed", "microvm_id": vm_id, "state": seen.state, "end_reason": seen.reason})
         return out
+
+    def _peek(self, now: float) -> Optional[list[core.Observed]]:
+        """The last list, with GetMicrovm's word on the VMs the last step waited for (None: list)."""
+        ids, self._peek_ids = self._peek_ids, []
+        if not ids or self._observation is None or now - self._observation[0] > PEEK_TTL_SECONDS:
+            return None
+        fresh: dict[str, core.Observed] = {}
+        for vm_id in ids:
+            if isinstance(self._admit("GetMicrovm", now), Deferral):
+                return None
+            try:
+                vm = self._api("get_microvm", microvmIdentifier=vm_id)
+            except (ClientError, BotoCoreError):
+                return None
+            fresh[vm_id] = core.Observed(vm_id, vm["state"], _epoch(vm["startedAt"]), vm.get("imageVersion"),
+                                         vm.get("stateReason"))
+        return [fresh.get(o.microvm_id, o) for o in self._observation[1]]
 
     def _list(self, now: float) -> list[core.Observed] | Deferral:
         observed: list[core.Observed] = []
