@@ -256,7 +256,10 @@ class FleetReconciler(Construct):
     def _claim_image(self, image_arn: str, ledger_table: dynamodb.ITable) -> None:
         """One fleet per image in an app, unless every fleet on it shares it explicitly."""
         stack = cdk.Stack.of(self)
-        key = json.dumps(stack.resolve(image_arn), sort_keys=True)
+        # The same ARN text in another account or region (or a default image named after the fleet,
+        # built from the stack's pseudo parameters) is another image.
+        key = json.dumps([stack.resolve(stack.account), stack.resolve(stack.region), stack.resolve(image_arn)],
+                         sort_keys=True)
         users = _IMAGE_USERS.setdefault(self.node.root, {}).setdefault(key, [])
         for other in users:
             if not (self.share_image and other.share_image):
