@@ -21,6 +21,7 @@ from constructs import Construct
 from .agent_image import DEFAULT_LOG_RETENTION, AgentImage
 from .egress_budget import EgressBudget
 from .execution_role import LOG_GROUP_PREFIX, MicrovmExecutionRole
+from .fleet_teardown import FleetTeardown
 from .metadata_index import MetadataIndex
 from .names import claim
 from .permissions import (
@@ -144,6 +145,16 @@ class AgentFleet(_FleetGrants):
     :param terminate_strays: let the reconciler end idle foreign VMs of the image. Default: False.
     :param reconciler_reserved_concurrency: Default: 1 (``None`` where the account's concurrency
         quota leaves no room to reserve).
+    :param retain_vms_on_delete: leave the fleet's VMs running when the fleet is deleted (they end
+        at their lifetime, at most 8 hours). Default: False: deleting the fleet (its stack, or the
+        fleet from a stack) stops its reconciler and terminates every VM it holds, parked ones
+        included, before the delete completes (docs/reconciler.md "Teardown"). Only with a
+        reconciler: without one the stack starts no VMs.
+    :param teardown_failure: ``warn``: VMs not confirmed ended within ``teardown_timeout`` are
+        reported and the delete goes on; ``fail``: the delete fails. Default: ``warn``.
+    :param teardown_timeout: Default: 10 minutes (at most 15).
+    :param keep_image_versions: versions the image the fleet builds keeps (1 to 49; ``None``:
+        every version); see :class:`AgentImage`. Default: 5.
     """
 
     def __init__(
@@ -177,6 +188,10 @@ class AgentFleet(_FleetGrants):
         share_image: bool = False,
         terminate_strays: bool = False,
         reconciler_reserved_concurrency: Optional[int] = 1,
+        retain_vms_on_delete: bool = False,
+        teardown_failure: str = "warn",
+        teardown_timeout: cdk.Duration = cdk.Duration.minutes(10),
+        keep_image_versions: Optional[int] = 5,
     ) -> None:
         if not project.has_fleet:
             raise ValueError(
@@ -189,6 +204,8 @@ class AgentFleet(_FleetGrants):
             raise ValueError(f"base_rollout: {base_rollout!r} is not one of 'on_expiry', 'rolling'")
         if recipe_failure not in ("warn", "fail"):
             raise ValueError(f"recipe_failure: {recipe_failure!r} is not one of 'warn', 'fail'")
+        if teardown_failure not in ("warn", "fail"):
+            raise ValueError(f"teardown_failure: {teardown_failure!r} is not one of 'warn', 'fail'")
         image_name = image.image_name if image is not None else _image_name(image_arn, project.name)
         super().__init__(scope, id)
         claim(self, "fleet", project.name)  # one fleet of a name per account and region in an app
@@ -221,6 +238,7 @@ class AgentFleet(_FleetGrants):
                 own_log_group=own_microvm_log_group is not False,
                 log_retention=microvm_log_retention,
                 encryption_key=recipe_key,
+                keep_image_versions=keep_image_versions,
             )
         self.image: Optional[AgentImage] = image
         """The image the fleet builds or was given, when there is one."""
@@ -331,6 +349,22 @@ class AgentFleet(_FleetGrants):
             )
             if reconciler_alarms:
                 self.reconciler.add_alarms()
+        self.teardown: Optional[FleetTeardown] = None
+        """Ends the fleet's VMs when the fleet is deleted (with a reconciler: what it started)."""
+        if self.reconciler is not None:
+            # The fleet's name in the id: a fleet renamed in place gets a new teardown, and the old
+            # one (deleted in the update's cleanup) ends the old fleet's VMs with its own rights.
+            self.teardown = FleetTeardown(
+                self,
+                f"Teardown-{project.name}",
+                reconciler=self.reconciler,
+                access=self.access,
+                depends_on=[d for d in (image, self.execution_role) if d is not None],
+                retain_vms_on_delete=retain_vms_on_delete,
+                teardown_failure=teardown_failure,
+                timeout=teardown_timeout,
+                encryption_key=recipe_key,
+            )
 
     @property
     def metadata_table(self) -> Optional[dynamodb.ITable]:

@@ -27,6 +27,10 @@ class FleetStack(cdk.Stack):
     :param recipe_failure: see :class:`AgentFleet`. Default: ``warn``.
     :param permissions_boundary: a managed policy set as the permissions boundary of every role in
         the stack, now and later, the recipe writer included. Default: none.
+    :param retain_vms_on_delete: see :class:`AgentFleet`. Default: False (deleting the stack ends
+        the fleet's VMs first).
+    :param teardown_failure: see :class:`AgentFleet`. Default: ``warn``.
+    :param keep_image_versions: see :class:`AgentFleet`. Default: 5.
     :param stack_props: ``cdk.Stack`` keyword arguments (``env``, ``description``, ``synthesizer``...).
         Default ``stack_name``: CDK's (the id), or one derived from it when the id is not a valid
         stack name (``Fleet-my_agent`` → ``Fleet-my-agent-<hash>``).
@@ -48,6 +52,9 @@ class FleetStack(cdk.Stack):
         recipe_key: Optional[kms.IKey] = None,
         recipe_failure: str = "warn",
         permissions_boundary: Optional[iam.IManagedPolicy] = None,
+        retain_vms_on_delete: bool = False,
+        teardown_failure: str = "warn",
+        keep_image_versions: Optional[int] = 5,
         **stack_props: Any,
     ) -> None:
         stack_props.setdefault("description", f"Rayito agent fleet {project.name} (rayito_constructs)")
@@ -70,6 +77,9 @@ class FleetStack(cdk.Stack):
             recipe_key=recipe_key,
             recipe_failure=recipe_failure,
             permissions_boundary=permissions_boundary,
+            retain_vms_on_delete=retain_vms_on_delete,
+            teardown_failure=teardown_failure,
+            keep_image_versions=keep_image_versions,
         )
         """The fleet."""
         fleet = self.fleet
