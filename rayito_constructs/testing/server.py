@@ -73,6 +73,8 @@ def _answer(backend: "MicrovmsBackend", method: str, path: str, query: str, body
         result = backend.call(route.operation, params, caller=caller, validate=False)
     except WireError as err:
         return err.encode()
+    except Exception as exc:  # noqa: BLE001 - a bug (or a test's subscriber) must not drop the connection
+        return WireError("InternalServerException", f"emulator error: {type(exc).__name__}: {exc}").encode()
     return route.status, {"Content-Type": "application/json"}, _wire.encode_output(op, result)
 
 
@@ -126,7 +128,7 @@ def http_handler(backend: "MicrovmsBackend", admin: Callable[[str, str, bytes], 
             if payload:
                 self.wfile.write(payload)
 
-        do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = do_HEAD = _serve  # noqa: N815
+        do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = _serve  # noqa: N815
 
         def log_message(self, fmt: str, *args: Any) -> None:
             pass

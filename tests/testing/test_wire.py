@@ -309,3 +309,22 @@ def test_virtual_clock_refuses_what_the_wire_cannot_show() -> None:
         VirtualClock(start=-5)
     before = clock.now()
     assert clock.advance_to(before - 100) == before  # never backwards
+
+
+def test_an_error_inside_the_emulator_is_a_500_not_a_dropped_connection(emulator, client, image) -> None:
+    def broken(record) -> None:
+        raise RuntimeError("a subscriber bug")
+
+    emulator.subscribe(broken)
+    response = error(lambda: client.list_microvms())
+    assert response["ResponseMetadata"]["HTTPStatusCode"] == 500
+    assert "a subscriber bug" in response["Error"]["Message"]
+
+
+def test_names_with_underscores_and_unicode(emulator, client) -> None:
+    image = emulator.create_image("mi_agente_2")
+    assert run(client, image)["imageArn"].endswith(":microvm-image:mi_agente_2")
+    unicode = "arn:aws:lambda:us-east-1:123456789012:microvm-image:agénte"
+    assert error(lambda: run(client, unicode))["Error"]["Code"] == "ResourceNotFoundException"
+    assert error(lambda: client.create_microvm_image(name="agénte", baseImageArn=BASE, buildRoleArn=ROLE,
+                                                     codeArtifact={"uri": "s3://b/k"}))["Error"]["Code"] == "ValidationException"
