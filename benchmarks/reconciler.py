@@ -41,6 +41,7 @@ import resource
 import sys
 import time
 import uuid
+import warnings
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
@@ -154,12 +155,14 @@ class _Dying:
         value = getattr(self._target, name)
         if not callable(value):
             return value
+        env = self._env
 
         def call(*args: Any, **kwargs: Any) -> Any:
-            if self._env.dead:
-                raise Killed(self._env.name)
+            if env.dead:
+                raise Killed(env.name)
             return value(*args, **kwargs)
 
+        setattr(self, name, call)  # looked up once per environment
         return call
 
 
@@ -386,7 +389,9 @@ class Side:
 
     def run(self) -> None:
         self.schedule()
-        with open(os.devnull, "w") as null, sdk_sleeps_on(self.clock), contextlib.redirect_stdout(null):
+        with open(os.devnull, "w") as null, sdk_sleeps_on(self.clock), contextlib.redirect_stdout(null), \
+                warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # Powertools' warnings, once per environment
             self.sim.run(self.start + self.hours * 3600)
         self.sim.close()
 

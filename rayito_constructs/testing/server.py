@@ -15,6 +15,7 @@ import email.utils
 import re
 import socket
 import uuid
+from functools import lru_cache
 from http.server import BaseHTTPRequestHandler
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Optional
 from urllib.parse import urlsplit
@@ -39,8 +40,13 @@ def caller_of(headers: Mapping[str, str]) -> Optional[str]:
     return found.group(1) if found else None
 
 
+@lru_cache(maxsize=4)
+def _http_date(second: int) -> str:
+    return email.utils.formatdate(second, usegmt=True)
+
+
 def http_date(seconds: float) -> str:
-    return email.utils.formatdate(seconds, usegmt=True)
+    return _http_date(int(seconds))
 
 
 def handle(backend: "MicrovmsBackend", method: str, path: str, query: str, body: bytes,
