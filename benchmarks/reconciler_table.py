@@ -42,6 +42,7 @@ def run(fleets: int, seed: int, side: str, hours: float) -> dict[str, Any]:
 
 
 def markdown(rows: list[dict[str, Any]]) -> str:
+    """One line per run; a convergence above issue #11's goal (1.2 x bound + 2) in bold."""
     head = "| fleets | seed | side | " + " | ".join(label for _, label in KEYS) + " |"
     lines = [head, "|" + "---:|" * 3 + "---:|" * len(KEYS)]
     for row in sorted(rows, key=lambda r: (r["fleets"], r["seed"], r["side"] != "ours")):
@@ -51,9 +52,15 @@ def markdown(rows: list[dict[str, Any]]) -> str:
         cells = []
         for key, _ in KEYS:
             value = row.get(key)
-            if key == "convergence_seconds" and value is not None and row.get("convergence_goal_seconds") is not None:
-                value = f"**{value}**" if value > row["convergence_goal_seconds"] else value
-            cells.append("–" if value is None else str(value))
+            over = (key == "convergence_seconds" and value is not None and row.get("convergence_goal_seconds") is not None
+                    and value > row["convergence_goal_seconds"])
+            if isinstance(value, float) and key in ("dips_below_min", "wall_seconds"):
+                value = f"{value:,.0f}"
+            elif isinstance(value, float) and key in ("convergence_seconds", "lower_bound_seconds", "peak_memory_mb"):
+                value = f"{value:,.1f}"
+            elif isinstance(value, int):
+                value = f"{value:,}"
+            cells.append("–" if value is None else f"**{value}**" if over else str(value))
         lines.append(f"| {row['fleets']} | {row['seed']} | {row['side']} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
