@@ -37,7 +37,8 @@ def _checked(model: Any, response: dict[str, Any]) -> dict[str, Any]:
                                              "RetryAttempts": 0}}
 
 
-def _error(code: str, message: str, status: int) -> tuple[AWSResponse, dict[str, Any]]:
+def error_response(code: str, message: str, status: int) -> tuple[AWSResponse, dict[str, Any]]:
+    """What a ``before-call`` handler returns for an error answer (as botocore's Stubber does)."""
     parsed = {"Error": {"Code": code, "Message": message},
               "ResponseMetadata": {"HTTPStatusCode": status, "RequestId": "fake", "HTTPHeaders": {}}}
     return AWSResponse("https://fake", status, {}, None), parsed
@@ -70,7 +71,7 @@ class _Fake:
         try:
             response = self.handlers()[model.name](params)
         except FakeError as exc:
-            return _error(exc.code, exc.message, exc.status)
+            return error_response(exc.code, exc.message, exc.status)
         return AWSResponse("https://fake", 200, {}, None), _checked(model, response)
 
 
@@ -305,6 +306,12 @@ class ImageVersions(_Fake):
     def handlers(self) -> dict[str, Callable[[dict[str, Any]], dict[str, Any]]]:
         return {"ListMicrovmImageVersions": self._list, "GetMicrovmImageVersion": self._get,
                 "ListManagedMicrovmImageVersions": self._managed}
+
+    def copy(self) -> "ImageVersions":
+        """An independent copy a test may change."""
+        other = ImageVersions()
+        other.versions, other.managed = copy.deepcopy(self.versions), copy.deepcopy(self.managed)
+        return other
 
     def add(self, image_arn: str, version: str, **fields: Any) -> dict[str, Any]:
         now = dt.datetime.now(dt.timezone.utc)

@@ -29,9 +29,10 @@ import time
 import uuid
 import zipfile
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Iterable, Iterator, Optional
 
 import boto3
+import botocore.session
 from moto.cloudformation import parsing
 from moto.core.common_models import CloudFormationModel
 
@@ -43,6 +44,7 @@ from .verify_fakes import IamSimulator, ImageVersions, ServiceQuotas
 ACCOUNT = "123456789012"
 REGION = "us-east-1"
 _CURRENT: dict[str, "World"] = {}
+_SHARED: dict[str, Any] = {}
 _SYNTH_CACHE: dict[str, "Assembly"] = {}
 _SYNTH_ROOT = Path(tempfile.mkdtemp(prefix="verify-synth-"))
 
@@ -215,24 +217,48 @@ class Assembly:
         self.assets = json.loads((outdir / f"{stack_name}.assets.json").read_text())
 
 
-def synth(key: str, project: Any, stack_name: Optional[str] = None, **fleet_props: Any) -> Assembly:
-    """Synthesize a ``FleetStack`` as ``cdk synth`` does (cached by ``key`` for the session)."""
+def synth(key: str, build: Callable[..., str]) -> Assembly:
+    """Synthesize as ``cdk synth`` does; ``build(app, env=..., synthesizer=...)`` makes the stack and
+    returns its name. Cached by ``key`` for the session (a synth takes seconds)."""
     if key in _SYNTH_CACHE:
         return _SYNTH_CACHE[key]
     import aws_cdk as cdk
 
-    from rayito_constructs import FleetStack
-
     from .cdk_helpers import FLAGS
 
     outdir = _SYNTH_ROOT / re.sub(r"[^A-Za-z0-9-]", "-", key)
-    name = stack_name or f"RayitoFleet-{project.name}"
     app = cdk.App(outdir=str(outdir), analytics_reporting=False, context=dict(FLAGS))
-    FleetStack(app, name, project=project, env=cdk.Environment(account=ACCOUNT, region=REGION),
-               synthesizer=cdk.DefaultStackSynthesizer(generate_bootstrap_version_rule=False), **fleet_props)
+    name = build(app, env=cdk.Environment(account=ACCOUNT, region=REGION),
+                 synthesizer=cdk.DefaultStackSynthesizer(generate_bootstrap_version_rule=False))
     app.synth()
     _SYNTH_CACHE[key] = Assembly(outdir, name)
     return _SYNTH_CACHE[key]
+
+
+def fleet_stack(project: Any, stack_name: Optional[str] = None, **props: Any) -> Callable[..., str]:
+    """A builder for :func:`synth`: one ``FleetStack`` (as ``app.py`` makes it)."""
+    def build(app: Any, **stack_props: Any) -> str:
+        from rayito_constructs import FleetStack
+
+        name = stack_name or f"RayitoFleet-{project.name}"
+        FleetStack(app, name, project=project, **props, **stack_props)
+        return name
+    return build
+
+
+def own_stack(stack_name: str, fleets: dict[str, tuple[Any, dict[str, Any]]]) -> Callable[..., str]:
+    """A builder for :func:`synth`: a user's own stack of ``AgentFleet`` constructs (``{construct id:
+    (project, AgentFleet keyword arguments)}``), no outputs."""
+    def build(app: Any, **stack_props: Any) -> str:
+        import aws_cdk as cdk
+
+        from rayito_constructs import AgentFleet
+
+        stack = cdk.Stack(app, stack_name, **stack_props)
+        for construct_id, (project, props) in fleets.items():
+            AgentFleet(stack, construct_id, project=project, **props)
+        return stack_name
+    return build
 
 
 def _zip(folder: Path) -> bytes:
@@ -266,16 +292,25 @@ class World:
         return boto3.client(service, endpoint_url=self.endpoint, region_name=region,
                             aws_access_key_id="testing", aws_secret_access_key="testing")
 
-    def session(self, region: str = REGION, **credentials: str) -> boto3.Session:
-        """The session verify gets: default credentials and the fakes hooked in."""
-        session = boto3.Session(aws_access_key_id=credentials.get("key", "testing"),
-                                aws_secret_access_key=credentials.get("secret", "testing"), region_name=region)
+    def session(self, region: str = REGION, *, quotas: Optional[ServiceQuotas] = None,
+                versions: Optional[ImageVersions] = None, simulator: Optional[IamSimulator] = None,
+                hooks: Iterable[Callable[[Any], None]] = ()) -> boto3.Session:
+        """The session verify gets: the environment's credentials and the fakes hooked in (the
+        world's, or the ones given)."""
+        core = botocore.session.get_session()
+        # One model loader for every session of the tests: each new session would otherwise parse
+        # the service models again (seconds per verify run).
+        if "loader" in _SHARED:
+            core.register_component("data_loader", _SHARED["loader"])
+        else:
+            _SHARED["loader"] = core.get_component("data_loader")
+        session = boto3.Session(botocore_session=core, region_name=region)
         events = session.events
-        self.iam_simulator.register(events)
-        self.quotas.register(events)
+        (simulator or self.iam_simulator).register(events)
+        (quotas or self.quotas).register(events)
         if "ListMicrovmImageVersions" not in _emulated():
-            self.versions.register(events)
-        for hook in self._hooks:
+            (versions or self.versions).register(events)
+        for hook in [*self._hooks, *hooks]:
             hook(events)
         return session
 
@@ -404,6 +439,20 @@ class World:
                       **kwargs)
 
 
+def statuses(report: Any) -> dict[str, str]:
+    """check -> status; repeated checks (one per egress target) keep the worst."""
+    order = {"OK": 0, "WARN": 1, "FAIL": 2}
+    out: dict[str, str] = {}
+    for f in report.findings:
+        if order[f.status.value] >= order.get(out.get(f.check, "OK"), 0):
+            out[f.check] = f.status.value
+    return out
+
+
+def finding(report: Any, check: str) -> Any:
+    return next(f for f in report.findings if f.check == check)
+
+
 def _iso(seconds: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds)) + f".{int(seconds % 1 * 1000):03d}Z"
 
@@ -423,6 +472,10 @@ def world(monkeypatch: Any, **emulator_options: Any) -> Iterator[World]:
     options = {"pending_seconds": 0.2, "suspending_seconds": 0.1, "terminating_seconds": 0.1,
                "image_build_seconds": 0.0, **emulator_options}
     with moto_server() as endpoint, MicrovmsEmulator(**options) as emulator:
+        # moto's servers in one process share their backends: start from an empty account.
+        import urllib.request
+
+        urllib.request.urlopen(urllib.request.Request(f"{endpoint}/moto-api/reset", method="POST"), timeout=30).read()
         monkeypatch.setenv("AWS_ENDPOINT_URL", endpoint)
         monkeypatch.setenv("AWS_ENDPOINT_URL_LAMBDA_MICROVMS", emulator.endpoint_url)
         monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")

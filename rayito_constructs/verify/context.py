@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -93,8 +94,28 @@ class Context:
         if not name and self.fleet.recipe_resource and self.fleet.recipe_resource.physical_id:
             parts = self.fleet.recipe_resource.physical_id.split("/")
             name = parts[3] if len(parts) == 5 and parts[1:3] == ["rayito", "agents"] else None
+        if not name:
+            name = self._name_from_policies()
         self.fleet.name = name
         return name
+
+    def _name_from_policies(self) -> Optional[str]:
+        """The fleet's name from its policies' descriptions (``Rayito ...Policy: ... (<name>)``)."""
+        for kind in ("SandboxLauncherPolicy", "CallerPolicy", "ImagePublisherPolicy"):
+            arn = self.fleet.policy_arn(kind)
+            if not arn:
+                continue
+            try:
+                description = self._policy(arn).get("Description") or ""
+            except AwsError:
+                continue
+            match = re.search(r"\(([A-Za-z0-9_.-]{1,64})\)$", description.strip())
+            if match and match.group(1) != "every fleet":
+                return match.group(1)
+        return None
+
+    def _policy(self, arn: str) -> dict[str, Any]:
+        return self._once(("policy-meta", arn), lambda: self.clients.call("iam", "get_policy", PolicyArn=arn)["Policy"])
 
     def image_arn(self) -> Optional[str]:
         """The fleet's image: the stack's output, its image resource, the reconciler's IMAGE_ARN,
@@ -155,7 +176,7 @@ class Context:
 
     def policy_document(self, arn: str) -> dict[str, Any]:
         def load() -> dict[str, Any]:
-            policy = self.clients.call("iam", "get_policy", PolicyArn=arn)["Policy"]
+            policy = self._policy(arn)
             version = self.clients.call("iam", "get_policy_version", PolicyArn=arn,
                                         VersionId=policy["DefaultVersionId"])["PolicyVersion"]
             document = version["Document"]
