@@ -14,6 +14,7 @@ from typing import Any, Callable, Iterator, Optional
 import boto3
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError, NoRegionError
+from botocore.parsers import ResponseParserError
 
 from .report import Finding, fail, warn
 
@@ -62,7 +63,7 @@ def classify(service: str, operation: str, exc: BaseException) -> AwsError:
     if isinstance(exc, ClientError):
         error = exc.response.get("Error", {})
         code = str(error.get("Code") or exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", "error"))
-        message = str(error.get("Message") or "")
+        message = _short(str(error.get("Message") or ""))
         status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
         if code in DENIED or (status == 403 and code not in THROTTLED):
             kind = "denied"
@@ -77,10 +78,20 @@ def classify(service: str, operation: str, exc: BaseException) -> AwsError:
         return AwsError(service, operation, "no_credentials", "NoCredentials", str(exc))
     if isinstance(exc, NoRegionError):
         return AwsError(service, operation, "error", "NoRegion", str(exc))
+    if isinstance(exc, ResponseParserError):
+        return AwsError(service, operation, "error", "UnreadableAnswer", "the endpoint's answer is not the service's")
     if isinstance(exc, BotoCoreError):
         # EndpointConnectionError, ConnectTimeoutError, ReadTimeoutError, UnknownEndpoint...
-        return AwsError(service, operation, "unreachable", type(exc).__name__, str(exc))
-    return AwsError(service, operation, "error", type(exc).__name__, str(exc))
+        return AwsError(service, operation, "unreachable", type(exc).__name__, _short(str(exc)))
+    return AwsError(service, operation, "error", type(exc).__name__, _short(str(exc)))
+
+
+def _short(message: str, limit: int = 200) -> str:
+    """One line, no HTML page: an error message fit for a report."""
+    text = " ".join(message.split())
+    if text.lstrip().startswith("<"):
+        return "(an HTML page, not a service answer)"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 class Clients:
@@ -117,23 +128,25 @@ class Clients:
     def call(self, service: str, operation: str, *, region: Optional[str] = None, **params: Any) -> dict[str, Any]:
         """One API call (``operation`` in boto3's snake_case); raises :class:`AwsError`."""
         op_name = _camel(operation)
+        client = self.client(service, region)
         try:
-            client = self.client(service, region)
             return getattr(client, operation)(**params)
-        except (ClientError, BotoCoreError) as exc:
+        except Exception as exc:  # noqa: BLE001 - anything the SDK raises is an AWS error for a check
             raise classify(service, op_name, exc) from None
 
     def pages(self, service: str, operation: str, *, limit_pages: int = 50, **params: Any) -> Iterator[dict[str, Any]]:
         """The pages of a paginated call, at most ``limit_pages``; raises :class:`AwsError`."""
         op_name = _camel(operation)
-        try:
-            paginator = self.client(service).get_paginator(operation)
-            for number, page in enumerate(paginator.paginate(**params)):
-                if number >= limit_pages:
-                    return
-                yield page
-        except (ClientError, BotoCoreError) as exc:
-            raise classify(service, op_name, exc) from None
+        paginator = self.client(service).get_paginator(operation)
+        pages = iter(paginator.paginate(**params))
+        for number in range(limit_pages):
+            try:
+                page = next(pages)
+            except StopIteration:
+                return
+            except Exception as exc:  # noqa: BLE001 - anything the SDK raises is an AWS error for a check
+                raise classify(service, op_name, exc) from None
+            yield page
 
 
 def _camel(operation: str) -> str:

@@ -59,8 +59,9 @@ def _image_state(arn: str, image: dict[str, Any], versions: Optional[list[dict[s
                     + (f" (version {failed} failed: {reason})" if failed else ""),
                     "read the image build logs (/aws/lambda-microvms/<image name>), fix the build and deploy again", **data)
     if state in GOOD_IMAGE:
-        return ok("image", f"{image.get('name')} {state}, latest active version {latest or good[-1].get('imageVersion')}"
-                  f" ({len(good)} usable of {len(versions or [])})", **data)
+        counted = f" ({len(good)} usable of {len(versions)})" if versions is not None else " (versions not listed)"
+        newest = latest or (good[-1].get("imageVersion") if good else "unknown")
+        return ok("image", f"{image.get('name')} {state}, latest active version {newest}{counted}", **data)
     if state in BUSY_IMAGE:
         usable_note = f"; version {good[-1].get('imageVersion')} is usable meanwhile" if good else ""
         return warn("image", f"{image.get('name')} is {state} (a build is running, 2-5 minutes){usable_note}",

@@ -238,6 +238,11 @@ def _fleet(ctx: Context) -> Finding:
     if view["max_vms"] and view["live"] > view["max_vms"]:
         return fail("reconciler.fleet", f"{what}: above max_vms", "terminate the strays (VMs no slot owns) or raise "
                     "max_vms; report it if the reconciler started them", **data)
+    stack = ctx.fleet.stack
+    changed = max((t.timestamp() for t in (stack.updated, stack.created) if t is not None), default=0.0)
+    if view["base_live"] < view["min_vms"] and ctx.clock() - changed < STALE_SECONDS and not view["dead_slots"]:
+        return warn("reconciler.fleet", f"{what}: the stack changed {int(ctx.clock() - changed)} s ago, the fleet "
+                    "is still coming up", "run verify again in a few minutes", **data)
     if view["base_live"] < view["min_vms"]:
         dead = f"; {view['dead_slots']} slots dead-lettered" if view["dead_slots"] else ""
         return fail("reconciler.fleet", f"{what}: below min_vms{dead}", "read the reconciler's log for run_deferred, "
