@@ -246,7 +246,8 @@ def test_a_tick_killed_halfway_is_finished_by_the_next(emulator, tables, clock) 
 
 def test_throttling_storm_is_a_shared_backoff(emulator, tables, clock) -> None:
     # The service is stricter than the budget the reconcilers were configured with.
-    emulator.set_rate_limit("RunMicrovm", 0.5, 1)
+    # Pinned by the emulator work (issue #10): 429 at once, no held surge (the measured default holds).
+    emulator.set_rate_limit("RunMicrovm", 0.5, 1, surge=0)
     emulator.create_image("otra")
     a = reconciler(emulator, tables, clock, fleet="mi-agente", min_vms=4, max_vms=8, warm_vms=0)
     b = reconciler(emulator, tables, clock, fleet="otra", min_vms=4, max_vms=8, warm_vms=0)
@@ -288,6 +289,7 @@ def test_memory_quota_backs_off(clock, tables) -> None:
 
 def test_stale_states_do_not_duplicate_or_overshoot(emulator, tables, clock) -> None:
     emulator.stale_seconds = 20
+    emulator.new_vms_listed_late = False  # pinned by the emulator work (issue #10): only states are late
     r = reconciler(emulator, tables, clock, min_vms=2, max_vms=3, warm_vms=1)
     for _ in range(5):
         tick(r, clock)

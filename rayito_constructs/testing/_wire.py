@@ -7,25 +7,52 @@ emulator follows the SDK its users run.
 
 from __future__ import annotations
 
-import base64
 import datetime as dt
 import json
 import re
 from dataclasses import dataclass
 from functools import lru_cache
+from pathlib import Path
 from typing import Any, Mapping, Optional
 from urllib.parse import parse_qs, unquote
 
 import botocore.session
 from botocore.model import OperationModel, ServiceModel, Shape
 
+from .exceptions import WireError, validation
+
+__all__ = ["WireError", "validation", "service_model", "routes", "match", "parse_input", "check", "encode_output"]
+
 SERVICE = "lambda-microvms"
 
 
 @lru_cache(maxsize=1)
 def service_model() -> ServiceModel:
-    """The botocore model of Lambda MicroVMs (botocore 1.43.35 or newer)."""
-    return botocore.session.get_session().get_service_model(SERVICE)
+    """The botocore model of Lambda MicroVMs: the installed botocore's (1.43.35 or newer), else the
+    copy the reconciler Lambda bundles (``lambdas/reconciler/data``)."""
+    from botocore.exceptions import UnknownServiceError
+
+    try:
+        return botocore.session.get_session().get_service_model(SERVICE)
+    except UnknownServiceError:
+        return bundled_service_model()
+
+
+def bundled_service_model() -> ServiceModel:
+    """The model file shipped with the reconciler Lambda (``lambdas/reconciler/data``)."""
+    here = Path(__file__).resolve()
+    candidates = [here.parents[2] / "lambdas" / "reconciler" / "data"]
+    try:
+        import rayito_constructs._lambdas.reconciler as bundled
+
+        candidates.insert(0, Path(bundled.__file__).resolve().parent / "data")
+    except ImportError:
+        pass
+    for data in candidates:
+        found = sorted(data.glob(f"{SERVICE}/*/service-2.json"))
+        if found:
+            return ServiceModel(json.loads(found[-1].read_text()), service_name=SERVICE)
+    raise RuntimeError(f"no {SERVICE} model: install botocore>=1.43.35")
 
 
 @dataclass(frozen=True)
@@ -72,43 +99,6 @@ def match(method: str, path: str) -> Optional[tuple[Route, dict[str, str]]]:
 
 def path_exists(path: str) -> bool:
     return any(r.pattern.match(path) for r in routes())
-
-
-class WireError(Exception):
-    """An error the service answers, shaped as the model's error shape ``code``."""
-
-    def __init__(self, code: str, message: str, *, status: Optional[int] = None, **fields: Any) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-        self.fields = {k: v for k, v in fields.items() if v is not None}
-        if status is None:
-            try:
-                status = int(service_model().shape_for(code).metadata["error"]["httpStatusCode"])
-            except Exception:  # noqa: BLE001 - a code outside the model (NotImplemented...)
-                status = 500
-        self.status = status
-
-    def encode(self) -> tuple[int, dict[str, str], bytes]:
-        """Status, headers and body, with header-bound members (Retry-After) as headers."""
-        headers = {"x-amzn-ErrorType": self.code, "Content-Type": "application/json"}
-        body: dict[str, Any] = {"message": self.message}
-        try:
-            shape = service_model().shape_for(self.code)
-            members = shape.members
-        except Exception:  # noqa: BLE001
-            members = {}
-        for key, value in self.fields.items():
-            member = members.get(key)
-            if member is not None and member.serialization.get("location") == "header":
-                headers[member.serialization["name"]] = str(value)
-            else:
-                body[key] = value
-        return self.status, headers, json.dumps(body).encode()
-
-
-def validation(message: str) -> WireError:
-    return WireError("ValidationException", message)
 
 
 def parse_input(op: OperationModel, labels: Mapping[str, str], query: str, body: bytes) -> dict[str, Any]:
@@ -222,35 +212,16 @@ def _pattern(pattern: str) -> re.Pattern[str]:
 
 
 def encode_output(op: OperationModel, data: Mapping[str, Any]) -> bytes:
-    """Serialize an operation's output members as its JSON body (timestamps as epoch seconds)."""
+    """Serialize an operation's output members as its JSON body (timestamps as epoch seconds;
+    members that are None left out: nested views leave theirs out themselves)."""
     shape = op.output_shape
     if shape is None or not shape.members:
         return b"{}" if op.http.get("responseCode", 200) != 204 else b""
-    body = {k: _plain(v) for k, v in data.items() if v is not None and k in shape.members}
-    return json.dumps(body).encode()
+    members = shape.members
+    return json.dumps({k: v for k, v in data.items() if v is not None and k in members}, default=_timestamp).encode()
 
 
-def _plain(value: Any) -> Any:
+def _timestamp(value: Any) -> Any:
     if isinstance(value, dt.datetime):
         return value.timestamp()
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items() if v is not None}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    return value
-
-
-def page_token(offset: int) -> str:
-    return base64.urlsafe_b64encode(json.dumps({"o": offset}).encode()).decode()
-
-
-def read_page_token(token: Optional[str]) -> int:
-    if not token:
-        return 0
-    try:
-        offset = json.loads(base64.urlsafe_b64decode(token.encode()))["o"]
-        if isinstance(offset, int) and offset >= 0:
-            return offset
-    except Exception:  # noqa: BLE001
-        pass
-    raise validation("The nextToken is not valid")
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")

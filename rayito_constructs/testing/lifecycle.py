@@ -1,0 +1,125 @@
+"""One MicroVM's lifecycle: its states, what moves it, and when (timings in ``measured.py``).
+
+    RunMicrovm -> PENDING -> RUNNING <-> (SuspendMicrovm or idle) SUSPENDING -> SUSPENDED
+    SUSPENDED -> (ResumeMicrovm, or traffic with autoResumeEnabled) -> RUNNING once /resume returns
+    any live state -> (TerminateMicrovm, maximum duration, app exit, failed /suspend hook,
+                       idle suspended too long) -> TERMINATING -> TERMINATED
+
+State is computed lazily from the clock: :func:`advance` applies every transition due by ``now``
+in time order, so the emulator needs no timers, and a clock moved by a day does a day's work on the
+next read. Every transition is kept in ``history`` (for consistent-but-late reads and for
+benchmarks that want ground truth).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from . import measured
+from .images import Image, ImageVersion
+from .measured import Timings
+
+LIVE = ("PENDING", "RUNNING", "SUSPENDING", "SUSPENDED")
+ENDED = ("TERMINATING", "TERMINATED")
+
+
+@dataclass(eq=False)
+class Microvm:
+    id: str
+    endpoint: str
+    image: Image
+    version: ImageVersion
+    started_at: float
+    max_duration: int
+    request: dict[str, Any]
+    launch_seconds: float
+    caller: Optional[str] = None
+    """Who started it: the access key id of the request (see ``docs/testing.md``)."""
+    idle: Optional[dict[str, Any]] = None
+    state: str = "PENDING"
+    since: float = 0.0
+    reason: Optional[str] = None
+    terminated_at: Optional[float] = None
+    last_activity: float = 0.0
+    resume_at: Optional[float] = None
+    exit_at: Optional[float] = None
+    exit_reason: Optional[str] = None
+    suspend_hook_status: Optional[int] = None
+    history: list[tuple[float, str, Optional[str]]] = field(default_factory=list)
+
+    @property
+    def memory_mib(self) -> int:
+        return self.version.memory_mib
+
+    @property
+    def image_version(self) -> str:
+        return self.version.version
+
+    @property
+    def client_token(self) -> Optional[str]:
+        return self.request.get("clientToken")
+
+    def record(self, at: float, state: str, reason: Optional[str] = None) -> None:
+        self.state, self.since = state, at
+        if reason:
+            self.reason = reason
+        if state == "TERMINATED":
+            self.terminated_at = at
+        if state == "RUNNING":
+            self.last_activity = at
+            self.resume_at = None
+        self.history.append((at, state, self.reason))
+
+    def seen_at(self, at: float) -> tuple[str, Optional[str], Optional[float]]:
+        """State, reason and end time as the service's replicas knew them at ``at``."""
+        if at >= self.since:
+            return self.state, self.reason, self.terminated_at
+        state, reason, ended = self.history[0][1], self.history[0][2], None
+        for when, s, r in self.history:
+            if when > at:
+                break
+            state, reason = s, r
+            ended = when if s == "TERMINATED" else None
+        return state, reason, ended
+
+
+def next_event(vm: Microvm, t: Timings) -> Optional[tuple[float, str, Optional[str]]]:
+    """The next transition due for ``vm`` (time, state, reason), or None."""
+    if vm.state == "TERMINATED":
+        return None
+    if vm.state == "TERMINATING":
+        return (vm.since + t.terminating, "TERMINATED", None)
+    # maximumDurationInSeconds counts suspended time too (GT §5: "running + suspended").
+    candidates = [(max(vm.started_at + vm.max_duration, vm.since), "TERMINATING", measured.REASON_MAX_LIFETIME)]
+    if vm.exit_at is not None:
+        # The app exited: RUNNING for about 15 s more, as measured (Q58/Q63).
+        candidates.append((max(vm.exit_at + t.app_exit_report, vm.since), "TERMINATING", vm.exit_reason))
+    if vm.state == "PENDING":
+        candidates.append((vm.since + vm.launch_seconds, "RUNNING", None))
+    elif vm.state == "RUNNING" and vm.idle:
+        candidates.append((vm.last_activity + vm.idle["maxIdleDurationSeconds"], "SUSPENDING", None))
+    elif vm.state == "SUSPENDING":
+        if vm.suspend_hook_status is not None:
+            reason = measured.REASON_SUSPEND_HOOK.format(status=vm.suspend_hook_status)
+            candidates.append((vm.since + t.suspend_hook_failure, "TERMINATING", reason))
+        else:
+            candidates.append((vm.since + t.suspending, "SUSPENDED", None))
+    elif vm.state == "SUSPENDED":
+        if vm.resume_at is not None:
+            candidates.append((max(vm.resume_at, vm.since), "RUNNING", None))
+        elif vm.idle:
+            candidates.append((vm.since + vm.idle["suspendedDurationSeconds"], "TERMINATING", measured.REASON_IDLE))
+    return min(candidates, key=lambda c: c[0])
+
+
+def advance(vm: Microvm, now: float, t: Timings) -> None:
+    """Apply every transition due by ``now``, in time order."""
+    for _ in range(64):  # a lifecycle has fewer transitions than this between two reads
+        event = next_event(vm, t)
+        if event is None or event[0] > now:
+            return
+        at, state, reason = event
+        if state == "TERMINATING" and vm.state == "SUSPENDING":
+            vm.suspend_hook_status = None
+        vm.record(at, state, reason)
