@@ -127,3 +127,11 @@ def test_egress_table_gone(fresh: vw.World) -> None:
     report = fresh.verify(FLEET)
     egress = finding(report, "egress")
     assert egress.status is Status.FAIL and "does not exist" in egress.summary
+
+
+def test_a_newer_version_than_the_reconciler_runs(fresh: vw.World) -> None:
+    fresh.emulator.publish_version(FLEET, "2.0", fresh=False)
+    report = fresh.verify(FLEET)
+    version = finding(report, "image.version")
+    assert version.status is Status.WARN and "newer active version 2.0" in version.summary
+    assert finding(report, "image").data["latest_active"] == "2.0"

@@ -56,8 +56,11 @@ class _Fake:
     def handlers(self) -> dict[str, Callable[[dict[str, Any]], dict[str, Any]]]:
         raise NotImplementedError
 
-    def register(self, events: Any) -> None:
+    def register(self, events: Any, skip: Iterable[str] = ()) -> None:
+        """Answer this fake's operations on clients of ``events``, but those in ``skip``."""
         for operation in self.handlers():
+            if operation in skip:
+                continue
             events.register(f"before-parameter-build.{self.service}.{operation}", self._stash)
             events.register(f"before-call.{self.service}.{operation}", self._answer)
 
@@ -294,7 +297,9 @@ class ServiceQuotas(_Fake):
 
 
 class ImageVersions(_Fake):
-    """Versions of the fleet's images and of the managed base images."""
+    """Versions of the fleet's images and of the managed base images (ListManagedMicrovmImageVersions,
+    which the emulator does not implement; the image versions themselves only for an emulator that
+    does not have them)."""
 
     service = "lambda-microvms"
 
@@ -322,12 +327,16 @@ class ImageVersions(_Fake):
                   "resources": [{"minimumMemoryInMiB": 2048}]}
         record.update(fields)
         self.versions.setdefault(image_arn, []).append(record)
-        base = record["baseImageArn"]
+        self.add_base(record["baseImageArn"])
+        return record
+
+    def add_base(self, base: str) -> None:
+        """A managed base image with versions 0 and 1 AVAILABLE (both listed on the service, GT section 7)."""
+        now = dt.datetime.now(dt.timezone.utc)
         self.managed.setdefault(base, [
             {"imageArn": base, "imageVersion": "0", "status": "AVAILABLE", "createdAt": now},
             {"imageArn": base, "imageVersion": "1", "status": "AVAILABLE", "createdAt": now},
         ])
-        return record
 
     def _image(self, identifier: str) -> list[dict[str, Any]]:
         for arn, versions in self.versions.items():

@@ -106,11 +106,15 @@ class MicrovmImageResource(CloudFormationModel):
         request = _api_shape(cloudformation_json["Properties"])
         request.pop("tags", None)
         created = world.microvms.create_microvm_image(**request)
-        world.versions.add(created["imageArn"], created.get("imageVersion") or "1.0",
-                           baseImageArn=request["baseImageArn"], baseImageVersion=request.get("baseImageVersion"),
-                           buildRoleArn=request["buildRoleArn"], codeArtifact=request["codeArtifact"],
-                           resources=request.get("resources") or [{"minimumMemoryInMiB": 2048}])
-        return cls(created["imageArn"], created.get("imageVersion") or "1.0")
+        version = created.get("imageVersion") or "1.0"
+        if "ListMicrovmImageVersions" in _emulated():
+            world.versions.add_base(request["baseImageArn"])
+        else:
+            world.versions.add(created["imageArn"], version, baseImageArn=request["baseImageArn"],
+                               baseImageVersion=request.get("baseImageVersion"), buildRoleArn=request["buildRoleArn"],
+                               codeArtifact=request["codeArtifact"],
+                               resources=request.get("resources") or [{"minimumMemoryInMiB": 2048}])
+        return cls(created["imageArn"], version)
 
 
 class RecipeResource(CloudFormationModel):
@@ -308,8 +312,7 @@ class World:
         events = session.events
         (simulator or self.iam_simulator).register(events)
         (quotas or self.quotas).register(events)
-        if "ListMicrovmImageVersions" not in _emulated():
-            (versions or self.versions).register(events)
+        (versions or self.versions).register(events, skip=_emulated())
         for hook in [*self._hooks, *hooks]:
             hook(events)
         return session
@@ -469,8 +472,10 @@ def world(monkeypatch: Any, **emulator_options: Any) -> Iterator[World]:
     from .moto_server import moto_server
 
     install_providers()
+    # Short timings, every read current, no slow first launches: the tests are about verify, and a
+    # fleet that converges in a second or two.
     options = {"pending_seconds": 0.2, "suspending_seconds": 0.1, "terminating_seconds": 0.1,
-               "image_build_seconds": 0.0, **emulator_options}
+               "image_build_seconds": 0.0, "consistency_seconds": 0.0, "fresh_launches": 0, **emulator_options}
     with moto_server() as endpoint, MicrovmsEmulator(**options) as emulator:
         # moto's servers in one process share their backends: start from an empty account.
         import urllib.request
