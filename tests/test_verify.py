@@ -6,6 +6,7 @@ scenarios that need a world of their own are in test_verify_scenarios.py."""
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -21,7 +22,7 @@ from rayito_constructs.verify.launch import http_probe
 
 from . import verify_world as vw
 from .verify_world import finding, statuses
-from .conftest import EXAMPLE
+from .conftest import EXAMPLE, ROOT
 from .verify_fakes import ServiceQuotas, error_response, inject_error
 
 FLEET = "mi-agente"
@@ -67,6 +68,10 @@ def test_a_healthy_fleet(deployed: vw.World) -> None:
     assert connectors and all(a["known_false_deny_of"] == "PassNetworkConnectors" for a in connectors)
     assert report.summary_line() == (f"verify: {report.counts()['OK']} OK, {report.counts()['WARN']} WARN, "
                                      f"{report.counts()['FAIL']} FAIL")
+    documented = (ROOT / "docs" / "verify.md").read_text()
+    for check in {f.check for f in report.findings}:
+        named = "iam.<policy>" if check.startswith("iam.") and check != "iam.reconciler" else check
+        assert f"`{named}`" in documented, check
 
 
 # ------------------------------------------------------------------ account, region, stack
@@ -620,7 +625,8 @@ def _recorded(world: vw.World, monkeypatch: pytest.MonkeyPatch, **options: Any) 
     original = botocore.client.BaseClient._make_api_call
 
     def record(self: Any, operation: str, params: dict[str, Any]) -> Any:
-        calls.append((self.meta.service_model.service_name, operation))
+        if not getattr(self.meta, "test_fake", False):
+            calls.append((self.meta.service_model.service_name, operation))
         return original(self, operation, params)
 
     monkeypatch.setattr(botocore.client.BaseClient, "_make_api_call", record)
@@ -639,6 +645,11 @@ def test_verify_only_reads(deployed: vw.World, monkeypatch: pytest.MonkeyPatch) 
     services = {s for s, _ in calls}
     assert {"cloudformation", "iam", "lambda", "lambda-microvms", "ssm", "dynamodb", "sqs", "cloudwatch", "logs",
             "service-quotas", "sts"} <= services
+    # docs/verify.md lists every permission verify used.
+    documented = (ROOT / "docs" / "verify.md").read_text()
+    prefix = {"lambda-microvms": "lambda", "service-quotas": "servicequotas"}
+    missing = sorted({f"{prefix.get(s, s)}:{op}" for s, op in calls} - set(re.findall(r"`([a-z]+:[A-Za-z]+)`", documented)))
+    assert missing == []
 
 
 def test_only_the_launch_writes(deployed: vw.World, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -286,7 +286,9 @@ class World:
         self.emulator = emulator
         self.versions = ImageVersions()
         self.quotas = ServiceQuotas()
-        self.iam_simulator = IamSimulator(self.moto("iam"))
+        fake_iam = self.moto("iam")
+        fake_iam.meta.test_fake = True  # its reads are the fake's, not verify's (see the call recorder)
+        self.iam_simulator = IamSimulator(fake_iam)
         self.writer_log: list[str] = []
         self.microvms = emulator.client()
         self._hooks: list[Callable[[Any], None]] = []
