@@ -78,7 +78,8 @@ def _latest(ctx: Context) -> Optional[str]:
 
 
 def expected_hash(ctx: Context, props: Optional[dict[str, Any]]) -> tuple[Optional[str], str]:
-    """(sha256 of the value the stack meant to write, where it comes from), or (None, why not)."""
+    """(SHA-256 of what the stack meant to write, where it comes from), or (None, why not). The
+    hash is of the stored value, or of the recipe document the stack shipped (canonical JSON)."""
     for key, value in ctx.fleet.stack.outputs.items():
         if "recipe" in key.lower() and _HASH_KEY.search(key) and _HEX64.match(str(value).lower()):
             return str(value).lower(), f"stack output {key}"
@@ -204,9 +205,15 @@ def _content(ctx: Context, read: RecipeRead) -> Finding:
     data["expected_from"] = source
     encoding = "compressed" if (read.value or "").startswith("rz1:") else "json"
     what = f"{read.name} decodes ({encoding}, {len(read.value or '')} bytes)"
+    version = (props or {}).get("ImageVersion")
+    stored_version = (read.doc.get("image") or {}).get("version")
+    if isinstance(version, str) and version and stored_version != version:
+        data["image_version"] = {"stack": version, "stored": stored_version}
+        return fail("recipe", f"{what} but records image version {stored_version}, the stack deployed {version}",
+                    "deploy the stack again: it rewrites the recipe with the version it built", **data)
     if expected is not None:
         data["expected_sha256"] = expected
-        if expected != data["sha256"]:
+        if not _same_content(expected, read):
             return fail("recipe", f"{what} but differs from what the stack wrote ({source})",
                         "deploy the stack again: it rewrites the recipe (was it changed by hand?)", **data)
         return ok("recipe", f"{what} and equals what the stack wrote ({source})", **data)
@@ -223,6 +230,24 @@ def _content(ctx: Context, read: RecipeRead) -> Finding:
         return ok("recipe", f"{what} and equals the recipe of {ctx.project}", **data)
     return warn("recipe", f"{what}; nothing to compare it with: {source}",
                 "pass --project <agent folder> to compare it with the recipe the folder plans", **data)
+
+
+def _same_content(expected: str, read: RecipeRead) -> bool:
+    """The stored recipe is what the stack meant: its value hashes to ``expected``, or its
+    document does (canonical JSON), as shipped: with the version it records, or without one when
+    the writer filled it in at deploy."""
+    from ..recipe import canonical_json
+
+    if sha256(read.value or "") == expected:
+        return True
+    if read.doc is None:
+        return False
+    variants = [read.doc]
+    if isinstance(read.doc.get("image"), dict):
+        unversioned = json.loads(json.dumps(read.doc))
+        unversioned["image"]["version"] = None
+        variants.append(unversioned)
+    return any(hashlib.sha256(canonical_json(doc)).hexdigest() == expected for doc in variants)
 
 
 def _same_key(actual: Optional[str], expected: str) -> bool:
