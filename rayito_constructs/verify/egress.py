@@ -96,12 +96,32 @@ def _items(ctx: Context, table: str, key: str) -> list[dict[str, Any]]:
     return items
 
 
+def _buckets(items: list[dict[str, Any]], key: str) -> dict[str, dict[str, Any]]:
+    """The token buckets among an envelope's items, by the target they count: ``item = "bucket"``
+    (an origin's or a path class's bucket; for a query class, the envelope itself when it has no
+    ``tat``) and ``item = "bucket=<value>"`` (one value of a query class); older tables keep one
+    partition per class value instead (``<key>=<value>``)."""
+    found: dict[str, dict[str, Any]] = {}
+    for item in items:
+        kind, target = item.get("item", {}).get("S", ""), item.get("target", {}).get("S", "")
+        if kind.startswith("bucket="):
+            found[f"{target}={kind[len('bucket='):]}"] = item
+        elif kind == "bucket":
+            found[target] = item
+    classes = [name for name in found if name != key]
+    if "?" in key and classes and key in found and "tat" not in found[key]:
+        del found[key]  # the query class's envelope record, not a bucket of its own
+    return found
+
+
 def _target(ctx: Context, table: str, key: str, envelope: dict[str, Any], now: float) -> Finding:
     rate_d, burst_d = float(envelope.get("rate_per_second") or 0), float(envelope.get("burst") or 0)
     items = _items(ctx, table, key)
-    buckets = {i["target"]["S"]: i for i in items if i.get("item", {}).get("S") == "bucket"}
+    buckets = _buckets(items, key)
     history = sorted((i for i in items if i.get("item", {}).get("S", "").startswith("envelope#")),
                      key=lambda i: i["item"]["S"])
+    envelope_item = next((i for i in items if i.get("item", {}).get("S") == "bucket"
+                          and i.get("target", {}).get("S") == key), {})
     declared_text = f"{rate_d * 60:g}/minute burst {burst_d:g}"
     data: dict[str, Any] = {"target": key, "declared": {"rate_per_second": rate_d, "burst": burst_d},
                             "buckets": len(buckets), "history": len(history)}
@@ -110,9 +130,10 @@ def _target(ctx: Context, table: str, key: str, envelope: dict[str, Any], now: f
                   f"({declared_text}, {burst_d:g} available)", **data)
     rows = []
     for name, bucket in sorted(buckets.items()):
-        rate = _num(bucket, "rate") or rate_d
-        burst = _num(bucket, "burst") or burst_d
-        rows.append({"bucket": name, "version": int(_num(bucket, "version") or 0), "rate_per_second": rate,
+        rate = _num(bucket, "rate") or _num(envelope_item, "rate") or rate_d
+        burst = _num(bucket, "burst") or _num(envelope_item, "burst") or burst_d
+        version = _num(bucket, "version") if _num(bucket, "version") is not None else _num(envelope_item, "version")
+        rows.append({"bucket": name, "version": int(version or 0), "rate_per_second": rate,
                      "burst": burst, "remaining": remaining(bucket, now, rate, burst),
                      "backoff_until": _num(bucket, "backoff_until"),
                      "backoff_reason": (bucket.get("backoff_reason") or {}).get("S")})
