@@ -1,6 +1,8 @@
 # The two commands of the README:  make synth  and  make test.
-# Both set up everything they need from this repository's own files (a virtual environment with
-# pinned Python packages and the pinned CDK CLI from package-lock.json), then run.
+# Both set up everything they need from this repository's own files, then run:
+#   make synth  a virtual environment with what synthesis needs (requirements-synth.txt) and the
+#               pinned CDK CLI (package-lock.json);
+#   make test   the same environment plus the tests' toolchain (requirements-dev.txt).
 
 PYTHON ?= python3
 VENV := .venv
@@ -15,7 +17,7 @@ export CDK_DISABLE_VERSION_CHECK := 1
 
 .PHONY: synth test lint bench clean
 
-synth: $(STAMP)/python $(STAMP)/node
+synth: $(STAMP)/synth $(STAMP)/node
 	npx cdk synth --quiet --no-notices --no-version-reporting $(CDK_ARGS)
 	$(BIN)/python -m rayito_constructs assembly cdk.out
 
@@ -29,12 +31,16 @@ bench: $(STAMP)/python
 	$(BIN)/python -m benchmarks.egress
 	$(BIN)/python -m benchmarks.reconciler --fleets 100 --seed 1
 
-$(STAMP)/python: requirements.txt requirements-dev.txt requirements-lambda-runtime.txt pyproject.toml
+$(STAMP)/synth: requirements-synth.txt pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -r requirements-synth.txt
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps -e .
+	mkdir -p $(STAMP) && touch $@
+
+$(STAMP)/python: $(STAMP)/synth requirements.txt requirements-dev.txt requirements-lambda-runtime.txt
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -r requirements-dev.txt
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps --upgrade \
 		--target $(STAMP)/lambda-runtime -r requirements-lambda-runtime.txt
-	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps -e .
 	mkdir -p $(STAMP) && touch $@
 
 $(STAMP)/node: package.json package-lock.json

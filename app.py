@@ -6,59 +6,76 @@
     npx cdk synth -c min_vms=2 -c max_vms=4         # the same overrides as `plan`
     npx cdk synth -c image_arn=arn:aws:lambda:...   # a MicroVM image published elsewhere
     npx cdk synth -c metadata_index=true            # with the session index
+    npx cdk synth -c env.URL=https://a,b            # one env variable per key (or env=A=1,B=2, or JSON)
 
 Every option of ``rayito-constructs plan`` is accepted as context under its library name
-(``min_vms``, ``memory_mib``, ``idle``, ``env=A=1,B=2``, ``save_recipe=false``...). Bad input
-prints one line per problem and exits with status 2.
+(``min_vms``, ``memory_mib``, ``idle``, ``env``, ``save_recipe=false``...), checked like a key of
+``rayito-agent.toml``: an unknown key is an error that names the nearest known one. The stack is
+``RayitoFleet-<name>`` (made a valid stack name: ``my_agent`` gives ``RayitoFleet-my-agent-<hash>``,
+as ``plan`` shows). A mistake prints one line per problem, no traceback, and exits with status 2.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+from typing import Optional
 
 # jsii starts Node.js when aws_cdk is imported and prints a banner on Node 20 (end of life since
-# 2026-10-30; this project is tested on it): silenced here too for `npx cdk synth` outside make.
+# 2026-04-30; this project is tested on it): silenced for `npx cdk synth` outside make too. Only
+# Node 20's banner: the variable lists the major versions to keep quiet.
 os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
 
-import aws_cdk as cdk  # noqa: E402
-
-from rayito_constructs import AgentProject, FleetStack, ProjectError  # noqa: E402
-from rayito_constructs.overrides import READERS, read_overrides  # noqa: E402
-
 DEFAULT_PROJECT = "examples/mi-agente"
+EXIT_INVALID = 2
 
 
-def _flag(value: object) -> bool:
-    return str(value).strip().lower() in {"true", "1", "yes", "on"}
+def main(app: "Optional[object]" = None) -> int:
+    """Synthesize; returns the exit status. ``app``: a ``cdk.App`` (tests give one with context)."""
+    import aws_cdk as cdk
+    from jsii.errors import JSIIError
 
+    from rayito_constructs import AgentProject, FleetStack, Problem, ProjectError
+    from rayito_constructs.overrides import name_what_was_typed, read_context
 
-def main() -> None:
-    app = cdk.App()
-    context = app.node.try_get_context
-    folder = context("project") or DEFAULT_PROJECT
-    raw = {key: context(key) for key in READERS if context(key) is not None}
+    app = app or cdk.App()
+    options: dict = {}
     try:
-        project = AgentProject.load(folder, **read_overrides(raw))
+        overrides, options, problems = read_context(app.node.get_all_context())
+        folder = options.get("project", DEFAULT_PROJECT)
+        try:
+            project = AgentProject.load(folder, **overrides)
+        except ProjectError as exc:
+            for problem in name_what_was_typed(exc.problems, set(overrides), context=True):
+                typed = "project" in options and problem.key == "folder"
+                problems.append(Problem("project", f"-c project: {problem.message.split(': ', 1)[1]}") if typed else problem)
+        if problems:
+            raise ProjectError(problems)
         FleetStack(
             app,
-            f"RayitoFleet-{project.name}",
+            project.stack_name,
             project=project,
-            image_arn=context("image_arn"),
-            metadata_index=_flag(context("metadata_index")),
-            keep_recipe=_flag(context("keep_recipe")),
-            scope_microvm_actions_to_image=_flag(context("scope_microvm_actions_to_image")),
+            image_arn=options.get("image_arn"),
+            metadata_index=options.get("metadata_index", False),
+            keep_recipe=options.get("keep_recipe", False),
+            scope_microvm_actions_to_image=options.get("scope_microvm_actions_to_image", False),
             env=cdk.Environment(
                 account=os.environ.get("CDK_DEFAULT_ACCOUNT"), region=os.environ.get("CDK_DEFAULT_REGION")
             ),
         )
-    except (ProjectError, ValueError) as exc:
-        problems = exc.problems if isinstance(exc, ProjectError) else [exc]
-        for problem in problems:
-            print(problem, file=sys.stderr)
-        raise SystemExit(2)
-    app.synth()
+        app.synth()
+    except ProjectError as exc:
+        for problem in exc.problems:
+            print(problem.message, file=sys.stderr)
+        return EXIT_INVALID
+    except (ValueError, JSIIError) as exc:
+        # A construct refusing its input (a bad image_arn, a name held twice...): its first line.
+        lines = [line for line in str(exc).splitlines() if line.strip()] or [type(exc).__name__]
+        typed = next((key for key in options if lines[0].startswith(f"{key}: ")), None)
+        print(f"-c {lines[0]}" if typed else lines[0], file=sys.stderr)
+        return EXIT_INVALID
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -8,7 +8,14 @@ first use: ``from rayito_constructs import AgentFleet`` works as usual.
 from __future__ import annotations
 
 import importlib
+import os
 from typing import Any
+
+# jsii prints an 11-line banner on stderr when the first `import aws_cdk` starts Node.js 20 (past
+# its end of life). Imported before aws_cdk, this library keeps that banner, and only Node 20's,
+# out of a user's `cdk synth`; set the variable yourself (to "" to see the banner) and this does
+# nothing. Trade-offs in docs/getting-started.md ("The Node.js 20 banner").
+os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
 
 from .errors import FleetWarning, Problem, ProjectError
 from .options import EgressOptions, GatewayOptions, ImageOptions, ScalingOptions, ServeOptions

@@ -1,5 +1,5 @@
 """``python -m rayito_constructs``: the same as the ``rayito-constructs`` command."""
 
-from .cli import main
+from .cli import run
 
-raise SystemExit(main())
+run()

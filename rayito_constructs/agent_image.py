@@ -21,6 +21,7 @@ from constructs import Construct
 
 from ._nag import acknowledge_wildcard_resources
 from .envrules import secret_reason
+from .names import claim
 from .options import MEMORY_CLASSES_MIB
 from .permissions import LAMBDA_SERVICE, image_arn_for
 
@@ -177,6 +178,7 @@ class AgentImage(Construct):
         if problems:
             raise ValueError("\n".join(problems))
         super().__init__(scope, id)
+        claim(self, "image", image_name)  # one MicrovmImage of a name per account and region
         stack = cdk.Stack.of(self)
         self.image_name = image_name
         """The image's name."""

@@ -4,21 +4,26 @@
   parameter (name, encoding, size), warnings with their codes and a monthly cost estimate.
 * ``assembly [cdk.out]``: what a synth made: stacks, resources by type, outputs.
 
-Invalid input exits with status 2 and one line per problem on stderr, nothing on stdout.
+Invalid input exits with status 2 and one line per problem on stderr, nothing on stdout; a
+problem with a flag starts with the flag (``--max-vms: 65 is above the limit of 64``). A folder
+without ``rayito-agent.toml`` is planned with a warning on stderr. Output into a closed pipe
+(``plan ... | head -1``) ends the command quietly, as SIGPIPE ends other Unix tools.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import signal
 import sys
 from pathlib import Path
-from typing import Any, Sequence, TextIO
+from typing import Any, Optional, Sequence, TextIO
 
 from .cost import FLEET_PRICES_CHECKED, RECIPE_PRICES_CHECKED, REGION, estimate
 from .errors import ProjectError
 from .options import max_concurrency_limit
-from .overrides import read_overrides
+from .overrides import name_what_was_typed, read_overrides
 from .project import AgentProject
 from .recipe import plan_recipe
 from .verify import cli as verify_cli
@@ -62,7 +67,8 @@ def _parser() -> argparse.ArgumentParser:
         "--secret-env", action="append", metavar="NAME=SECRET", help="a secret env variable (only its name is kept)"
     )
     plan.add_argument("--allow-out", action="append", metavar="HOST", help="a host the agent may reach")
-    plan.add_argument("--no-save-recipe", dest="save_recipe", action="store_false", default=None)
+    plan.add_argument("--no-save-recipe", dest="save_recipe", action="store_false", default=None,
+                      help="save no recipe")
 
     assembly = commands.add_parser("assembly", help="summarize a synthesized cloud assembly")
     assembly.add_argument("outdir", nargs="?", default="cdk.out")
@@ -78,6 +84,7 @@ def plan_document(project: AgentProject) -> dict[str, Any]:
     warnings = [w.to_dict() for w in (*project.warnings, *recipe.warnings)]
     return {
         "name": project.name,
+        "stack_name": project.stack_name,
         "target": project.target,
         "serve": project.serve.model_dump(mode="json") if project.has_fleet else None,
         "scaling": _scaling(project) if project.has_fleet else None,
@@ -127,7 +134,8 @@ def _render(doc: dict[str, Any], out: TextIO) -> None:
     rows.append(("gateways", ", ".join(doc["gateways"]) or "-", sources.get("gateways", "default")))
     width = max(len(r[0]) for r in rows)
     vwidth = min(48, max(len(str(r[1])) for r in rows))
-    out.write(f"Fleet {doc['name']} ({doc['target']}), scaling from: {doc['scaling_source']}\n\n")
+    out.write(f"Fleet {doc['name']} ({doc['target']}), scaling from: {doc['scaling_source']}\n")
+    out.write(f"Stack {doc['stack_name']} (app.py)\n\n")
     out.write(f"  {'option'.ljust(width)}  {'value'.ljust(vwidth)}  from\n")
     for key, value, origin in rows:
         out.write(f"  {key.ljust(width)}  {str(value).ljust(vwidth)}  {origin}\n")
@@ -143,22 +151,42 @@ def _render(doc: dict[str, Any], out: TextIO) -> None:
     out.write("\nWarnings\n")
     for warning in doc["warnings"] or [{"code": "-", "message": "none"}]:
         out.write(f"  {warning['code']}: {warning['message']}\n")
-    cost = doc["cost"]
-    extrapolated = " (extrapolated from the page's 2 and 4 GB prices)" if cost["vm_price_extrapolated"] else ""
+    _render_cost(doc["cost"], out)
+
+
+def _usd(amount: Optional[float]) -> str:
+    return "not priced" if amount is None else f"${amount:,.2f}"
+
+
+def _render_cost(cost: dict[str, Any], out: TextIO) -> None:
     out.write(
         f"\nMonthly cost, list prices {REGION} (fleet checked {FLEET_PRICES_CHECKED}, recipe "
-        f"checked {RECIPE_PRICES_CHECKED})\n"
+        f"checked {RECIPE_PRICES_CHECKED}); assumptions: docs/options.md#cost\n"
     )
-    out.write(f"  running VM        ${cost['vm_hour_usd']:.3f}/hour each{extrapolated}\n")
-    out.write(f"  base VMs          ${cost['base_vms_monthly_usd']:.2f}\n")
-    out.write(f"  parked slots      ${cost['warm_slots_monthly_usd']:.2f}  (snapshot storage only)\n")
+    if cost["priced"]:
+        out.write(f"  running VM        ${cost['vm_hour_usd']:.3f}/hour each ({cost['memory_mib']} MiB)\n")
+        out.write(f"  suspended VM      ${cost['suspended_vm_day_usd']:.3f}/day each (snapshot storage only)\n")
+    else:
+        out.write(
+            f"  running VM        not priced: the page prices 2048 and 4096 MiB, not {cost['memory_mib']}\n"
+        )
+    idle = cost["assumptions"].get("idle_seconds")
+    how = (
+        f"{cost['base_vm_hours']:.1f} VM-hours running, {cost['base_suspended_vm_days']:.1f} VM-days suspended (idle {idle} s)"
+        if idle
+        else f"{cost['base_vm_hours']:.1f} VM-hours running, no idle suspension"
+    )
+    out.write(f"  base VMs          {_usd(cost['base_vms_monthly_usd'])}  ({how})\n")
+    if idle:
+        out.write(f"    without idle    {_usd(cost['base_vms_without_idle_monthly_usd'])}\n")
+    out.write(f"  parked slots      {_usd(cost['warm_slots_monthly_usd'])}  (snapshot storage only)\n")
     out.write(
         f"  recipe            ${cost['recipe_parameter_monthly_usd'] + cost['recipe_kms_monthly_usd']:.2f}  "
         f"(standard parameter free; ~{cost['recipe_kms_requests_per_month']} KMS requests, "
         "20,000 free a month)\n"
     )
-    out.write(f"  idle fleet        ${cost['baseline_monthly_usd']:.2f}\n")
-    out.write(f"  all max_vms busy  ${cost['peak_monthly_usd']:.2f}\n")
+    out.write(f"  idle fleet        {_usd(cost['baseline_monthly_usd'])}  (no traffic all month)\n")
+    out.write(f"  all max_vms busy  {_usd(cost['peak_monthly_usd'])}  (every VM running all month)\n")
 
 
 def _plan(args: argparse.Namespace, out: TextIO) -> int:
@@ -167,7 +195,13 @@ def _plan(args: argparse.Namespace, out: TextIO) -> int:
         for key, value in vars(args).items()
         if key not in {"command", "folder", "json"} and value is not None
     }
-    project = AgentProject.load(args.folder, **read_overrides(raw))
+    try:
+        project = AgentProject.load(args.folder, **read_overrides(raw))
+    except ProjectError as exc:
+        raise ProjectError(name_what_was_typed(exc.problems, set(raw), context=False)) from None
+    for warning in project.warnings:
+        if warning.code == "no_project_file":
+            sys.stderr.write(f"rayito-constructs: warning: {warning.code}: {warning.message}\n")
     doc = plan_document(project)
     if args.json:
         out.write(json.dumps(doc, indent=2, sort_keys=False) + "\n")
@@ -232,5 +266,26 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
         return EXIT_INVALID
 
 
+def run() -> None:
+    """The ``rayito-constructs`` command: :func:`main`, quiet on a closed pipe.
+
+    Writing into a pipe whose reader has gone (``plan ... | head -1``) ends the process as
+    SIGPIPE ends ``cat``: no traceback, exit status 141 where the signal cannot be restored.
+    """
+    if hasattr(signal, "SIGPIPE"):
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    try:
+        code = main()
+        sys.stdout.flush()
+    except KeyboardInterrupt:
+        code = 128 + 2
+    except BrokenPipeError:
+        # Python may still flush at exit: point stdout at /dev/null so that it cannot fail again.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        code = 128 + 13
+    raise SystemExit(code)
+
+
 if __name__ == "__main__":  # pragma: no cover
-    raise SystemExit(main())
+    run()

@@ -11,7 +11,12 @@ It is the product page's ``--env`` rule, word for word:
 
 ``AUTH_MODE`` and ``AUTHOR_NAME`` are accepted: segments are compared whole, so ``AUTHOR`` is not
 ``AUTH``, and ``AUTH`` followed by ``MODE`` matches no clause. Segments are the parts between
-underscores (and dashes or dots, for names that carry them), compared without regard to case.
+underscores.
+
+The page's patterns are read as written: ``*_TOKEN`` needs the underscore, so bare ``TOKEN``,
+``KEY`` or ``SECRET`` are accepted (a one-segment ``PASS`` or ``AUTH`` still matches its own
+clause), and the words are upper case as on the page, so ``github_token`` is accepted by this
+rule: it is a name rule, and nothing secret belongs in ``env`` whatever its name.
 """
 
 from __future__ import annotations
@@ -32,12 +37,13 @@ def segments(name: str) -> list[str]:
 
 
 def secret_reason(name: str) -> str | None:
-    """Why ``name`` looks like a secret, or ``None`` when it does not."""
-    parts = segments(name)
+    """Why ``name`` looks like a secret, or ``None`` when it does not (the page's rule, as written)."""
+    for suffix in sorted(SECRET_SUFFIXES):
+        if name.endswith("_" + suffix):
+            return f"it ends in _{suffix}"
+    parts = [s for s in name.split("_") if s]
     if not parts:
         return None
-    if parts[-1] in SECRET_SUFFIXES:
-        return f"it ends in _{parts[-1]}"
     for part in parts:
         if part in SECRET_SEGMENTS:
             return f"it has a {part} segment"

@@ -17,6 +17,8 @@ class Problem:
 
     key: str
     message: str
+    related: tuple[str, ...] = ()
+    """For a rule across options (``min_vms <= max_vms``): every option it is about."""
 
     def __str__(self) -> str:
         return self.message

@@ -21,6 +21,7 @@ from .agent_image import AgentImage
 from .egress_budget import EgressBudget
 from .execution_role import MicrovmExecutionRole
 from .metadata_index import MetadataIndex
+from .names import claim
 from .permissions import (
     FleetAccess,
     caller_statements,
@@ -157,6 +158,7 @@ class AgentFleet(_FleetGrants):
             raise ValueError(f"base_rollout: {base_rollout!r} is not one of 'on_expiry', 'rolling'")
         image_name = image.image_name if image is not None else _image_name(image_arn, project.name)
         super().__init__(scope, id)
+        claim(self, "fleet", project.name)  # one fleet of a name per account and region in an app
         folder = project.folder
         self.egress_budget: Optional[EgressBudget] = (
             EgressBudget(self, "EgressBudget", fleet_name=project.name, envelopes=project.egress.budgets)

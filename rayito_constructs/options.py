@@ -2,17 +2,24 @@
 
 Every default and limit here is the product page's ("Several sessions and several VMs", "The
 options"). The models are strict: a string where a number belongs is an error, not a guess.
-Cross-field rules (``min_vms <= max_vms``, ``warm_vms <= max_vms - min_vms``, the
-``max_concurrency`` cap of the memory size) live in :mod:`rayito_constructs.project`, which sees
-every table at once.
+
+The rules live in the models, so they hold however a model is made: ``ScalingOptions(min_vms=3,
+max_vms=1)``, ``model_validate``, ``model_copy(update=...)`` or the loader. A broken model raises
+:class:`~rayito_constructs.errors.ProjectError` (a ``ValueError``) whose ``problems`` are the same
+one-line messages ``plan`` prints. The rules that need two tables at once (the ``max_concurrency``
+cap of the memory size, dedicated sessions) are :class:`~rayito_constructs.project.AgentProject`'s.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import re
-from typing import Literal, Optional, Union
+from typing import Any, ClassVar, Iterable, Literal, Mapping, Optional, Sequence, Union
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic_core import PydanticCustomError
+
+from .errors import Problem, ProjectError, did_you_mean, show
 
 #: The documented MicroVM size classes (``resources[0].minimumMemoryInMiB`` of an image).
 MEMORY_CLASSES_MIB = (512, 1024, 2048, 4096, 8192)
@@ -36,14 +43,40 @@ def max_concurrency_limit(memory_mib: int) -> int:
     return 8 * vcpus_for(memory_mib) - 1
 
 
-_DURATION = re.compile(r"^\s*(\d+)\s*(s|sec|secs|seconds?|m|min|mins|minutes?|h|hours?)?\s*$", re.I)
+# ---------------------------------------------------------------------------- rule errors
+
+RULES = "rayito_rules"
+"""The pydantic error type of a model-level rule: ``ctx["problems"]`` holds ``(key, message,
+related keys)`` triples, each message one line that starts with its key."""
+VALUE = "rayito_value"
+"""The pydantic error type of a field rule: ``ctx["detail"]`` is the message after ``key: ``."""
+
+Rule = tuple[str, str, tuple[str, ...]]
+
+
+def rules_error(problems: Sequence[Rule]) -> PydanticCustomError:
+    """One pydantic error carrying every broken cross-field rule of a model."""
+    return PydanticCustomError(
+        RULES, "{summary}", {"summary": "; ".join(p[1] for p in problems), "problems": list(problems)}
+    )
+
+
+def value_error(detail: str) -> PydanticCustomError:
+    """A field's error with our own wording (``detail`` follows ``key: ``)."""
+    return PydanticCustomError(VALUE, "{detail}", {"detail": detail})
+
+
+# ---------------------------------------------------------------------------- durations
+
+_DURATION = re.compile(r"^\s*(-?\d+)\s*(s|sec|secs|seconds?|m|min|mins|minutes?|h|hr|hrs|hours?)?\s*$", re.I)
 _UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600}
+NONE_WORDS = frozenset({"none", "off", "never"})
 
 
 def parse_duration(value: object) -> object:
-    """``"15m"`` → 900, ``"90"`` → 90, ``"none"`` → None; anything else is left for the model."""
+    """``"15m"`` → 900, ``"90"`` → 90, ``"none"`` → None; anything else is returned as is."""
     if isinstance(value, str):
-        if value.strip().lower() in {"none", "off", "never"}:
+        if value.strip().lower() in NONE_WORDS:
             return None
         match = _DURATION.match(value)
         if match:
@@ -52,12 +85,244 @@ def parse_duration(value: object) -> object:
     return value
 
 
-class _Options(BaseModel):
+def human_duration(seconds: int) -> str:
+    """``900`` → ``15m``, ``28800`` → ``8h``, ``90`` → ``90s``."""
+    for unit, size in (("h", 3600), ("m", 60)):
+        if seconds >= size and seconds % size == 0:
+            return f"{seconds // size}{unit}"
+    return f"{seconds}s"
+
+
+def _seconds(value: int, human: bool = False) -> str:
+    text = f"{value} second{'' if value == 1 else 's'}"
+    short = human_duration(value)
+    return f"{text} ({short})" if human and not short.endswith("s") else text
+
+
+def duration_forms(allow_none: bool) -> str:
+    """How a duration may be written, for error messages."""
+    forms = "a whole number of seconds (90) or a number with a unit (90s, 10m, 1h)"
+    return forms + (", or none" if allow_none else "; none is not accepted here")
+
+
+def check_duration(value: object, *, minimum: int, maximum: int, allow_none: bool, none_means: str = "") -> Optional[int]:
+    """Read a duration (seconds, ``"10m"``, ``"none"``) and check its limits, in seconds.
+
+    Every error names the unit and, where ``none`` is accepted, says so.
+    """
+    none_hint = f"; none {none_means}" if allow_none and none_means else ""
+    if isinstance(value, str):
+        parsed = parse_duration(value)
+        if isinstance(parsed, str):
+            raise value_error(f"{show(value)} is not a duration: {duration_forms(allow_none)}")
+        value = parsed
+    if value is None:
+        if allow_none:
+            return None
+        raise value_error(f"none is not accepted: give {duration_forms(False).split(';')[0]}")
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise value_error(f"{show(value)} is not a duration: {duration_forms(allow_none)}")
+    if value < minimum:
+        raise value_error(f"{_seconds(value)} is below the minimum of {_seconds(minimum, human=True)}{none_hint}")
+    if value > maximum:
+        raise value_error(f"{_seconds(value)} is above the limit of {_seconds(maximum, human=True)}{none_hint}")
+    return value
+
+
+# ---------------------------------------------------------------------------- hosts
+
+_LABEL = re.compile(r"(?!-)[a-z0-9-]{1,63}(?<!-)")
+
+
+def normalize_host(host: object) -> str:
+    """A host the agent may reach, lowercased and IDNA-encoded; raises ``ValueError`` with why not.
+
+    Accepted: a DNS name (``api.example.com``, ``localhost``), ``*.`` before a domain for its
+    subdomains, an IPv4 or IPv6 address. Not a URL, not a port, not a path.
+    """
+    if not isinstance(host, str):
+        raise ValueError(f"{show(host)} is not a host name")
+    text = host.strip()
+    if not text:
+        raise ValueError(f"{show(host)} is empty: give a host such as api.example.com")
+    if "://" in text or "/" in text:
+        from urllib.parse import urlsplit
+
+        guess = urlsplit(text if "://" in text else "https://" + text).hostname
+        hint = f": give the host alone ({guess!r})" if guess else ""
+        raise ValueError(f"{show(host)} is a URL, not a host{hint}")
+    if any(c.isspace() for c in text):
+        raise ValueError(f"{show(host)} has a space; give one host per --allow-out")
+    try:
+        return str(ipaddress.ip_address(text.strip("[]")))
+    except ValueError:
+        pass
+    if ":" in text:
+        raise ValueError(f"{show(host)} has a port or is not an address; give the host alone")
+    wildcard = text.startswith("*.")
+    name = text[2:] if wildcard else text
+    try:
+        ascii_name = name.rstrip(".").encode("idna").decode("ascii").lower()
+    except UnicodeError:
+        raise ValueError(f"{show(host)} is not a valid host name") from None
+    labels = ascii_name.split(".")
+    if (
+        len(ascii_name) > 253
+        or not all(_LABEL.fullmatch(label) for label in labels)
+        or (len(labels) > 1 and labels[-1].isdigit())
+    ):
+        raise ValueError(
+            f"{show(host)} is not a valid host name (labels of 1 to 63 letters, digits or '-', "
+            "separated by dots; *. only at the start)"
+        )
+    return ("*." if wildcard else "") + ascii_name
+
+
+# ---------------------------------------------------------------------------- models
+
+
+def problems_from(exc: ValidationError, model: type[BaseModel]) -> list[Problem]:
+    """The one-line problems of a pydantic error raised while validating ``model``."""
+    problems: list[Problem] = []
+    for error in exc.errors(include_url=False):
+        problems.extend(_problem(error, model))
+    return problems
+
+
+def _nested_model(model: type[BaseModel], loc: Sequence[Any]) -> tuple[type[BaseModel], list[Any]]:
+    """Follow ``loc`` through nested option models; returns the innermost model and the rest."""
+    rest = list(loc)
+    while rest and isinstance(rest[0], str):
+        field = model.model_fields.get(rest[0])
+        inner = _option_model_of(field.annotation) if field is not None else None
+        if inner is None:
+            break
+        model = inner
+        rest = rest[1:]
+        if rest and isinstance(rest[0], int):  # an entry of a tuple of models
+            rest = rest[1:]
+    return model, rest
+
+
+def _option_model_of(annotation: Any) -> Optional[type[BaseModel]]:
+    candidates = [annotation, *getattr(annotation, "__args__", ())]
+    for candidate in candidates:
+        if isinstance(candidate, type) and issubclass(candidate, _Options):
+            return candidate
+    return None
+
+
+def _key(loc: Sequence[Any], model: type[BaseModel]) -> str:
+    """``('scaling', 'min_vms')`` → ``min_vms``; ``('egress', 'budgets', 0, 'rate')`` →
+    ``budgets[0].rate``; ``('gateways', 1, 'name')`` → ``gateways[1].name``."""
+    parts = list(loc)
+    if parts and isinstance(parts[0], str) and parts[0] in getattr(model, "SECTION_FIELDS", ()):
+        parts = parts[1:]  # a table of the project file: its keys are known by their own name
+    key = ""
+    for part in parts:
+        key += f"[{part}]" if isinstance(part, int) else (f".{part}" if key else str(part))
+    return key
+
+
+def _problem(error: Mapping[str, Any], model: type[BaseModel]) -> list[Problem]:
+    loc = tuple(error.get("loc", ()))
+    kind = error["type"]
+    ctx = error.get("ctx") or {}
+    if kind == RULES:
+        return [Problem(key, message, tuple(related)) for key, message, related in ctx["problems"]]
+    given = error.get("input")
+    inner, rest = _nested_model(model, loc)
+    key = _key(loc, model) or (inner.SECTION if issubclass(inner, _Options) else "value")
+    if kind == VALUE:
+        return [Problem(key, f"{key}: {ctx['detail']}")]
+    if kind == "extra_forbidden":
+        field = str(rest[-1]) if rest else key
+        hint = did_you_mean(field, inner.model_fields)
+        if any(isinstance(part, int) for part in loc):  # an entry of [[gateways]] or [[egress.budgets]]
+            return [Problem(key, f"{key}: unknown key{hint}")]
+        if issubclass(inner, _Options):
+            qualified = f"{inner.SECTION}.{field}"
+            return [Problem(qualified, f"{qualified}: unknown key in [{inner.SECTION}]{hint}")]
+        return [Problem(field, f"{field}: unknown option{hint}")]
+    if kind == "greater_than_equal":
+        text = f"{show(given)} is below the minimum of {ctx['ge']}"
+    elif kind == "less_than_equal":
+        text = f"{show(given)} is above the limit of {ctx['le']}"
+    elif kind == "literal_error" and key == "memory_mib":
+        classes = ", ".join(str(c) for c in MEMORY_CLASSES_MIB)
+        text = f"{show(given)} is not a MicroVM size class ({classes} MiB)"
+    elif kind == "literal_error":
+        text = f"{show(given)} is not one of {ctx['expected']}"
+    elif kind in ("int_type", "int_parsing", "int_from_float"):
+        text = f"{show(given)} is not a whole number"
+    elif kind in ("bool_type", "bool_parsing"):
+        text = f"{show(given)} is not true or false"
+    elif kind in ("string_type",):
+        text = f"{show(given)} is not a string"
+    elif kind == "string_pattern_mismatch":
+        text = f"{show(given)} does not match {ctx['pattern']}"
+    elif kind in ("string_too_short", "string_too_long"):
+        text = f"{show(given)} must be {error['msg'].lower().removeprefix('string should have ')}"
+    elif kind in ("tuple_type", "list_type"):
+        text = f"{show(given)} is not a list"
+    elif kind in ("dict_type", "model_type", "model_attributes_type"):
+        text = f"{show(given)} is not a table"
+    elif kind == "value_error":
+        text = f"{show(given)} {ctx.get('error', error['msg'])}"
+    elif kind == "missing":
+        text = "is required"
+    else:
+        text = f"{show(given)}: {error['msg']}"
+    return [Problem(key, f"{key}: {text}")]
+
+
+class ValidatedModel(BaseModel):
+    """A pydantic model whose every way of being made checks its rules and fails with one-line problems."""
+
+    def __init__(self, /, **data: Any) -> None:
+        try:
+            super().__init__(**data)
+        except ValidationError as exc:
+            raise ProjectError(problems_from(exc, type(self))) from None
+
+    # Nested models are validated by pydantic itself, not through this __init__ (which only
+    # translates the error): tell pydantic it is the base one.
+    __init__.__pydantic_base_init__ = True  # type: ignore[attr-defined]
+
+    @classmethod
+    def model_validate(cls, obj: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+        try:
+            return super().model_validate(obj, **kwargs)
+        except ValidationError as exc:
+            raise ProjectError(problems_from(exc, cls)) from None
+
+    @classmethod
+    def model_validate_json(cls, json_data: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+        try:
+            return super().model_validate_json(json_data, **kwargs)
+        except ValidationError as exc:
+            raise ProjectError(problems_from(exc, cls)) from None
+
+    def model_copy(self, *, update: Optional[Mapping[str, Any]] = None, deep: bool = False) -> Any:  # type: ignore[override]
+        """A copy; with ``update``, validated like a new model (pydantic's own copy checks nothing)."""
+        if not update:
+            return super().model_copy(deep=deep)
+        data = {name: getattr(self, name) for name in self.model_fields_set}
+        data.update(update)
+        return type(self)(**data)
+
+
+class _Options(ValidatedModel):
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+    SECTION: ClassVar[str] = ""
+    """The table of ``rayito-agent.toml`` the model reads."""
 
 
 class ServeOptions(_Options):
     """How one VM serves sessions (the ``[serve]`` table)."""
+
+    SECTION: ClassVar[str] = "serve"
 
     max_concurrency: int = Field(1, ge=1)
     """Sessions at a time in one VM (``--max-sessions``). Default: 1. Limit: 7 with 2 GiB, 15 with
@@ -67,17 +332,39 @@ class ServeOptions(_Options):
     """Requests that wait in the host queue when the VM is full (``--queue``). Default: 0, an
     immediate 429. Limit: 256."""
 
-    queue_timeout_seconds: int = Field(30, ge=1, le=QUEUE_TIMEOUT_LIMIT)
-    """How long a request waits in the queue (``--queue-timeout``). Default: 30. Limit: 900."""
+    queue_timeout_seconds: int = 30
+    """How long a request waits in the queue (``--queue-timeout``), in seconds or ``"1m"``.
+    Default: 30. Limit: 1 to 900."""
 
-    @field_validator("queue_timeout_seconds", mode="before")
+    @field_validator("queue_timeout_seconds", mode="plain")
     @classmethod
-    def _duration(cls, value: object) -> object:
-        return parse_duration(value) if isinstance(value, str) else value
+    def _queue_timeout(cls, value: object) -> Optional[int]:
+        return check_duration(value, minimum=1, maximum=QUEUE_TIMEOUT_LIMIT, allow_none=False)
+
+
+def scaling_rules(min_vms: int, max_vms: int, warm_vms: int) -> list[Rule]:
+    """The page's limits between ``min_vms``, ``max_vms`` and ``warm_vms``."""
+    problems: list[Rule] = []
+    if min_vms > max_vms:
+        problems.append(("min_vms", f"min_vms: {min_vms} is above max_vms ({max_vms})", ("min_vms", "max_vms")))
+    headroom = max(0, max_vms - min_vms)
+    if warm_vms > headroom:
+        problems.append((
+            "warm_vms",
+            f"warm_vms: {warm_vms} is above the limit of {headroom} (max_vms - min_vms = {max_vms} - {min_vms})",
+            ("warm_vms", "min_vms", "max_vms"),
+        ))
+    return problems
 
 
 class ScalingOptions(_Options):
-    """How many VMs the fleet keeps (the ``[scaling]`` table)."""
+    """How many VMs the fleet keeps (the ``[scaling]`` table).
+
+    ``min_vms <= max_vms`` and ``warm_vms <= max_vms - min_vms`` are checked here, so
+    ``ScalingOptions(min_vms=3, max_vms=1)`` fails as ``plan`` does.
+    """
+
+    SECTION: ClassVar[str] = "scaling"
 
     min_vms: int = Field(1, ge=0)
     """VMs always alive (``--min-vms``). Default: 1."""
@@ -92,22 +379,40 @@ class ScalingOptions(_Options):
     sessions: Literal["shared", "dedicated"] = "shared"
     """``shared`` (several sessions per VM) or ``dedicated`` (one VM per session)."""
 
-    scale_in_after_seconds: int = Field(900, ge=SCALE_IN_MINIMUM, le=MICROVM_MAX_LIFETIME_SECONDS)
-    """Idle time after which a VM above ``min_vms`` ends by itself (``--scale-in-after``).
-    Default: 900. At least 60."""
+    scale_in_after_seconds: int = 900
+    """Idle time after which a VM above ``min_vms`` ends by itself (``--scale-in-after``), in
+    seconds or ``"15m"``. Default: 900. Limit: 60 to 28,800."""
 
-    idle: Optional[int] = Field(None, ge=IDLE_MINIMUM, le=MICROVM_MAX_LIFETIME_SECONDS)
-    """Idle seconds after which a VM is suspended and resumed when called (``--idle``).
-    Default: none, no suspension. At least 60 (the service's IdlePolicy minimum)."""
+    idle: Optional[int] = None
+    """Idle time after which a VM is suspended and resumed when called (``--idle``), in seconds,
+    ``"10m"`` or ``"none"``. Default: none, no suspension. Limit: 60 (the service's IdlePolicy
+    minimum) to 28,800."""
 
-    @field_validator("scale_in_after_seconds", "idle", mode="before")
+    @field_validator("scale_in_after_seconds", mode="plain")
     @classmethod
-    def _duration(cls, value: object) -> object:
-        return parse_duration(value) if isinstance(value, str) else value
+    def _scale_in(cls, value: object) -> Optional[int]:
+        return check_duration(value, minimum=SCALE_IN_MINIMUM, maximum=MICROVM_MAX_LIFETIME_SECONDS, allow_none=False)
+
+    @field_validator("idle", mode="plain")
+    @classmethod
+    def _idle(cls, value: object) -> Optional[int]:
+        return check_duration(
+            value, minimum=IDLE_MINIMUM, maximum=MICROVM_MAX_LIFETIME_SECONDS, allow_none=True,
+            none_means="turns suspension off",
+        )
+
+    @model_validator(mode="after")
+    def _limits(self) -> "ScalingOptions":
+        problems = scaling_rules(self.min_vms, self.max_vms, self.warm_vms)
+        if problems:
+            raise rules_error(problems)
+        return self
 
 
 class ImageOptions(_Options):
     """The MicroVM image the fleet runs (the ``[image]`` table)."""
+
+    SECTION: ClassVar[str] = "image"
 
     memory_mib: Literal[512, 1024, 2048, 4096, 8192] = DEFAULT_MEMORY_MIB
     """Baseline memory of each VM (``--memory``), one of the documented size classes."""
@@ -121,6 +426,8 @@ class ImageOptions(_Options):
 
 class EgressBudgetOptions(_Options):
     """One per-target rate envelope (a ``[[egress.budgets]]`` entry)."""
+
+    SECTION: ClassVar[str] = "egress.budgets"
 
     target: str
     """``https://api.example.com``, with an optional path class (``/v1/chat``) or query class
@@ -158,13 +465,35 @@ class EgressBudgetOptions(_Options):
 class EgressOptions(_Options):
     """Where the agent may send requests, and how fast (the ``[egress]`` table)."""
 
+    SECTION: ClassVar[str] = "egress"
+
     allow: tuple[str, ...] = ()
-    """Hosts the agent may reach (``--allow-out``). Default: no allow-list."""
+    """Hosts the agent may reach (``--allow-out``): DNS names (IDNA-encoded, lowercased), ``*.``
+    before a domain, or IP addresses; no URLs or ports. Default: no allow-list."""
     budgets: tuple[EgressBudgetOptions, ...] = ()
     """Per-target rate envelopes (``[[egress.budgets]]``). Default: none (no EgressBudget)."""
     default_rate: Union[str, int, float] = "60/minute"
     """Envelope of a target no budget declares. Default: 60/minute."""
     default_burst: int = Field(5, ge=1, le=10_000)
+
+    @field_validator("allow", mode="before")
+    @classmethod
+    def _allow(cls, value: object) -> object:
+        if isinstance(value, str) or not isinstance(value, (list, tuple)):
+            return value  # the model says it is not a list
+        hosts: list[str] = []
+        wrong: list[str] = []
+        for host in value:
+            try:
+                normal = normalize_host(host)
+            except ValueError as exc:
+                wrong.append(str(exc))
+                continue
+            if normal not in hosts:
+                hosts.append(normal)
+        if wrong:
+            raise value_error("; ".join(wrong))
+        return tuple(hosts)
 
     @field_validator("default_rate")
     @classmethod
@@ -180,8 +509,14 @@ class EgressOptions(_Options):
 class GatewayOptions(_Options):
     """One model or tool gateway the fleet opens for each VM (a ``[[gateways]]`` entry)."""
 
+    SECTION: ClassVar[str] = "gateways"
+
     name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")
     preset: Optional[str] = Field(None, min_length=1, max_length=64)
     upstream: Optional[str] = Field(None, min_length=1, max_length=2048)
     secret_env: tuple[str, ...] = ()
     """Names of secret environment variables the gateway injects upstream (names only)."""
+
+
+def option_models() -> Iterable[type[_Options]]:
+    return (ServeOptions, ScalingOptions, ImageOptions, EgressOptions, EgressBudgetOptions, GatewayOptions)

@@ -1,20 +1,32 @@
 """Overrides typed as text (CLI flags, ``cdk -c key=value``) turned into the values of ``AgentProject.load``.
 
 One table decides how each option is read, so ``plan --min-vms 2`` and ``cdk synth -c min_vms=2``
-mean the same thing and fail with the same message.
+mean the same thing and fail with the same message, naming what the user typed (``--min-vms`` or
+``-c min_vms``).
+
+``env`` and ``secret_env`` take ``NAME=VALUE`` pairs: one per ``--env`` flag; in context either
+``-c env=A=1,B=2`` (a comma splits only where ``NAME=`` follows, so ``-c env=URL=https://a,b``
+is one variable), ``-c 'env={"URL": "https://a,b=c"}'`` (JSON, for any value) or one key per
+variable, ``-c env.URL=https://a,b``.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping
+import json
+import re
+from typing import Any, Callable, Iterable, Mapping, Optional
 
-from .errors import Problem, ProjectError, show
+from .errors import Problem, ProjectError, did_you_mean, show
 from .options import parse_duration
+
+_PAIR_SPLIT = re.compile(r",(?=\s*[A-Za-z_][A-Za-z0-9_]*\s*=)")
 
 
 def _whole(value: Any) -> Any:
-    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
-        return int(value)
+    if isinstance(value, str):
+        text = value.strip()
+        if text.isascii() and text.lstrip("-").isdigit():
+            return int(text)
     return value
 
 
@@ -22,15 +34,31 @@ def _duration(value: Any) -> Any:
     return parse_duration(value) if isinstance(value, str) else value
 
 
+def _json(value: str, wanted: type, what: str) -> Any:
+    try:
+        parsed = json.loads(value)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{show(value)} is not valid JSON ({exc.msg} at character {exc.pos})") from None
+    if not isinstance(parsed, wanted):
+        raise ValueError(f"{show(value)} is not {what}")
+    return parsed
+
+
 def _pairs(value: Any) -> Any:
-    """``["A=1", "B=2"]`` or ``"A=1,B=2"`` → ``{"A": "1", "B": "2"}``; a mapping stays as is."""
+    """``["A=1", "B=2"]``, ``"A=1,B=2"`` or ``'{"A": "1"}'`` → ``{"A": "1", "B": "2"}``.
+
+    In the one-string form a comma separates two pairs only when ``NAME=`` follows it, so
+    ``URL=https://a,b`` is one pair; a mapping stays as is.
+    """
     if isinstance(value, Mapping):
         return dict(value)
-    items = value.split(",") if isinstance(value, str) else list(value)
+    if isinstance(value, str) and value.lstrip().startswith("{"):
+        return _json(value, dict, 'a JSON object of NAME to value ({"NAME": "value"})')
+    items: Iterable[Any] = _PAIR_SPLIT.split(value) if isinstance(value, str) else list(value)
     pairs: dict[str, str] = {}
     for item in items:
         name, sep, val = str(item).partition("=")
-        if not sep or not name:
+        if not sep or not name.strip():
             raise ValueError(f"{show(item)} is not NAME=VALUE")
         pairs[name.strip()] = val
     return pairs
@@ -38,7 +66,9 @@ def _pairs(value: Any) -> Any:
 
 def _names(value: Any) -> Any:
     if isinstance(value, str):
-        return tuple(v.strip() for v in value.split(",") if v.strip())
+        if value.lstrip().startswith("["):
+            return tuple(_json(value, list, 'a JSON list of hosts (["a.example.com"])'))
+        return tuple(v.strip() for v in value.split(","))
     return tuple(value)
 
 
@@ -71,6 +101,15 @@ READERS: dict[str, Callable[[Any], Any]] = {
     "save_recipe": _flag,
 }
 
+#: Context keys of ``app.py`` that are not project options, with what they take.
+APP_CONTEXT: dict[str, str] = {
+    "project": "the agent folder",
+    "image_arn": "a MicroVM image ARN",
+    "metadata_index": "true or false",
+    "keep_recipe": "true or false",
+    "scope_microvm_actions_to_image": "true or false",
+}
+
 
 def read_overrides(raw: Mapping[str, Any]) -> dict[str, Any]:
     """Convert text overrides; unknown keys pass through for ``AgentProject.load`` to reject."""
@@ -88,3 +127,96 @@ def read_overrides(raw: Mapping[str, Any]) -> dict[str, Any]:
     if problems:
         raise ProjectError(problems)
     return values
+
+
+def is_user_context_key(key: str) -> bool:
+    """False for the CDK's own context: feature flags (``@aws-cdk/...``), the CLI's ``aws:cdk:...``
+    settings and cached lookups (``availability-zones:account=...``)."""
+    return not key.startswith("@") and ":" not in key
+
+
+def read_context(context: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any], list[Problem]]:
+    """Split and read the context of ``cdk synth``: ``(project overrides, app.py options, problems)``.
+
+    Every key a user can set is checked like a key of ``rayito-agent.toml``: an unknown one is a
+    problem with the nearest known key (``-c max_vm=5``: did you mean ``max_vms``?). Booleans
+    must be true or false. Each problem names ``-c key``; the overrides that could be read are
+    returned all the same, so the project's own problems can be reported with them at once.
+    """
+    problems: list[Problem] = []
+    raw: dict[str, Any] = {}
+    app: dict[str, Any] = {}
+    per_name: dict[str, dict[str, Any]] = {}
+    known = [*READERS, *APP_CONTEXT]
+    for key, value in context.items():
+        if not is_user_context_key(key):
+            continue
+        table, dot, variable = key.partition(".")
+        if dot and table in ("env", "secret_env") and variable:
+            per_name.setdefault(table, {})[variable] = value if isinstance(value, str) else json.dumps(value)
+        elif key in READERS:
+            raw[key] = value
+        elif key in APP_CONTEXT:
+            app[key] = value
+        else:
+            hint = (
+                did_you_mean(key, known)
+                or (did_you_mean(variable, known) if dot and variable else "")  # -c scaling.max_vms=3
+                or ("; env.NAME and secret_env.NAME take one variable" if table in ("env", "secret_env") else "")
+            )
+            problems.append(Problem(key, f"-c {key}: unknown context key{hint}"))
+    for table, variables in per_name.items():
+        if table in raw:
+            problems.append(Problem(table, f"-c {table}: give the variables either as -c {table}=... or as -c {table}.NAME=..., not both"))
+        else:
+            raw[table] = variables
+    for key in ("metadata_index", "keep_recipe", "scope_microvm_actions_to_image"):
+        if key in app:
+            flag = _flag(app[key])
+            if not isinstance(flag, bool):
+                problems.append(Problem(key, f"-c {key}: {show(app[key])} is not true or false"))
+            app[key] = flag
+    for key in ("project", "image_arn"):
+        if key in app and (not isinstance(app[key], str) or not app[key].strip()):
+            problems.append(Problem(key, f"-c {key}: {show(app[key])} is not {APP_CONTEXT[key]}"))
+    overrides: dict[str, Any] = {}
+    for key, value in raw.items():
+        try:
+            overrides.update(read_overrides({key: value}))
+        except ProjectError as exc:
+            problems.extend(name_what_was_typed(exc.problems, {key}, context=True))
+    return overrides, app, problems
+
+
+def _option_of(key: str) -> Optional[tuple[str, str]]:
+    """The option (and the variable, for ``env.X``) a problem's key is about."""
+    from .project import OPTION_TABLE, PROBLEM_KEY
+
+    reverse = {v: k for k, v in PROBLEM_KEY.items()}
+    head, _, rest = key.partition(".")
+    if key in OPTION_TABLE:
+        return key, ""
+    if key in reverse:
+        return reverse[key], ""
+    if head in ("env", "secret_env") and rest:
+        return head, rest
+    return None
+
+
+def name_what_was_typed(problems: Iterable[Problem], given: set[str], *, context: bool) -> list[Problem]:
+    """Problems about options the user typed start with what they typed: ``--max-vms: ...`` for a
+    flag of ``plan``, ``-c max_vms: ...`` for ``cdk synth`` context; the others are unchanged."""
+    from .project import OPTION_TABLE
+
+    named: list[Problem] = []
+    for problem in problems:
+        option = _option_of(problem.key)
+        prefix = f"{problem.key}: "
+        if option is None or option[0] not in given or not problem.message.startswith(prefix):
+            named.append(problem)
+            continue
+        typed = f"-c {option[0]}" if context else OPTION_TABLE[option[0]][1]
+        if option[1]:
+            typed += f" {option[1]}"
+        named.append(Problem(problem.key, f"{typed}: {problem.message[len(prefix):]}"))
+    return named

@@ -4,6 +4,10 @@
 ones ``rayito agent deploy`` takes as flags), checks every option of the product page against its
 limit and records where each value came from (``explicit``, ``project``, ``recipe`` or
 ``default``). Parsing and validation are pure: no AWS call, no CDK.
+
+The rules are the model's: ``AgentProject(...)``, ``AgentProject.model_validate``,
+``project.model_copy(update=...)``, :meth:`AgentProject.load` and :meth:`AgentProject.from_recipe`
+all refuse the same inputs with the same one-line messages (:class:`ProjectError`).
 """
 
 from __future__ import annotations
@@ -12,20 +16,24 @@ import os
 import re
 import tomllib
 from pathlib import Path
-from typing import Any, Iterable, Literal, Mapping, Optional
+from typing import Any, ClassVar, Iterable, Literal, Mapping, Optional
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import ConfigDict, StrictBool, field_validator, model_validator
 
 from .envrules import secret_reason
 from .errors import FleetWarning, Problem, ProjectError, did_you_mean, show
+from .names import fleet_name_problem, stack_name_for
 from .options import (
-    MEMORY_CLASSES_MIB,
     EgressOptions,
     GatewayOptions,
     ImageOptions,
+    Rule,
     ScalingOptions,
     ServeOptions,
+    ValidatedModel,
     max_concurrency_limit,
+    rules_error,
+    value_error,
     vcpus_for,
 )
 
@@ -68,7 +76,10 @@ OPTION_TABLE: dict[str, tuple[str, str]] = {
     "save_recipe": ("", "--no-save-recipe"),
 }
 
-_SECTIONS: dict[str, type[BaseModel]] = {
+#: The key a problem is reported under, for an override whose name differs from its field.
+PROBLEM_KEY = {"allow_out": "allow"}
+
+_SECTIONS: dict[str, type[ValidatedModel]] = {
     "serve": ServeOptions,
     "scaling": ScalingOptions,
     "image": ImageOptions,
@@ -88,21 +99,107 @@ _TOP_LEVEL_KEYS = (
     "egress",
     "gateways",
 )
-_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,255}$")
-_ENV_MAX_ENTRIES = 100  # the image's environment variable map holds at most 100 entries
-_ENV_VALUE_MAX = 4096
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,255}")
+ENV_MAX_ENTRIES = 100  # the image's environment variable map holds at most 100 entries
+ENV_VALUE_MAX = 4096
 
 
-class AgentProject(BaseModel):
+# ---------------------------------------------------------------------------- the rules
+
+
+def env_rules(env: Mapping[Any, Any]) -> list[Rule]:
+    """Names, values and count of the plain environment variables."""
+    problems: list[Rule] = []
+    for key, value in env.items():
+        if not isinstance(key, str) or not _ENV_NAME.fullmatch(key):
+            problems.append(("env", f"env: {show(key)} is not a valid variable name ([A-Za-z_][A-Za-z0-9_]*)", ("env",)))
+        elif not isinstance(value, str):
+            problems.append((f"env.{key}", f"env.{key}: {show(value)} is not a string (quote it)", ("env",)))
+        elif len(value) > ENV_VALUE_MAX:
+            problems.append((
+                f"env.{key}",
+                f"env.{key}: value of {len(value)} characters is above the limit of {ENV_VALUE_MAX}",
+                ("env",),
+            ))
+    if len(env) > ENV_MAX_ENTRIES:
+        problems.append(("env", f"env: {len(env)} variables is above the limit of {ENV_MAX_ENTRIES}", ("env",)))
+    return problems
+
+
+def secret_env_rules(secret_env: Iterable[Any], env: Mapping[Any, Any]) -> list[Rule]:
+    problems: list[Rule] = []
+    for name in secret_env:
+        if not isinstance(name, str) or not _ENV_NAME.fullmatch(name):
+            problems.append(("secret_env", f"secret_env: {show(name)} is not a valid variable name", ("secret_env",)))
+        elif name in env:
+            problems.append((
+                "secret_env",
+                f"secret_env: {name} is also in env; a variable is either plain or secret",
+                ("secret_env", "env"),
+            ))
+    return problems
+
+
+def gateway_rules(gateways: Iterable[GatewayOptions]) -> list[Rule]:
+    seen = [g.name for g in gateways]
+    return [
+        ("gateways", f"gateways: {name!r} is declared more than once", ())
+        for name in sorted({n for n in seen if seen.count(n) > 1})
+    ]
+
+
+def fleet_rules(target: str, serve: ServeOptions, scaling: ScalingOptions, image: ImageOptions) -> list[Rule]:
+    """Rules across tables: the ``max_concurrency`` cap, dedicated sessions, AgentCore's no-fleet."""
+    problems: list[Rule] = []
+    if target == "agentcore":
+        defaults = {**ServeOptions().model_dump(), **ScalingOptions().model_dump()}
+        given = {**serve.model_dump(), **scaling.model_dump()}
+        for key in FLEET_OPTIONS:
+            if given[key] != defaults[key]:
+                problems.append((
+                    key,
+                    f"{key}: option_not_supported: {show(given[key])} given, but AgentCore Runtime "
+                    "creates one microVM per session and has no fleet to size",
+                    (key, "target"),
+                ))
+        return problems
+    limit = max_concurrency_limit(image.memory_mib)
+    if serve.max_concurrency > limit:
+        problems.append((
+            "max_concurrency",
+            f"max_concurrency: {serve.max_concurrency} is above the limit of {limit} for "
+            f"{image.memory_mib} MiB ({vcpus_for(image.memory_mib)} vCPU x 8 connections, minus 1 kept "
+            "for /ping); raise memory_mib to raise the cap",
+            ("max_concurrency", "memory_mib"),
+        ))
+    if scaling.sessions == "dedicated" and serve.max_concurrency > 1:
+        problems.append((
+            "max_concurrency",
+            f"max_concurrency: {serve.max_concurrency} is above the limit of 1 with sessions = 'dedicated' "
+            "(a VM never serves two sessions)",
+            ("max_concurrency", "sessions"),
+        ))
+    return problems
+
+
+# ---------------------------------------------------------------------------- the model
+
+
+class AgentProject(ValidatedModel):
     """An agent and its fleet options, validated, with the origin of every value.
 
-    Build it with :meth:`load` (from a folder) or :meth:`from_recipe` (from a saved recipe).
+    Build it with :meth:`load` (from a folder), :meth:`from_recipe` (from a saved recipe) or
+    directly (``AgentProject(name="bot", scaling=ScalingOptions(max_vms=3))``): every way checks
+    the same rules and raises :class:`ProjectError` with one line per problem.
     """
 
-    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
+    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True, extra="forbid")
+
+    SECTION_FIELDS: ClassVar[tuple[str, ...]] = ("serve", "scaling", "image", "egress")
 
     name: str
+    """The fleet's name: 1 to 64 letters, digits, ``-`` or ``_`` (it names the MicroVM image,
+    the stack of ``app.py`` and ``/rayito/agents/<name>/recipe``)."""
     folder: Optional[Path] = None
     target: Target = "microvm"
     serve: ServeOptions = ServeOptions()
@@ -113,11 +210,68 @@ class AgentProject(BaseModel):
     secret_env: tuple[str, ...] = ()
     gateways: tuple[GatewayOptions, ...] = ()
     instructions: Optional[str] = None
-    renew_gateway_keys: bool = False
-    save_recipe: bool = True
+    renew_gateway_keys: StrictBool = False
+    save_recipe: StrictBool = True
     sources: dict[str, Source] = {}
-    """Where each option came from, by option name (``min_vms``, ``memory_mib``...)."""
+    """Where each option came from, by option name (``min_vms``, ``memory_mib``...). Built
+    directly, the options given are ``explicit`` and the others ``default``."""
     warnings: tuple[FleetWarning, ...] = ()
+
+    @field_validator("name", mode="plain")
+    @classmethod
+    def _name(cls, value: object) -> str:
+        problem = fleet_name_problem(value)
+        if problem:
+            raise value_error(problem)
+        return value  # type: ignore[return-value]
+
+    @field_validator("env", mode="plain")
+    @classmethod
+    def _env(cls, value: object) -> dict[str, str]:
+        if not isinstance(value, Mapping):
+            raise value_error(f"{show(value)} is not a mapping of NAME to value")
+        problems = env_rules(value)
+        if problems:
+            raise rules_error(problems)
+        return dict(sorted(value.items()))
+
+    @field_validator("secret_env", mode="before")
+    @classmethod
+    def _secret_env(cls, value: object) -> tuple[str, ...]:
+        if isinstance(value, str) or not isinstance(value, (list, tuple, set, frozenset)):
+            raise value_error(f"{show(value)} is not a list of variable names")
+        problems = secret_env_rules(value, {})
+        if problems:
+            raise rules_error(problems)
+        return tuple(sorted(set(value)))
+
+    @model_validator(mode="before")
+    @classmethod
+    def _explicit_sources(cls, data: Any) -> Any:
+        """Built directly (no ``sources``): what was given is ``explicit``, the rest ``default``."""
+        if not isinstance(data, dict) or "sources" in data:
+            return data
+        sources: dict[str, str] = {}
+        for section, model in _SECTIONS.items():
+            given = data.get(section)
+            fields = given.model_fields_set if isinstance(given, model) else set(given or {}) if isinstance(given, dict) else set()
+            for field in model.model_fields:
+                option = "allow_out" if (section, field) == ("egress", "allow") else field
+                sources[option] = "explicit" if field in fields else "default"
+        for key in ("name", "target", "env", "secret_env", "gateways", "instructions", "renew_gateway_keys", "save_recipe"):
+            sources[key] = "explicit" if key in data else "default"
+        return {**data, "sources": sources}
+
+    @model_validator(mode="after")
+    def _rules(self) -> "AgentProject":
+        problems = [
+            *fleet_rules(self.target, self.serve, self.scaling, self.image),
+            *secret_env_rules(self.secret_env, self.env),
+            *gateway_rules(self.gateways),
+        ]
+        if problems:
+            raise rules_error(problems)
+        return self
 
     # ------------------------------------------------------------------ construction
 
@@ -129,6 +283,9 @@ class AgentProject(BaseModel):
         ``memory_mib=4096``, ``env={"LOG_LEVEL": "debug"}``, ``secret_env={"API_TOKEN": "..."}``
         (only the name is kept), ``save_recipe=False``, ``target="agentcore"``...
 
+        Without a ``name``, the fleet is named after the folder (``.`` is the current folder's
+        name). A folder without ``rayito-agent.toml`` is the warning ``no_project_file``.
+
         Raises :class:`ProjectError` listing every problem at once.
         """
         path = Path(folder)
@@ -137,12 +294,18 @@ class AgentProject(BaseModel):
         file = path / PROJECT_FILE
         data: dict[str, Any] = {}
         if file.is_file():
-            try:
-                data = tomllib.loads(file.read_text(encoding="utf-8"))
-            except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-                raise ProjectError([Problem(PROJECT_FILE, f"{PROJECT_FILE}: not valid TOML: {exc}")])
-        default_name = os.path.basename(os.path.normpath(str(path)))
-        return _Builder(data, overrides, default_name, path, "project").build()
+            data = _read_project_file(file)
+        default_name = os.path.basename(os.path.abspath(path))  # "." is the current folder; links keep their name
+        builder = _Builder(data, overrides, default_name, path, "project")
+        if not file.is_file():
+            builder.warnings.append(
+                FleetWarning(
+                    "no_project_file",
+                    f"{str(path)!r} has no {PROJECT_FILE}: every option not given is its default "
+                    f"(a single VM named {default_name!r}); is it the agent's folder?",
+                )
+            )
+        return builder.build()
 
     @classmethod
     def from_dict(
@@ -158,6 +321,33 @@ class AgentProject(BaseModel):
 
         data = recipe_to_project_data(recipe)
         return _Builder(data, overrides, str(recipe.get("name", "")), None, "recipe").build()
+
+    def model_copy(self, *, update: Optional[Mapping[str, Any]] = None, deep: bool = False) -> "AgentProject":  # type: ignore[override]
+        """A copy; with ``update``, checked like a new project, and what changed is ``explicit``.
+
+        A mapping for a table (``update={"scaling": {"max_vms": 5}}``) changes only those keys.
+        """
+        if not update:
+            return super().model_copy(deep=deep)
+        data = {name: getattr(self, name) for name in type(self).model_fields}
+        data.update(update)
+        for key, value in update.items():
+            if key in _SECTIONS and isinstance(value, Mapping):  # a mapping updates those keys of the table
+                old = getattr(self, key)
+                data[key] = {**{f: getattr(old, f) for f in type(old).model_fields}, **value}
+        if "sources" not in update:
+            sources = dict(self.sources)
+            for key, value in update.items():
+                if key in _SECTIONS:
+                    old = getattr(self, key)
+                    for field in type(old).model_fields:
+                        given = value.get(field, getattr(old, field)) if isinstance(value, Mapping) else getattr(value, field, getattr(old, field))
+                        if getattr(old, field) != given:
+                            sources["allow_out" if (key, field) == ("egress", "allow") else field] = "explicit"
+                elif key in type(self).model_fields and key not in ("sources", "warnings", "folder"):
+                    sources[key] = "explicit"
+            data["sources"] = sources
+        return type(self)(**data)
 
     # ------------------------------------------------------------------ derived facts
 
@@ -181,9 +371,30 @@ class AgentProject(BaseModel):
         return f"/rayito/agents/{self.name}/recipe"
 
     @property
+    def stack_name(self) -> str:
+        """The stack ``app.py`` deploys this fleet in: ``RayitoFleet-<name>``, made a valid stack
+        name (``my_agent`` → ``RayitoFleet-my-agent-<hash>``)."""
+        return stack_name_for(self.name)
+
+    @property
     def has_fleet(self) -> bool:
         """False on AgentCore, which has no fleet."""
         return self.target == "microvm"
+
+
+def _read_project_file(file: Path) -> dict[str, Any]:
+    raw = file.read_bytes()
+    try:
+        text = raw.decode("utf-8-sig")  # a byte order mark (Windows editors) is not content
+    except UnicodeDecodeError as exc:
+        line = raw[: exc.start].count(b"\n") + 1
+        raise ProjectError([
+            Problem(PROJECT_FILE, f"{PROJECT_FILE}: not UTF-8 text (byte {raw[exc.start]:#04x} on line {line}); save it as UTF-8")
+        ]) from None
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ProjectError([Problem(PROJECT_FILE, f"{PROJECT_FILE}: not valid TOML: {exc}")]) from None
 
 
 class _Builder:
@@ -217,8 +428,17 @@ class _Builder:
         name = self._name()
         instructions = self._scalar("instructions", str, None)
         renew = self._scalar("renew_gateway_keys", bool, False)
-        save_recipe = self._save_recipe()
-        self._cross_checks(sections)
+        save_recipe = self._scalar("save_recipe", bool, True)
+        self._model_rules(target, sections, gateways)
+        if self.folder is not None and target == "microvm" and not (self.folder / "Dockerfile").is_file():
+            self.warnings.append(
+                FleetWarning(
+                    "no_dockerfile",
+                    f"{str(self.folder)!r} has no Dockerfile: AgentFleet builds no image from it and "
+                    f"runs the MicroVM image named {name!r} already published in the account "
+                    "(or the image_arn you give it)",
+                )
+            )
         if self.problems:
             raise ProjectError(self.problems)
         return AgentProject(
@@ -258,14 +478,14 @@ class _Builder:
 
     def _target(self) -> Target:
         value = self.overrides.get("target", self.data.get("target", "microvm"))
-        origin = self._origin("target", "target" in self.overrides, "target" in self.data)
+        origin = self._origin("target" in self.overrides, "target" in self.data)
         self.sources["target"] = origin
         if value not in ("microvm", "agentcore"):
             self._problem("target", f"{show(value)} is not one of 'microvm', 'agentcore'")
             return "microvm"
         return value
 
-    def _origin(self, key: str, explicit: bool, in_file: bool) -> Source:
+    def _origin(self, explicit: bool, in_file: bool) -> Source:
         if explicit:
             return "explicit"
         return self.file_source if in_file else "default"
@@ -296,7 +516,7 @@ class _Builder:
                 table.pop(key)
                 self.data[section] = table
 
-    def _section(self, section: str, model: type[BaseModel]) -> Any:
+    def _section(self, section: str, model: type[ValidatedModel]) -> Any:
         raw = self.data.get(section, {})
         raw = dict(raw) if isinstance(raw, dict) else {}
         values = {k: tuple(v) if isinstance(v, list) else v for k, v in raw.items()}
@@ -306,70 +526,28 @@ class _Builder:
             if override_key in self.overrides and known_here:
                 value = self.overrides[override_key]
                 values[field] = tuple(value) if isinstance(value, (list, tuple)) else value
-            self.sources[override_key] = self._origin(
-                field, override_key in self.overrides and known_here, field in raw
-            )
+            self.sources[override_key] = self._origin(override_key in self.overrides and known_here, field in raw)
         try:
             return model.model_validate(values)
-        except ValidationError as exc:
-            for error in exc.errors(include_url=False):
-                self._pydantic_problem(section, model, error)
-        # Keep going with defaults where the table is broken, so cross-field checks that do not
-        # involve the broken keys still report their problems.
-        good = {}
-        for key, value in values.items():
-            try:
-                model.model_validate({key: value})
-                good[key] = value
-            except ValidationError:
-                pass
+        except ProjectError as exc:
+            self.problems.extend(exc.problems)
+            broken = {_field_of(p.key, section) for p in exc.problems}
+        # Keep going without the broken keys, so rules that do not involve them still report.
+        good = {k: v for k, v in values.items() if k not in broken}
         try:
             return model.model_validate(good)
-        except ValidationError:
-            return model()
-
-    def _pydantic_problem(self, section: str, model: type[BaseModel], error: Mapping[str, Any]) -> None:
-        loc = error["loc"]
-        key = str(loc[0]) if loc else section
-        for part in loc[1:]:
-            key += f"[{part}]" if isinstance(part, int) else f".{part}"
-        given = error.get("input")
-        kind = error["type"]
-        ctx = error.get("ctx", {})
-        if kind == "extra_forbidden":
-            self._problem(
-                f"{section}.{key}", f"unknown key in [{section}]{did_you_mean(key, model.model_fields)}"
+        except ProjectError as exc:
+            reported = {p.message for p in self.problems}
+            self.problems.extend(
+                p for p in exc.problems
+                if p.message not in reported and not broken & {_field_of(p.key, section), *p.related}
             )
-        elif kind == "greater_than_equal":
-            self._problem(key, f"{show(given)} is below the minimum of {ctx['ge']}")
-        elif kind == "less_than_equal":
-            self._problem(key, f"{show(given)} is above the limit of {ctx['le']}")
-        elif kind == "literal_error" and key == "memory_mib":
-            classes = ", ".join(str(c) for c in MEMORY_CLASSES_MIB)
-            self._problem(key, f"{show(given)} is not a MicroVM size class ({classes} MiB)")
-        elif kind == "literal_error":
-            self._problem(key, f"{show(given)} is not one of {ctx['expected']}")
-        elif kind in ("int_type", "int_parsing", "int_from_float"):
-            self._problem(key, f"{show(given)} is not a whole number")
-        elif kind in ("string_type",):
-            self._problem(key, f"{show(given)} is not a string")
-        elif kind == "string_pattern_mismatch":
-            self._problem(key, f"{show(given)} does not match {ctx['pattern']}")
-        elif kind in ("string_too_short", "string_too_long"):
-            self._problem(key, f"{show(given)} must be {error['msg'].lower().removeprefix('string should have ')}")
-        elif kind in ("tuple_type", "list_type"):
-            self._problem(key, f"{show(given)} is not a list")
-        elif kind == "value_error":
-            self._problem(key, f"{show(given)} {ctx.get('error', error['msg'])}")
-        elif kind == "missing":
-            self._problem(key, "is required")
-        else:
-            self._problem(key, f"{show(given)}: {error['msg']}")
+            return model()
 
     def _scalar(self, key: str, kind: type, default: Any) -> Any:
         explicit = key in self.overrides
         value = self.overrides.get(key, self.data.get(key, default))
-        self.sources[key] = self._origin(key, explicit, key in self.data)
+        self.sources[key] = self._origin(explicit, key in self.data)
         if value is not None and not isinstance(value, kind) or (kind is not bool and isinstance(value, bool)):
             wanted = {str: "a string", bool: "true or false"}[kind]
             self._problem(key, f"{show(value)} is not {wanted}")
@@ -377,19 +555,19 @@ class _Builder:
         return value
 
     def _name(self) -> str:
+        explicit = "name" in self.overrides or "name" in self.data
         name = self._scalar("name", str, self.default_name)
-        if name is None or name in (".", ".."):
-            return name or "."
-        if not _NAME.match(name):
+        problem = fleet_name_problem(name)
+        if problem and not explicit:
+            where = "the folder name" if self.folder is not None else "the recipe's name"
             self._problem(
                 "name",
-                f"{show(name)} must be 1 to 64 letters, digits, '-' or '_' (it names the image and "
-                "the recipe parameter); set name = \"...\" in rayito-agent.toml",
+                f"{where} {problem}; set name = \"...\" in {PROJECT_FILE} "
+                "(or pass --name / -c name=...)",
             )
+        elif problem and not any(p.key == "name" for p in self.problems):
+            self._problem("name", problem)
         return name
-
-    def _save_recipe(self) -> bool:
-        return bool(self._scalar("save_recipe", bool, True))
 
     def _env(self) -> dict[str, str]:
         raw = self.data.get("env", {})
@@ -424,22 +602,13 @@ class _Builder:
                 )
                 continue
             env[key] = value
-        self.sources["env"] = self._origin("env", bool(explicit), bool(raw))
-        if len(env) > _ENV_MAX_ENTRIES:
-            self._problem("env", f"{len(env)} variables is above the limit of {_ENV_MAX_ENTRIES}")
+        self.sources["env"] = self._origin(bool(explicit), bool(raw))
         return dict(sorted(env.items()))
 
     def _env_entry(self, key: Any, value: Any) -> bool:
-        if not isinstance(key, str) or not _ENV_NAME.match(key):
-            self._problem("env", f"{show(key)} is not a valid variable name ([A-Za-z_][A-Za-z0-9_]*)")
-            return False
-        if not isinstance(value, str):
-            self._problem(f"env.{key}", f"{show(value)} is not a string (quote it)")
-            return False
-        if len(value) > _ENV_VALUE_MAX:
-            self._problem(f"env.{key}", f"value of {len(value)} characters is above the limit of {_ENV_VALUE_MAX}")
-            return False
-        return True
+        problems = env_rules({key: value})
+        self.problems.extend(Problem(k, m) for k, m, _ in problems)
+        return not problems
 
     def _secret_env(self, env: Mapping[str, str]) -> tuple[str, ...]:
         names: list[str] = []
@@ -456,17 +625,16 @@ class _Builder:
             self._problem("secret_env", "expects a mapping of NAME to secret, or a list of names")
             explicit_names = []
         for name in [*raw, *explicit_names]:
-            if not isinstance(name, str) or not _ENV_NAME.match(name):
-                self._problem("secret_env", f"{show(name)} is not a valid variable name")
-            elif name in env:
-                self._problem("secret_env", f"{name} is also in env; a variable is either plain or secret")
-            elif name not in names:
+            problems = secret_env_rules([name], env)
+            self.problems.extend(Problem(k, m) for k, m, _ in problems)
+            if not problems and name not in names:
                 names.append(name)
-        self.sources["secret_env"] = self._origin("secret_env", bool(explicit), bool(raw))
+        self.sources["secret_env"] = self._origin(bool(explicit), bool(raw))
         return tuple(sorted(names))
 
     def _gateways(self) -> tuple[GatewayOptions, ...]:
         raw = self.data.get("gateways", [])
+        self.sources["gateways"] = self._origin(False, bool(raw))
         if not isinstance(raw, list):
             self._problem("gateways", f"{show(raw)} is not a list of [[gateways]] tables")
             return ()
@@ -478,48 +646,32 @@ class _Builder:
             values = {k: tuple(v) if isinstance(v, list) else v for k, v in entry.items()}
             try:
                 gateways.append(GatewayOptions.model_validate(values))
-            except ValidationError as exc:
-                for error in exc.errors(include_url=False):
-                    field = str(error["loc"][0]) if error["loc"] else "?"
-                    prefix = f"gateways[{index}]"
-                    if error["type"] == "missing":
-                        self._problem(f"{prefix}.{field}", "is required")
-                    elif error["type"] == "extra_forbidden":
-                        hint = did_you_mean(field, GatewayOptions.model_fields)
-                        self._problem(f"{prefix}.{field}", f"unknown key{hint}")
-                    else:
-                        self._problem(f"{prefix}.{field}", f"{show(error.get('input'))}: {error['msg']}")
-        seen = [g.name for g in gateways]
-        for name in sorted({n for n in seen if seen.count(n) > 1}):
-            self._problem("gateways", f"{name!r} is declared more than once")
-        self.sources["gateways"] = self._origin("gateways", False, bool(raw))
+            except ProjectError as exc:
+                for problem in exc.problems:
+                    key = f"gateways[{index}].{problem.key.removeprefix('gateways.')}"
+                    text = problem.message.split(": ", 1)[1].replace(" in [gateways]", "")
+                    self.problems.append(Problem(key, f"{key}: {text}"))
         return tuple(sorted(gateways, key=lambda g: g.name))
 
-    def _cross_checks(self, sections: Mapping[str, Any]) -> None:
-        serve: ServeOptions = sections["serve"]
-        scaling: ScalingOptions = sections["scaling"]
-        image: ImageOptions = sections["image"]
-        broken = {p.key for p in self.problems}
-        if scaling.min_vms > scaling.max_vms and not broken & {"min_vms", "max_vms"}:
-            self._problem("min_vms", f"{scaling.min_vms} is above max_vms ({scaling.max_vms})")
-        headroom = max(0, scaling.max_vms - scaling.min_vms)
-        if scaling.warm_vms > headroom and not broken & {"warm_vms", "min_vms", "max_vms"}:
-            self._problem(
-                "warm_vms",
-                f"{scaling.warm_vms} is above the limit of {headroom} (max_vms - min_vms = "
-                f"{scaling.max_vms} - {scaling.min_vms})",
-            )
-        limit = max_concurrency_limit(image.memory_mib)
-        if serve.max_concurrency > limit and not broken & {"max_concurrency", "memory_mib"}:
-            self._problem(
-                "max_concurrency",
-                f"{serve.max_concurrency} is above the limit of {limit} for {image.memory_mib} MiB "
-                f"({vcpus_for(image.memory_mib)} vCPU x 8 connections, minus 1 kept for /ping); "
-                "raise memory_mib to raise the cap",
-            )
-        if scaling.sessions == "dedicated" and serve.max_concurrency > 1 and "max_concurrency" not in broken:
-            self._problem(
-                "max_concurrency",
-                f"{serve.max_concurrency} is above the limit of 1 with sessions = 'dedicated' "
-                "(a VM never serves two sessions)",
-            )
+    def _model_rules(self, target: str, sections: Mapping[str, Any], gateways: Iterable[GatewayOptions]) -> None:
+        """The model's rules across tables, on what could be read; a rule about a key already
+        reported is left out (its value was replaced by the default to keep going)."""
+        broken = {_field_of(p.key, "") for p in self.problems}
+        reported = {p.message for p in self.problems}
+        rules = [
+            *fleet_rules(target, sections["serve"], sections["scaling"], sections["image"]),
+            *gateway_rules(gateways),
+        ]
+        for key, message, related in rules:
+            if not broken & set(related) and message not in reported:
+                self.problems.append(Problem(key, message))
+
+
+def _field_of(key: str, section: str) -> str:
+    """The option a problem's key is about: ``scaling.max_vm`` → ``max_vm``, ``budgets[0].rate``
+    → ``budgets``, ``env.X`` → ``env``."""
+    if section and key.startswith(section + "."):
+        key = key[len(section) + 1 :]
+    elif key.split(".", 1)[0] in _SECTIONS and "." in key:
+        key = key.split(".", 1)[1]
+    return re.split(r"[.\[]", key, maxsplit=1)[0]

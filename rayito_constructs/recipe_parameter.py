@@ -17,6 +17,7 @@ from aws_cdk import aws_kms as kms
 from constructs import Construct
 
 from ._function import library_function
+from .names import claim
 from .permissions import recipe_parameter_arn
 from .recipe import EncodedRecipe
 
@@ -69,6 +70,7 @@ class RecipeParameter(Construct):
         super().__init__(scope, id)
         stack = cdk.Stack.of(self)
         self.parameter_name = f"/rayito/agents/{fleet_name}/recipe"
+        claim(self, "recipe parameter", self.parameter_name)  # one writer of it per account and region
         """``/rayito/agents/<name>/recipe``."""
         self.parameter_arn = recipe_parameter_arn(stack, fleet_name)
         """The parameter's ARN."""

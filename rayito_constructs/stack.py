@@ -8,6 +8,7 @@ import aws_cdk as cdk
 from constructs import Construct
 
 from .fleet import AgentFleet
+from .names import is_stack_name, safe_stack_name
 from .project import AgentProject
 
 
@@ -20,6 +21,8 @@ class FleetStack(cdk.Stack):
     :param keep_recipe: see :class:`AgentFleet`. Default: False.
     :param scope_microvm_actions_to_image: see :class:`AgentFleet`. Default: False.
     :param stack_props: ``cdk.Stack`` keyword arguments (``env``, ``description``, ``synthesizer``...).
+        Default ``stack_name``: CDK's (the id), or one derived from it when the id is not a valid
+        stack name (``Fleet-my_agent`` → ``Fleet-my-agent-<hash>``).
     """
 
     def __init__(
@@ -35,6 +38,10 @@ class FleetStack(cdk.Stack):
         **stack_props: Any,
     ) -> None:
         stack_props.setdefault("description", f"Rayito agent fleet {project.name} (rayito_constructs)")
+        if "stack_name" not in stack_props and not is_stack_name(id):
+            stage = scope if cdk.Stage.is_stage(scope) else cdk.Stage.of(scope)
+            prefix = f"{stage.stage_name}-" if stage is not None and stage.stage_name else ""
+            stack_props["stack_name"] = safe_stack_name(prefix + id)
         super().__init__(scope, id, **stack_props)
         self.fleet = AgentFleet(
             self,

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import io
 import json
+import os
+import signal
 import subprocess
 import sys
 
@@ -39,10 +41,16 @@ def test_plan_json_of_the_example() -> None:
         {"target": "https://api.example.com", "rate_per_second": 1.0, "burst": 5},
         {"target": "https://api.example.com/v1/search?region", "rate_per_second": 0.5, "burst": 2},
     ]
-    # 1 base VM at the page's $0.25/hour for 4 GB over 730 hours, 1 parked slot at $0.011/day.
-    assert doc["cost"]["base_vms_monthly_usd"] == 182.5
-    assert doc["cost"]["warm_slots_monthly_usd"] == pytest.approx(0.33)
-    assert doc["cost"]["checked"] == {"fleet": "2026-10-06", "recipe": "2026-10-22"}
+    # 1 base VM at the page's $0.25/hour for 4 GB that suspends after 600 s idle: it runs 600 s of
+    # each 8-hour life, the rest is snapshot storage at $0.011/day; 1 parked slot at $0.011/day.
+    cost = doc["cost"]
+    assert cost["priced"] and cost["vm_hour_usd"] == 0.25 and cost["suspended_vm_day_usd"] == 0.011
+    assert cost["base_vms_monthly_usd"] == pytest.approx(4.26, abs=0.01)
+    assert cost["base_vms_without_idle_monthly_usd"] == pytest.approx(188.39, abs=0.01)
+    assert cost["warm_slots_monthly_usd"] == pytest.approx(0.33)
+    assert cost["checked"] == {"fleet": "2026-10-06", "recipe": "2026-10-22"}
+    assert cost["assumptions"]["hours_per_month"] == 730 and cost["assumptions"]["idle_seconds"] == 600
+    assert doc["stack_name"] == "RayitoFleet-mi-agente"
 
 
 def test_overrides_mirror_deploy_flags() -> None:
@@ -88,9 +96,9 @@ def test_invalid_input_exit_2_one_line_each(capsys) -> None:
     assert code == 2 and text == ""
     lines = capsys.readouterr().err.splitlines()
     assert lines == [
-        "max_vms: 65 is above the limit of 64",
-        "warm_vms: 'x' is not a whole number",
-        "env: GITHUB_TOKEN looks like a secret (it ends in _TOKEN); pass it with --secret-env "
+        "--max-vms: 65 is above the limit of 64",
+        "--warm: 'x' is not a whole number",
+        "--env: GITHUB_TOKEN looks like a secret (it ends in _TOKEN); pass it with --secret-env "
         "GITHUB_TOKEN=<secret> so the recipe keeps only its name",
     ]
 
@@ -109,3 +117,158 @@ def test_missing_folder(capsys, tmp_path) -> None:
     code, text = run("plan", str(tmp_path / "none"))
     assert code == 2 and text == ""
     assert capsys.readouterr().err.startswith("folder: ")
+
+
+# ---------------------------------------------------------------------------- a good Unix tool
+
+
+def plan_errors(capsys, *argv: str) -> list[str]:
+    code, text = run("plan", *argv)
+    assert code == 2 and text == ""
+    return capsys.readouterr().err.splitlines()
+
+
+def test_errors_name_the_flag_that_was_typed(capsys, agent_folder) -> None:
+    folder = str(agent_folder("[scaling]\nmax_vms = 2\n"))
+    assert plan_errors(capsys, folder, "--name", "mi agente") == [
+        "--name: 'mi agente' must be 1 to 64 letters (A-Z, a-z), digits, '-' or '_' (it names the "
+        "MicroVM image, the stack and /rayito/agents/<name>/recipe); for example 'mi-agente'"
+    ]
+    # The same mistake in the file names the file's key, and a rule between a flag and the file
+    # names the flag that broke it.
+    assert plan_errors(capsys, folder, "--min-vms", "3") == ["--min-vms: 3 is above max_vms (2)"]
+    assert plan_errors(capsys, folder, "--memory", "3000")[0].startswith("--memory: 3000 is not a MicroVM size class")
+    assert plan_errors(capsys, folder, "--queue-timeout", "none") == [
+        "--queue-timeout: none is not accepted: give a whole number of seconds (90) or a number with a unit (90s, 10m, 1h)"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("soon", "--idle: 'soon' is not a duration: a whole number of seconds (90) or a number with a unit (90s, 10m, 1h), or none"),
+        ("30", "--idle: 30 seconds is below the minimum of 60 seconds (1m); none turns suspension off"),
+        ("9h", "--idle: 32400 seconds is above the limit of 28800 seconds (8h); none turns suspension off"),
+        ("1.5h", "--idle: '1.5h' is not a duration: a whole number of seconds (90) or a number with a unit (90s, 10m, 1h), or none"),
+        ("-60", "--idle: -60 seconds is below the minimum of 60 seconds (1m); none turns suspension off"),
+    ],
+)
+def test_every_idle_error_has_units_and_none(capsys, value, message) -> None:
+    assert plan_errors(capsys, str(EXAMPLE), f"--idle={value}") == [message]
+
+
+@pytest.mark.parametrize("value", ["10m", "600", "600s", "10 minutes", "none", "NONE", "off"])
+def test_idle_accepts_units_and_none(value) -> None:
+    code, text = run("plan", str(EXAMPLE), "--json", "--idle", value)
+    assert code == 0
+    assert json.loads(text)["scaling"]["idle_seconds"] == (None if value.lower() in ("none", "off") else 600)
+
+
+@pytest.mark.parametrize(
+    ("host", "why"),
+    [
+        ("https://api.example.com/v1", "is a URL, not a host: give the host alone ('api.example.com')"),
+        ("api.example.com:443", "has a port or is not an address"),
+        ("bad host.com", "has a space"),
+        ("-bad.example.com", "is not a valid host name"),
+        ("a..b", "is not a valid host name"),
+        ("x" * 64 + ".com", "is not a valid host name"),
+        ("*", "is not a valid host name"),
+        ("", "is empty"),
+        ("1.2.3", "is not a valid host name"),
+    ],
+)
+def test_allow_out_rejects_what_is_not_a_host(capsys, host, why) -> None:
+    (line,) = plan_errors(capsys, str(EXAMPLE), f"--allow-out={host}")
+    assert line.startswith(f"--allow-out: {host!r} {why}"), line
+
+
+def test_allow_out_normalizes_hosts() -> None:
+    code, text = run(
+        "plan", str(EXAMPLE), "--json", "--allow-out", "API.Example.COM", "--allow-out", "api.example.com.",
+        "--allow-out", "*.example.org", "--allow-out", "10.0.0.1", "--allow-out", "::1", "--allow-out", "bücher.de",
+    )
+    assert code == 0
+    assert json.loads(text)["egress_allow"] == ["api.example.com", "*.example.org", "10.0.0.1", "::1", "xn--bcher-kva.de"]
+
+
+def test_a_folder_without_a_project_file_is_planned_with_a_warning(capsys, tmp_path) -> None:
+    folder = tmp_path / "empty_agent"
+    folder.mkdir()
+    code, text = run("plan", str(folder), "--json")
+    assert code == 0
+    doc = json.loads(text)
+    assert doc["name"] == "empty_agent" and doc["stack_name"].startswith("RayitoFleet-empty-agent-")
+    assert [w["code"] for w in doc["warnings"]] == ["no_project_file", "no_dockerfile"]
+    err = capsys.readouterr().err
+    assert err.startswith("rayito-constructs: warning: no_project_file: ") and "rayito-agent.toml" in err
+
+
+def test_closed_pipe_is_quiet(tmp_path) -> None:
+    """``plan ... | head -1``: the reader is gone before the command writes; no traceback."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        result = subprocess.run(
+            [sys.executable, "-m", "rayito_constructs", "plan", str(EXAMPLE)],
+            stdout=write_end, stderr=subprocess.PIPE, text=True, cwd=ROOT, timeout=60,
+        )
+    finally:
+        os.close(write_end)
+    assert result.stderr == ""
+    assert result.returncode in (-signal.SIGPIPE, 128 + signal.SIGPIPE)
+
+
+def test_head_of_a_long_plan_is_quiet() -> None:
+    shell = f"{sys.executable} -m rayito_constructs plan {EXAMPLE} --json | head -1"
+    result = subprocess.run(["bash", "-c", shell], capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert result.stdout == "{\n" and result.stderr == "" and result.returncode == 0
+
+
+# ---------------------------------------------------------------------------- assembly
+
+
+@pytest.fixture(scope="module")
+def assembly_dir(tmp_path_factory):
+    """A cloud assembly of the example fleet, synthesized the way app.py does it."""
+    from rayito_constructs import AgentProject, FleetStack
+
+    from .cdk_helpers import new_app, stack_props
+
+    outdir = tmp_path_factory.mktemp("cdk.out")
+    app = new_app()
+    app = type(app)(analytics_reporting=False, outdir=str(outdir), context=dict(app.node.get_all_context()))
+    project = AgentProject.load(EXAMPLE)
+    FleetStack(app, project.stack_name, project=project, **stack_props())
+    app.synth()
+    return outdir
+
+
+def test_assembly_summarizes_what_synth_made(assembly_dir) -> None:
+    code, text = run("assembly", str(assembly_dir))
+    assert code == 0
+    lines = text.splitlines()
+    assert lines[0].startswith("RayitoFleet-mi-agente: ") and " resources, " in lines[0]
+    total = int(lines[0].split(": ")[1].split(" ")[0])
+    counts = [int(line.split()[0]) for line in lines[1:] if line.strip()[0].isdigit()]
+    assert sum(counts) == total
+    assert any(line.strip().endswith("AWS::Lambda::MicrovmImage") for line in lines)
+    assert lines[-1].startswith("  outputs: ") and "FleetName" in lines[-1]
+
+
+def test_assembly_json_matches_the_template(assembly_dir) -> None:
+    code, text = run("assembly", str(assembly_dir), "--json")
+    assert code == 0
+    stacks = json.loads(text)
+    (name,) = stacks
+    template = json.loads((assembly_dir / f"{name}.template.json").read_text())
+    types = [r["Type"] for r in template["Resources"].values()]
+    assert stacks[name]["resources"] == {t: types.count(t) for t in sorted(set(types))}
+    assert stacks[name]["outputs"] == sorted(template["Outputs"])
+    assert stacks[name]["bytes"] == (assembly_dir / f"{name}.template.json").stat().st_size
+
+
+def test_assembly_without_a_synth(capsys, tmp_path) -> None:
+    code, text = run("assembly", str(tmp_path))
+    assert code == 2 and text == ""
+    assert capsys.readouterr().err == f"assembly: {str(tmp_path)!r} has no manifest.json; run the synth first\n"

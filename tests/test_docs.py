@@ -34,3 +34,64 @@ def test_readme_starts_with_the_two_commands() -> None:
     makefile = (ROOT / "Makefile").read_text()
     assert re.search(r"^synth:", makefile, re.M) and re.search(r"^test:", makefile, re.M)
     assert "make test" in (ROOT / ".ci" / "run").read_text()
+
+
+def _section(text: str, heading: str) -> str:
+    start = text.index(f"\n## {heading}\n")
+    end = text.find("\n## ", start + 1)
+    return text[start : end if end != -1 else None]
+
+
+def _anchor(heading: str) -> str:
+    """GitHub's anchor of a heading."""
+    return re.sub(r"[^a-z0-9 _-]", "", heading.lower()).replace(" ", "-")
+
+
+def test_every_cost_assumption_is_in_the_docs_next_to_the_estimate() -> None:
+    from rayito_constructs import AgentProject
+    from rayito_constructs.cli import _render_cost
+    from rayito_constructs.cost import (
+        DAYS_PER_MONTH, KMS_USD_PER_10K, SUSPENDED_DAY_USD, VM_HOUR_USD, estimate,
+    )
+    import io
+
+    from .conftest import EXAMPLE
+
+    cost = _section((ROOT / "docs" / "options.md").read_text(), "Cost")
+    assumptions = estimate(AgentProject.load(EXAMPLE), has_recipe=True).assumptions
+    assert f"{assumptions['hours_per_month']} hours" in cost and f"{DAYS_PER_MONTH:.2f} days" in cost
+    assert f"{assumptions['vm_lifetime_seconds']:,} s" in cost and "8 hours" in cost
+    assert f"{assumptions['successor_lead_seconds'] // 60} minutes" in cost
+    assert f"{assumptions['recipe_reads_per_day']} recipe reads a day" in cost
+    for hourly in VM_HOUR_USD.values():
+        assert f"${hourly}" in cost
+    assert f"${SUSPENDED_DAY_USD}/day" in cost and f"${KMS_USD_PER_10K} per 10,000" in cost
+    assert "not priced" in cost and "512, 1024 and 8192 MiB" in cost
+    out = io.StringIO()
+    _render_cost(estimate(AgentProject.load(EXAMPLE), has_recipe=True).to_dict(), out)
+    assert "docs/options.md#cost" in out.getvalue()
+
+
+def test_links_to_sections_exist() -> None:
+    for doc, target, heading in [
+        ("README.md", "docs/performance.md", "first-make-synth-from-a-fresh-clone"),
+        ("docs/getting-started.md", "docs/options.md", "cost"),
+        ("docs/getting-started.md", "docs/options.md", "names"),
+    ]:
+        assert f"#{heading}" in (ROOT / doc).read_text(), (doc, heading)
+        headings = re.findall(r"^#+ (.+)$", (ROOT / target).read_text(), re.M)
+        assert heading in {_anchor(h) for h in headings}, (target, heading)
+
+
+def test_make_synth_installs_only_what_synthesis_needs() -> None:
+    makefile = (ROOT / "Makefile").read_text()
+    synth_rule = re.search(r"^synth: (.*)$", makefile, re.M).group(1)
+    assert "$(STAMP)/synth" in synth_rule and "$(STAMP)/python" not in synth_rule
+    stamp = makefile[makefile.index("$(STAMP)/synth:") :].split("\n\n")[0]
+    assert "requirements-synth.txt" in stamp and "requirements-dev.txt" not in stamp
+    synth = [l.split("==")[0] for l in (ROOT / "requirements-synth.txt").read_text().splitlines() if "==" in l]
+    assert sorted(synth) == ["aws-cdk-lib", "cdk-nag", "constructs", "pydantic"]
+    dev = (ROOT / "requirements-dev.txt").read_text() + (ROOT / "requirements.txt").read_text()
+    assert "-r requirements.txt" in dev and "-r requirements-synth.txt" in dev
+    for tool in ("pytest", "cfn-lint", "moto", "hypothesis", "ruff"):
+        assert tool not in (ROOT / "requirements-synth.txt").read_text()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 from hypothesis import given, settings
@@ -93,9 +94,11 @@ def test_too_large_even_compressed() -> None:
 
 
 @pytest.mark.parametrize("name", [".", ".."])
-def test_dot_names_have_no_recipe(name: str) -> None:
-    plan = plan_recipe(AgentProject.from_dict({}, name=name))
-    assert plan.encoded is None and [w.code for w in plan.warnings] == ["recipe_not_saved"]
+def test_dot_names_name_no_fleet(name: str) -> None:
+    # The page deploys a fleet named . or .. without a recipe; here the name also names the
+    # MicroVM image and the stack, which cannot be '.', so the project refuses it (issue #15).
+    with pytest.raises(ValueError, match=rf"^name: the recipe's name '{re.escape(name)}' cannot name a fleet"):
+        AgentProject.from_dict({}, name=name)
 
 
 def test_save_recipe_off() -> None:

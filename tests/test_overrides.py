@@ -1,0 +1,87 @@
+"""Overrides typed as text: CLI flags and `cdk synth -c key=value`, read by one table."""
+
+from __future__ import annotations
+
+import pytest
+
+from rayito_constructs.overrides import read_context, read_overrides
+
+
+def test_env_commas_inside_values() -> None:
+    assert read_overrides({"env": "URL=https://a,b"})["env"] == {"URL": "https://a,b"}
+    assert read_overrides({"env": "A=1,B=2"})["env"] == {"A": "1", "B": "2"}
+    assert read_overrides({"env": "Q=a=b,c,D=x=y"})["env"] == {"Q": "a=b,c", "D": "x=y"}
+    assert read_overrides({"env": '{"URL": "https://a,b", "C": "x,Y=z"}'})["env"] == {"URL": "https://a,b", "C": "x,Y=z"}
+    # One --env flag is one variable: no splitting at all.
+    assert read_overrides({"env": ["A=1,B=2", "C=3"]})["env"] == {"A": "1,B=2", "C": "3"}
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("", "env: '' is not NAME=VALUE"),
+        ("novalue", "env: 'novalue' is not NAME=VALUE"),
+        ("=x", "env: '=x' is not NAME=VALUE"),
+        ('{"A": ', "env: '{\"A\": ' is not valid JSON (Expecting value at character 6)"),
+        ('{"A"}', "env: '{\"A\"}' is not valid JSON (Expecting ':' delimiter at character 4)"),
+    ],
+)
+def test_env_that_is_not_pairs(value, message) -> None:
+    with pytest.raises(ValueError) as info:
+        read_overrides({"env": value})
+    assert str(info.value) == message
+
+
+def test_context_keys_are_checked_like_file_keys() -> None:
+    context = {
+        "max_vm": "5",
+        "@aws-cdk/core:newStyleStackSynthesis": True,
+        "aws:cdk:enable-path-metadata": True,
+        "availability-zones:account=123456789012:region=us-east-1": ["us-east-1a"],
+        "projct": "x",
+        "env.": "x",
+    }
+    _, _, problems = read_context(context)
+    assert [p.message for p in problems] == [
+        "-c max_vm: unknown context key; did you mean 'max_vms'?",
+        "-c projct: unknown context key; did you mean 'project'?",
+        "-c env.: unknown context key; did you mean 'env'?",
+    ]
+
+
+def test_context_values_in_every_form() -> None:
+    overrides, app, problems = read_context({
+        "min_vms": "2", "max_vms": 4, "idle": "10m", "env.URL": "https://a,b", "env.LEVEL": "debug",
+        "secret_env.API_TOKEN": "s3cr3t", "allow_out": "a.example.com, b.example.com",
+        "metadata_index": True, "keep_recipe": "false", "project": "examples/mi-agente", "save_recipe": "no",
+    })
+    assert problems == []
+    assert overrides == {
+        "min_vms": 2, "max_vms": 4, "idle": 600, "env": {"URL": "https://a,b", "LEVEL": "debug"},
+        "secret_env": {"API_TOKEN": "s3cr3t"}, "allow_out": ("a.example.com", "b.example.com"), "save_recipe": False,
+    }
+    assert app == {"metadata_index": True, "keep_recipe": False, "project": "examples/mi-agente"}
+
+
+def test_context_mistakes_name_the_key() -> None:
+    overrides, _, problems = read_context({
+        "metadata_index": "maybe", "image_arn": "", "env": "A=1", "env.B": "2", "min_vms": "two", "max_vms": "3",
+    })
+    assert [p.message for p in problems] == [
+        "-c env: give the variables either as -c env=... or as -c env.NAME=..., not both",
+        "-c metadata_index: 'maybe' is not true or false",
+        "-c image_arn: '' is not a MicroVM image ARN",
+    ]
+    # A value no reader can parse is left for the project, which says what it is not.
+    assert overrides["min_vms"] == "two" and overrides["max_vms"] == 3
+
+
+def test_whole_numbers_are_ascii() -> None:
+    assert read_overrides({"max_vms": " 3 "})["max_vms"] == 3
+    assert read_overrides({"max_vms": "３"})["max_vms"] == "３"  # left for the model to refuse
+    assert read_overrides({"max_vms": "٣"})["max_vms"] == "٣"
+
+
+def test_a_table_prefix_in_context_points_to_the_option() -> None:
+    _, _, problems = read_context({"scaling.max_vms": "3"})
+    assert [p.message for p in problems] == ["-c scaling.max_vms: unknown context key; did you mean 'max_vms'?"]
