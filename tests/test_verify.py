@@ -6,7 +6,9 @@ scenarios that need a world of their own are in test_verify_scenarios.py."""
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -567,6 +569,23 @@ def test_launch_interrupted_terminates_its_vm(deployed: vw.World) -> None:
         deployed.verify(FLEET, launch=True, launch_timeout=30, probe=interrupt,
                         session=deployed.session(hooks=events))
     assert started and deployed.emulator.state_of(started[0]) in ("TERMINATING", "TERMINATED")
+
+
+def test_launch_terminated_by_sigterm_terminates_its_vm(deployed: vw.World) -> None:
+    def term(endpoint: str, headers: dict[str, str]) -> Any:
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(1)  # the handler raises before this ends
+        return None
+
+    started: list[str] = []
+    events = [lambda ev: ev.register("after-call.lambda-microvms.RunMicrovm",
+                                     lambda parsed, **_: started.append(parsed["microvmId"]))]
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(SystemExit) as caught:
+        deployed.verify(FLEET, launch=True, launch_timeout=30, probe=term, session=deployed.session(hooks=events))
+    assert caught.value.code == 128 + signal.SIGTERM
+    assert started and deployed.emulator.state_of(started[0]) in ("TERMINATING", "TERMINATED")
+    assert signal.getsignal(signal.SIGTERM) == before  # put back
 
 
 def test_launch_refused(deployed: vw.World) -> None:

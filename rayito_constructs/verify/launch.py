@@ -10,7 +10,9 @@ GB-second; one vCPU per 2,048 MiB of baseline memory, so 2 GB is about $0.126 an
 
 from __future__ import annotations
 
+import signal
 import ssl
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -133,7 +135,28 @@ def check(ctx: Context, *, role_arn: Optional[str] = None, timeout: float = DEFA
 
 def run(clients: Clients, params: dict[str, Any], *, timeout: float, probe: Probe,
         clock: Callable[[], float], sleep: Callable[[float], None]) -> Launch:
-    """RunMicrovm, wait for an answer from the endpoint, TerminateMicrovm in a ``finally``."""
+    """RunMicrovm, wait for an answer from the endpoint, TerminateMicrovm in a ``finally`` (a
+    SIGTERM meanwhile is turned into an exception so that the ``finally`` runs too)."""
+    previous = _on_sigterm()
+    try:
+        return _run(clients, params, timeout=timeout, probe=probe, clock=clock, sleep=sleep)
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _on_sigterm() -> Any:
+    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "SIGTERM"):
+        return None
+
+    def stop(signum: int, frame: Any) -> None:
+        raise SystemExit(128 + signum)
+
+    return signal.signal(signal.SIGTERM, stop)
+
+
+def _run(clients: Clients, params: dict[str, Any], *, timeout: float, probe: Probe,
+         clock: Callable[[], float], sleep: Callable[[float], None]) -> Launch:
     out = Launch()
     start = clock()
     try:
