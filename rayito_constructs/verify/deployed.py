@@ -229,15 +229,23 @@ def find_stack(clients: Clients, target: str) -> tuple[DeployedStack, Optional[s
 
 
 def _other_regions(clients: Clients, names: list[str]) -> list[str]:
-    found = []
-    for region in MICROVM_REGIONS:
-        if region == clients.region:
-            continue
+    """The other MicroVM regions where a stack of one of ``names`` exists: one quick attempt per
+    region, all regions at once (a region that does not answer or denies is no hint)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    quick = Clients(clients.session, clients.region, attempts=1)
+
+    def look(region: str) -> Optional[str]:
         for name in names:
             try:
-                if describe(clients, name, region=region) is not None:
-                    found.append(region)
-                    break
+                if describe(quick, name, region=region) is not None:
+                    return region
             except AwsError:
-                break  # no access there, or unreachable: not a hint we can give
-    return found
+                return None
+        return None
+
+    regions = [r for r in MICROVM_REGIONS if r != clients.region]
+    if not names:
+        return []
+    with ThreadPoolExecutor(max_workers=len(regions)) as pool:
+        return [r for r in pool.map(look, regions) if r]

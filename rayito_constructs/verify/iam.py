@@ -282,7 +282,8 @@ def judge(check: str, who: str, answers: list[Answer], fix_hint: str) -> Finding
         sids = ", ".join(sorted({a.false_deny or "" for a in false_denies}))
         return warn(check, f"{who}: {counts}; the simulator says implicitDeny for {false_denies[0].probe.action} "
                     f"although statement {sids} allows it (its known false deny, seen with administrator "
-                    "permissions too)", "nothing to fix; a real RunMicrovm (verify --launch) proves it", **data)
+                    "permissions too)", "nothing to fix: only a real call proves it (verify --launch makes a RunMicrovm "
+                    "with the launcher's permissions)", **data)
     return ok(check, f"{who}: {counts}", **data)
 
 
