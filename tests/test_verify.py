@@ -443,6 +443,24 @@ def test_dead_letters_waiting(deployed: vw.World) -> None:
     assert letters.status is Status.FAIL and "redrive" in letters.fix
 
 
+def test_a_list_that_misses_a_vm(deployed: vw.World) -> None:
+    """Lists are eventually consistent: a VM the ledger holds and a list omits is asked about
+    (GetMicrovm) before it counts as gone."""
+    deployed.tick(STACK)
+
+    def forget_running(parsed: dict[str, Any], **_: Any) -> None:
+        parsed["items"] = [vm for vm in parsed.get("items", []) if vm["state"] != "RUNNING"]
+
+    asked: list[str] = []
+    hooks = [lambda ev: ev.register("after-call.lambda-microvms.ListMicrovms", forget_running),
+             lambda ev: ev.register("provide-client-params.lambda-microvms.GetMicrovm",
+                                    lambda params, **_: asked.append(params["microvmIdentifier"]))]
+    report = deployed.verify(FLEET, session=deployed.session(hooks=hooks))
+    fleet = finding(report, "reconciler.fleet")
+    assert fleet.status is Status.OK and fleet.data["base_live"] == 1, fleet.summary
+    assert len(asked) == 1
+
+
 def test_an_alarm_in_alarm(deployed: vw.World) -> None:
     name = deployed.physical(STACK, "FleetReconcilerDeficitAlarm", "AWS::CloudWatch::Alarm")
     cloudwatch = deployed.moto("cloudwatch")

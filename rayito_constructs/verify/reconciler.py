@@ -229,6 +229,7 @@ def _fleet(ctx: Context) -> Finding:
                for vm in page.get("items", [])]
     except AwsError as error:
         return unable("reconciler.fleet", error, f"list the VMs of {image}")
+    vms += _confirm_unlisted(ctx, slots, vms)
     view = compare(slots, vms, min_vms=spec.min_vms or 0, warm_vms=spec.warm_vms or 0,
                    max_vms=spec.max_vms or 0, idle=bool(spec.idle_seconds))
     stats = other.get("#stats") or {}
@@ -254,6 +255,25 @@ def _fleet(ctx: Context) -> Finding:
         return warn("reconciler.fleet", f"{what}: {', '.join(view['strays'][:3])} run the fleet's image and no slot owns them",
                     "a client's VMs are fine; others (a killed deploy's) cost money: terminate them by id", **data)
     return ok("reconciler.fleet", what, **data)
+
+
+#: At most this many ledger VMs missing from the list are asked about one by one.
+CONFIRM_LIMIT = 20
+
+
+def _confirm_unlisted(ctx: Context, slots: list[dict[str, Any]], vms: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Lists are eventually consistent: a VM the ledger holds and the list does not show is asked
+    about (GetMicrovm) before it counts as gone."""
+    listed = {vm.get("microvmId") for vm in vms}
+    missing = [i for slot in slots for i in (slot.get("microvm_id"), slot.get("retiring_id")) if i and i not in listed]
+    found = []
+    for microvm_id in list(dict.fromkeys(missing))[:CONFIRM_LIMIT]:
+        try:
+            vm = ctx.clients.call("lambda-microvms", "get_microvm", microvmIdentifier=microvm_id)
+        except AwsError:
+            continue  # not found (gone) or not answered: it stays unlisted
+        found.append({"microvmId": microvm_id, "state": vm.get("state"), "confirmed": True})
+    return found
 
 
 def alarms(ctx: Context, check_id: str, keep: Any) -> Finding:
