@@ -683,6 +683,7 @@ def test_verify_only_reads(deployed: vw.World, monkeypatch: pytest.MonkeyPatch) 
     calls = _recorded(deployed, monkeypatch)
     writes = sorted({c for c in calls if not c[1].startswith(READS) and c != ("sts", "GetCallerIdentity")})
     assert writes == []
+    assert len(calls) <= 120  # docs/verify.md: about 70 reads for the example fleet
     services = {s for s, _ in calls}
     assert {"cloudformation", "iam", "lambda", "lambda-microvms", "ssm", "dynamodb", "sqs", "cloudwatch", "logs",
             "service-quotas", "sts"} <= services
