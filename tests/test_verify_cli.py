@@ -73,6 +73,10 @@ def test_json_for_machines(world: vw.World) -> None:
     ([FLEET, "--project", "/no/such/folder"], "is not a folder"),
     ([FLEET, "--fleet", "other"], "holds no fleet 'other'"),
     (["   "], "give a fleet name or a stack name"),
+    (["ñandú"], "no stack with output FleetName = 'ñandú'"),
+    (["two\nlines"], "no stack with output FleetName = 'two\\nlines'"),
+    (["x" * 300], "no stack with output FleetName"),
+    (["arn:aws:cloudformation:us-east-1:123456789012:stack/Gone/0a1b2c3d-0000-0000-0000-000000000000"], "no stack"),
 ])
 def test_bad_input_exits_2_with_one_line(world: vw.World, argv: list[str], message: str) -> None:
     code, out, err = run(world, *argv)

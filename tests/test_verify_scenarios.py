@@ -41,6 +41,9 @@ def test_found_by_stack_name_and_by_fleet_output(monkeypatch: pytest.MonkeyPatch
         world.deploy(example, stack_name="renamed-stack")
         by_output = world.verify(FLEET)  # no RayitoFleet-mi-agente: the stack whose FleetName says so
         by_name = world.verify("renamed-stack")
+        stack_id = world.moto("cloudformation").describe_stacks(StackName="renamed-stack")["Stacks"][0]["StackId"]
+        by_arn = world.verify(stack_id)
+    assert by_arn.stack == "renamed-stack" and by_arn.fleet == FLEET
     assert by_output.stack == "renamed-stack" and by_output.fleet == FLEET
     assert by_name.stack == "renamed-stack" and by_name.fleet == FLEET
 

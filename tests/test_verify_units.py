@@ -232,6 +232,8 @@ def test_fleets_of_a_stack() -> None:
     assert candidates("mi-agente") == ["mi-agente", "RayitoFleet-mi-agente"]
     assert candidates("my_agent") == []  # neither is a stack name: only the FleetName search remains
     assert candidates("RayitoFleet-x") == ["RayitoFleet-x"]
+    arn = "arn:aws:cloudformation:eu-west-1:123456789012:stack/RayitoFleet-x/0a1b2c3d-0000-4000-8000-000000000000"
+    assert candidates(arn) == [arn]
 
 
 @pytest.mark.parametrize("status,expected", [

@@ -191,8 +191,13 @@ def load_resources(clients: Clients, stack: DeployedStack) -> None:
         stack.resources_error = error
 
 
+STACK_ARN = re.compile(r"^arn:aws[a-z-]*:cloudformation:[a-z0-9-]+:\d{12}:stack/[A-Za-z][A-Za-z0-9-]*/[0-9a-f-]+$")
+
+
 def candidates(target: str) -> list[str]:
-    """Stack names to try for a fleet name or stack name, in order."""
+    """Stack names (or the stack ARN given) to try for a fleet name or stack name, in order."""
+    if STACK_ARN.match(target):
+        return [target]
     names = []
     if STACK_NAME.match(target):
         names.append(target)
