@@ -264,3 +264,21 @@ def test_recipe_keys_and_differences() -> None:
 def test_finding_to_dict_round_trips() -> None:
     f = Finding("x", Status.WARN, "s", "f", {"k": 1})
     assert f.to_dict() == {"check": "x", "status": "WARN", "summary": "s", "fix": "f", "data": {"k": 1}}
+
+
+def test_no_network_is_a_finding_not_a_traceback(monkeypatch: pytest.MonkeyPatch) -> None:
+    import socket
+
+    import boto3
+
+    from rayito_constructs.verify import Options, verify
+
+    with socket.socket() as sock:  # a port nothing listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{port}")
+    session = boto3.Session(aws_access_key_id="x", aws_secret_access_key="y", region_name="us-east-1")
+    report = verify(Options("mi-agente"), session=session, attempts=1)
+    assert [f.check for f in report.findings] == ["account"]
+    assert report.findings[0].status is Status.FAIL and "unreachable" in report.findings[0].summary
+    assert report.exit_code == 1
