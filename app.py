@@ -58,7 +58,7 @@ def main(app: "Optional[object]" = None) -> int:
             image_arn=options.get("image_arn"),
             metadata_index=options.get("metadata_index", False),
             keep_recipe=options.get("keep_recipe", False),
-            scope_microvm_actions_to_image=options.get("scope_microvm_actions_to_image", False),
+            scope_microvm_actions_to_image=options.get("scope_microvm_actions_to_image", True),
             env=cdk.Environment(
                 account=os.environ.get("CDK_DEFAULT_ACCOUNT"), region=os.environ.get("CDK_DEFAULT_REGION")
             ),

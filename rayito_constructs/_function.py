@@ -4,9 +4,9 @@ any later one): the same runtime, role, log group and cdk-nag treatment for each
 Every function gets
 
 * its own role, trusted by ``lambda.amazonaws.com`` only, whose every statement has a Sid and is
-  given by the caller as :class:`~rayito_constructs.permissions.Statement`\\ s; wildcard resources are
-  acknowledged for cdk-nag one ARN at a time, with the reason the caller gives (never a blanket
-  ``AwsSolutions-IAM5``);
+  given by the caller as :class:`~rayito_constructs.permissions.Statement`\\ s; each statement with
+  a wildcard is vouched for on its own for cdk-nag (Sid, actions, resources), with the reason the
+  caller gives: a statement added to the role later keeps its finding (``_nag``);
 * its own log group (retention configurable, deleted with the stack), JSON log format;
 * Python 3.14 on arm64, code taken from ``lambdas/<name>`` as it is (no Docker, no bundling);
 * recursive-loop protection and, when asked, reserved concurrency.
@@ -31,7 +31,7 @@ from aws_cdk import aws_logs as logs
 from constructs import Construct
 
 from ._assets import lambda_code_dir
-from ._nag import acknowledge_wildcard_resources
+from ._nag import acknowledge_statements
 from .permissions import Statement
 
 #: The runtime and architecture of every function of the library.
@@ -62,19 +62,16 @@ def function_code(name: str, *, as_package: bool = False) -> lambda_.Code:
 
 
 def add_statements(role: iam.Role, statements: Iterable[Statement], reasons: Mapping[str, str]) -> None:
-    """Add each statement to ``role``; acknowledge each of its wildcard ARNs with its Sid's reason.
+    """Add each statement to ``role`` and vouch for each one that holds a wildcard, with its
+    Sid's reason.
 
-    A wildcard resource in a statement whose Sid has no reason is a synth error: a new wildcard
-    must come with its justification, never pass silently.
+    A wildcard in a statement whose Sid has no reason is a synth error: a new wildcard must come
+    with its justification, never pass silently.
     """
+    statements = list(statements)
+    acknowledge_statements(role, statements, reasons)
     for statement in statements:
         role.add_to_policy(statement.to_policy_statement())
-        stack = cdk.Stack.of(role)
-        wild = [r for r in statement.resources if "*" in str(stack.resolve(r))]
-        if wild and statement.sid not in reasons:
-            raise ValueError(f"statement {statement.sid}: wildcard resources {wild} need a reason")
-        if wild:
-            acknowledge_wildcard_resources(role, wild, reasons[statement.sid])
 
 
 def library_function(

@@ -1,18 +1,37 @@
-"""Precise cdk-nag acknowledgements, placed next to the resource they excuse.
+"""Precise cdk-nag acknowledgements: each covers one statement, never a whole policy or role.
 
 cdk-nag v3 matches an acknowledgement by its exact id, and for ``AwsSolutions-IAM5`` the id names
-the finding: ``AwsSolutions-IAM5[Resource::<the ARN, flattened>]``. Acknowledging the bare rule
-would excuse every wildcard a user adds later, so each wildcard ARN is acknowledged on its own.
+the finding: ``AwsSolutions-IAM5[Resource::<the ARN, flattened>]`` (or ``[Action::<action>]``). The
+id says nothing about the statement: once ``Resource::*`` is acknowledged on a policy for
+``ListMicrovms``, an ``ssm:PutParameter`` on ``*`` added to the same policy later would pass
+silently. So the library never acknowledges a finding up front. It records, next to the policy or
+role, the exact statements it vouches for (Sid, actions, resources, reason) with
+:func:`acknowledge_statements`; an aspect (read-only priority, so after every mutating aspect)
+looks at each IAM policy as it is finally synthesized and acknowledges a finding only when
+**every** statement that produces it is one of those recorded. Any other statement with a
+wildcard keeps its finding.
+
+:func:`acknowledge_wildcard_resources` acknowledges one exact, specific ARN (``<function>:*``),
+which no unrelated statement shares; a bare ``*`` is refused there.
+
 The flattening mirrors cdk-nag's ``flattenCfnReference``.
 """
 
 from __future__ import annotations
 
 import json
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping
 
 import aws_cdk as cdk
+import jsii
 from constructs import IConstruct
+
+from .permissions import Statement
+
+#: Construct metadata that holds the statements a policy or role vouches for.
+METADATA_TYPE = "rayito:acknowledged-statements"
+RULE = "AwsSolutions-IAM5"
+_IAM_TYPES = ("AWS::IAM::Policy", "AWS::IAM::ManagedPolicy", "AWS::IAM::Role")
 
 
 def flatten_cfn_reference(node: Any) -> str:
@@ -37,12 +56,103 @@ def flatten_cfn_reference(node: Any) -> str:
     return json.dumps(node, separators=(",", ":"))
 
 
+def _as_list(value: Any) -> list[Any]:
+    if value is None:
+        return []
+    return value if isinstance(value, list) else [value]
+
+
+def findings_of(statement: Mapping[str, Any]) -> list[str]:
+    """The ``AwsSolutions-IAM5`` findings one resolved statement produces (Allow only)."""
+    if statement.get("Effect") != "Allow":
+        return []
+    actions = [f"Action::{a}" for a in _as_list(statement.get("Action")) if "*" in a]
+    resources = [flatten_cfn_reference(r) for r in _as_list(statement.get("Resource"))]
+    return actions + [f"Resource::{r}" for r in resources if "*" in r]
+
+
+def _key(sid: Any, actions: Iterable[str], resources: Iterable[str]) -> str:
+    return json.dumps([sid, sorted(actions), sorted(resources)])
+
+
+def acknowledge_statements(construct: IConstruct, statements: Iterable[Statement], reasons: Mapping[str, str]) -> None:
+    """Vouch for exactly these statements of ``construct``'s policies (its policy or its role).
+
+    Every statement with a wildcard (in a resource or an action) needs a reason under its Sid; a
+    missing one is a synth error, so a new wildcard never passes silently.
+    """
+    stack = cdk.Stack.of(construct)
+    entries = []
+    for statement in statements:
+        resources = [flatten_cfn_reference(stack.resolve(r)) for r in statement.resources]
+        if not any("*" in r for r in resources) and not any("*" in a for a in statement.actions):
+            continue
+        if statement.sid not in reasons:
+            raise ValueError(f"statement {statement.sid}: wildcard in {resources or statement.actions} needs a reason")
+        entries.append({"key": _key(statement.sid, statement.actions, resources), "reason": reasons[statement.sid]})
+    if entries:
+        construct.node.add_metadata(METADATA_TYPE, entries)
+        _ensure_aspect(stack)
+
+
 def acknowledge_wildcard_resources(construct: IConstruct, resources: Iterable[str], reason: str) -> None:
-    """Acknowledge ``AwsSolutions-IAM5`` for each resource ARN of ``resources`` that has a ``*``."""
+    """Acknowledge ``AwsSolutions-IAM5`` for each specific ARN of ``resources`` that has a ``*``
+    (``<function ARN>:*``, ``<log group ARN>:*``). A bare ``*`` is shared by every statement on
+    ``*``: acknowledge those with :func:`acknowledge_statements` instead."""
     stack = cdk.Stack.of(construct)
     for resource in resources:
         flat = flatten_cfn_reference(stack.resolve(resource))
+        if flat == "*":
+            raise ValueError("Resource '*' is acknowledged per statement (acknowledge_statements), never by ARN")
         if "*" in flat:
-            cdk.Validations.of(construct).acknowledge(
-                cdk.Acknowledgment(id=f"AwsSolutions-IAM5[Resource::{flat}]", reason=reason)
-            )
+            cdk.Validations.of(construct).acknowledge(cdk.Acknowledgment(id=f"{RULE}[Resource::{flat}]", reason=reason))
+
+
+def _vouched(node: IConstruct) -> dict[str, str]:
+    """The statements vouched for on ``node`` and its ancestors, by key."""
+    vouched: dict[str, str] = {}
+    current: Any = node
+    while current is not None:
+        for entry in current.node.metadata:
+            if entry.type == METADATA_TYPE:
+                for item in entry.data:
+                    vouched[item["key"]] = item["reason"]
+        current = current.node.scope
+    return vouched
+
+
+def _documents(node: cdk.CfnResource) -> list[Any]:
+    stack = cdk.Stack.of(node)
+    if node.cfn_resource_type == "AWS::IAM::Role":
+        policies = stack.resolve(node.policies) or []  # type: ignore[attr-defined]
+        return [stack.resolve(p.get("policyDocument", p.get("PolicyDocument"))) for p in policies]
+    return [stack.resolve(node.policy_document)]  # type: ignore[attr-defined]
+
+
+@jsii.implements(cdk.IAspect)
+class _AcknowledgeVouchedStatements:
+    """Acknowledges an IAM5 finding of a policy when every statement behind it was vouched for."""
+
+    def visit(self, node: IConstruct) -> None:
+        if not cdk.CfnResource.is_cfn_resource(node) or node.cfn_resource_type not in _IAM_TYPES:  # type: ignore[attr-defined]
+            return
+        vouched = _vouched(node)
+        if not vouched:
+            return
+        behind: dict[str, list[str | None]] = {}
+        for document in _documents(node):  # type: ignore[arg-type]
+            for statement in _as_list((document or {}).get("Statement")):
+                resources = [flatten_cfn_reference(r) for r in _as_list(statement.get("Resource"))]
+                reason = vouched.get(_key(statement.get("Sid"), _as_list(statement.get("Action")), resources))
+                for finding in findings_of(statement):
+                    behind.setdefault(finding, []).append(reason)
+        for finding, reasons in behind.items():
+            if all(reasons):
+                text = "; ".join(sorted(set(r for r in reasons if r)))
+                cdk.Validations.of(node).acknowledge(cdk.Acknowledgment(id=f"{RULE}[{finding}]", reason=text))
+
+
+def _ensure_aspect(stack: cdk.Stack) -> None:
+    aspects = cdk.Aspects.of(stack)
+    if not any(isinstance(a, _AcknowledgeVouchedStatements) for a in aspects.all):
+        aspects.add(_AcknowledgeVouchedStatements(), priority=cdk.AspectPriority.READONLY)

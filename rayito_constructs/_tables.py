@@ -1,5 +1,6 @@
-"""The DynamoDB tables this library makes share one shape: on demand, encrypted, point-in-time
-recovery, a string partition key and an optional string sort key."""
+"""The DynamoDB tables this library makes share one shape: on demand, encrypted (with a customer key
+when the fleet has one), point-in-time recovery, a string partition key and an optional string sort
+key."""
 
 from __future__ import annotations
 
@@ -38,3 +39,21 @@ def state_table(
         time_to_live_attribute=time_to_live_attribute,
         removal_policy=removal_policy,
     )
+
+
+def check_shared_key(table: dynamodb.ITable, key: Optional[kms.IKey], what: str) -> None:
+    """A table shared by the fleets of a stack has one key: a fleet asking for another is an error."""
+    have = table.encryption_key
+    stack = cdk.Stack.of(table)
+    same = (have is None and key is None) or (
+        have is not None and key is not None and stack.resolve(have.key_arn) == stack.resolve(key.key_arn)
+    )
+    if not same:
+        def show(k: Optional[kms.IKey]) -> str:
+            return "an AWS managed key" if k is None else f"the key {k.node.path}"
+
+        raise ValueError(
+            f"recipe_key: {what} is shared by every fleet of the stack and is encrypted with {show(have)}, "
+            f"but this fleet asks for {show(key)}; give the fleets of one stack the same key, or put them in "
+            "different stacks"
+        )

@@ -4,6 +4,10 @@ An L2 over ``aws_lambda.CfnMicrovmImage`` (``AWS::Lambda::MicrovmImage``). The a
 (a Dockerfile at its root) becomes an S3 zip asset with no Docker at synth: the MicroVMs service
 builds the image from it. A changed folder changes the asset, so CloudFormation updates the image
 and the service builds a new version; the fleet's reconciler rolls onto it (docs/image.md).
+
+The image's log group ``/aws/lambda-microvms/<name>`` (build logs and the VMs' output) belongs to
+the stack, with a retention, created before the image so that neither the build nor a VM creates
+it first without one.
 """
 
 from __future__ import annotations
@@ -15,22 +19,32 @@ from typing import Mapping, Optional, Sequence
 
 import aws_cdk as cdk
 from aws_cdk import aws_iam as iam
+from aws_cdk import aws_kms as kms
 from aws_cdk import aws_lambda as lambda_
+from aws_cdk import aws_logs as logs
 from aws_cdk import aws_s3_assets as s3_assets
 from constructs import Construct
 
-from ._nag import acknowledge_wildcard_resources
-from .envrules import secret_reason
+from ._nag import acknowledge_statements
+from .envrules import credential_problem, credential_shape, secret_reason
+from .execution_role import LOG_GROUP_PREFIX, microvm_log_streams_arn
 from .names import claim
 from .options import MEMORY_CLASSES_MIB
-from .permissions import LAMBDA_SERVICE, image_arn_for
+from .permissions import LAMBDA_SERVICE, Statement, image_arn_for, source_arn_condition
 
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,255}$")
 #: Always left out of the uploaded folder, on top of its .dockerignore.
 DEFAULT_EXCLUDES = (".git", "cdk.out", "node_modules", "__pycache__", "*.pyc", ".venv", ".DS_Store")
 DEFAULT_BASE_IMAGE = "al2023-1"
-DEFAULT_BASE_IMAGE_VERSION = "0"
+#: The managed base image's major version. Measured (ground truth section 7, Notes Q52/Q115):
+#: list-managed-microvm-image-versions lists 0 and 1, create rejects "1.0" ("Expected a single
+#: major version number (e.g., 1)"), and Rayito pins "1". Whether "0" is accepted is not recorded.
+DEFAULT_BASE_IMAGE_VERSION = "1"
+_MAJOR_VERSION = re.compile(r"^[0-9]{1,9}$")
+#: How long the image's log group keeps the build logs and the VMs' output (agent output may hold
+#: conversations: a month, not forever).
+DEFAULT_LOG_RETENTION = logs.RetentionDays.ONE_MONTH
 
 
 @dataclass(frozen=True)
@@ -86,6 +100,39 @@ def dockerignore_patterns(folder: Path) -> list[str]:
     return [line.strip() for line in file.read_text().splitlines() if line.strip() and not line.strip().startswith("#")]
 
 
+def _usable_log_key(scope: Construct, key: Optional[kms.IKey], log_group: str) -> Optional[kms.IKey]:
+    """``key`` when CloudWatch Logs may use it for ``log_group``: a key of this app gets the
+    key-policy statement (for this group only); an imported key cannot, and is left out."""
+    if key is None:
+        return None
+    stack = cdk.Stack.of(scope)
+    group_arn = stack.format_arn(service="logs", resource="log-group", resource_name=log_group,
+                                 arn_format=cdk.ArnFormat.COLON_RESOURCE_NAME)
+    added = key.add_to_resource_policy(
+        iam.PolicyStatement(
+            sid=f"CloudWatchLogs{_logical(log_group)}",
+            principals=[iam.ServicePrincipal(f"logs.{stack.region}.amazonaws.com")],
+            actions=["kms:Encrypt*", "kms:Decrypt*", "kms:ReEncrypt*", "kms:GenerateDataKey*", "kms:Describe*"],
+            resources=["*"],  # in a key policy, "*" is this key
+            conditions={"ArnEquals": {"kms:EncryptionContext:aws:logs:arn": group_arn}},
+        ),
+        allow_no_op=True,
+    )
+    if not added.statement_added:
+        cdk.Annotations.of(scope).add_warning_v2(
+            "rayito:log_key_not_used",
+            f"{log_group} is not encrypted with the customer key: an imported key's policy cannot let "
+            "CloudWatch Logs use it from here (add the logs service principal to the key policy and "
+            "associate the key with the group)",
+        )
+        return None
+    return key
+
+
+def _logical(text: str) -> str:
+    return "".join(ch for ch in text.title() if ch.isalnum())
+
+
 class ImportedAgentImage(Construct):
     """An image made elsewhere, known by ARN."""
 
@@ -108,14 +155,25 @@ class AgentImage(Construct):
     :param memory_mib: the image's size class: 512, 1024, 2048, 4096 or 8192. Default: 2048.
     :param architecture: ``ARM_64`` or ``X86_64``. Default: ``ARM_64``.
     :param base_image_arn: the managed base image. Default: ``al2023-1`` in the stack's region.
-    :param base_image_version: the managed base image's version, pinned so synth is offline and
-        deterministic. Default: ``"0"`` (the only managed version reported so far; see docs/image.md).
+    :param base_image_version: the managed base image's major version (digits only: create
+        rejects ``"1.0"``), pinned so synth is offline and deterministic. Default: ``"1"``, the
+        version Rayito pins (see docs/image.md).
     :param hooks: lifecycle hooks. Default: none enabled.
     :param environment: variables baked into the image; names that look like secrets are refused
         (the ``--env`` rule): pass secrets at run time instead. Default: none.
     :param egress_network_connectors: at most one customer connector for the build. Default: none.
     :param logging: ``True`` for CloudWatch Logs in ``/aws/lambda-microvms/<image name>``,
         ``False`` to turn build and runtime logs off. Default: True.
+    :param own_log_group: create ``/aws/lambda-microvms/<image name>`` in the stack (with
+        ``log_retention``), before the image. A group of that name that already exists in the
+        account (an image published before by hand) makes the deploy fail: delete it, import it
+        (``cdk import``) or pass False (docs/image.md). Default: True (when ``logging``).
+    :param log_retention: Default: one month.
+    :param log_removal_policy: Default: ``DESTROY``: the VMs' output goes with the stack.
+    :param encryption_key: customer KMS key for the log group. A key made in this app gets the
+        key-policy statement CloudWatch Logs needs (for this group only); an imported key is not
+        used for the group (its policy cannot be changed from here), with a warning. Default: the
+        CloudWatch Logs default encryption.
     :param build_role: the role the build runs as. Default: a new role that trusts
         ``lambda.amazonaws.com`` (confused-deputy conditions), reads the asset and writes logs.
     :param description: Default: ``Rayito agent <image name>``.
@@ -142,14 +200,21 @@ class AgentImage(Construct):
         build_role: Optional[iam.IRole] = None,
         description: Optional[str] = None,
         secret_looking_names: str = "reject",
+        own_log_group: bool = True,
+        log_retention: logs.RetentionDays = DEFAULT_LOG_RETENTION,
+        log_removal_policy: cdk.RemovalPolicy = cdk.RemovalPolicy.DESTROY,
+        encryption_key: Optional[kms.IKey] = None,
     ) -> None:
         problems = []
         if (folder is None) == (code is None):
             problems.append("folder, code: give exactly one of them")
         if not _NAME.match(image_name):
             problems.append(f"image_name: {image_name!r} must be 1 to 64 letters, digits, '-' or '_'")
-        if not re.fullmatch(r"\S{1,2048}", base_image_version or ""):
-            problems.append(f"base_image_version: {base_image_version!r} must be 1 to 2048 characters, no spaces")
+        if not cdk.Token.is_unresolved(base_image_version) and not _MAJOR_VERSION.match(base_image_version or ""):
+            problems.append(
+                f"base_image_version: {base_image_version!r} is not a major version number such as '1' "
+                "(CreateMicrovmImage rejects '1.0': 'Expected a single major version number')"
+            )
         if memory_mib not in MEMORY_CLASSES_MIB:
             classes = ", ".join(str(c) for c in MEMORY_CLASSES_MIB)
             problems.append(f"memory_mib: {memory_mib} is not a MicroVM size class ({classes} MiB)")
@@ -162,8 +227,11 @@ class AgentImage(Construct):
             problems.append(f"environment: {len(env)} variables is above the limit of 100")
         for key, value in sorted(env.items()):
             reason = secret_reason(key)
+            shape = credential_shape(value) if isinstance(value, str) else None
             if not _ENV_NAME.match(key):
                 problems.append(f"environment: {key!r} is not a valid variable name")
+            elif shape:
+                problems.append(f"environment.{key}: {credential_problem(key, shape)}")
             elif reason and secret_looking_names == "reject":
                 problems.append(f"environment: {key} looks like a secret ({reason}); pass it at run time, not in the image")
             elif len(value) > 4096:
@@ -194,7 +262,20 @@ class AgentImage(Construct):
         self.code = code
         """The zip asset the service builds from."""
         self.code_object_arns = (code.bucket.arn_for_objects(code.s3_object_key),)
-        log_group = f"/aws/lambda-microvms/{image_name}"
+        log_group = f"{LOG_GROUP_PREFIX}{image_name}"
+        self.egress_network_connectors = tuple(egress_network_connectors)
+        """Customer connectors the build uses (the publisher passes them, and ``INTERNET_EGRESS``)."""
+        self.log_group: Optional[logs.LogGroup] = None
+        """``/aws/lambda-microvms/<name>``, when the stack owns it (``own_log_group``)."""
+        if logging and own_log_group:
+            self.log_group = logs.LogGroup(
+                self,
+                "Logs",
+                log_group_name=log_group,
+                retention=log_retention,
+                removal_policy=log_removal_policy,
+                encryption_key=_usable_log_key(self, encryption_key, log_group),
+            )
         if build_role is None:
             role = iam.Role(
                 self,
@@ -202,23 +283,21 @@ class AgentImage(Construct):
                 assumed_by=iam.SessionTagsPrincipal(
                     iam.PrincipalWithConditions(
                         iam.ServicePrincipal(LAMBDA_SERVICE),
-                        {
-                            "StringEquals": {"aws:SourceAccount": stack.account},
-                            "ArnLike": {"aws:SourceArn": image_arn_for(stack, image_name) + "*"},
-                        },
+                        source_arn_condition(stack, image_arn_for(stack, image_name)),
                     )
                 ),
                 description=f"Rayito: builds the MicroVM image {image_name}",
             )
             # The build reads exactly this zip (CDK's grant_read would open the whole asset bucket).
-            role.add_to_policy(iam.PolicyStatement(sid="ReadCode", actions=["s3:GetObject"],
-                                                   resources=list(self.code_object_arns)))
-            streams = stack.format_arn(service="logs", resource="log-group", resource_name=f"{log_group}:*",
-                                       arn_format=cdk.ArnFormat.COLON_RESOURCE_NAME)
-            role.add_to_policy(iam.PolicyStatement(
-                sid="BuildLogs", actions=["logs:CreateLogGroup", "logs:CreateLogStream", "logs:PutLogEvents"],
-                resources=[streams]))
-            acknowledge_wildcard_resources(role, [streams], "the log streams of this image's own log group")
+            log_actions = ("logs:CreateLogStream", "logs:PutLogEvents")
+            statements = [
+                Statement("ReadCode", ("s3:GetObject",), self.code_object_arns),
+                Statement("BuildLogs", log_actions if self.log_group else ("logs:CreateLogGroup", *log_actions),
+                          (microvm_log_streams_arn(stack, image_name),)),
+            ]
+            for statement in statements:
+                role.add_to_policy(statement.to_policy_statement())
+            acknowledge_statements(role, statements, {"BuildLogs": "the log streams of this image's own log group"})
             build_role = role
         self.build_role = build_role
         """The role the build runs as."""
@@ -251,10 +330,17 @@ class AgentImage(Construct):
             ),
         )
         self.resource.node.add_dependency(build_role)
+        if self.log_group is not None:
+            self.resource.node.add_dependency(self.log_group)
         self.image_arn: str = self.resource.attr_image_arn
         """The image's ARN."""
         self.latest_active_image_version: Optional[str] = self.resource.attr_latest_active_image_version
         """The version new MicroVMs run (changes when a deploy builds a new one)."""
+
+    @property
+    def owns_log_group(self) -> bool:
+        """True when the stack makes the image's log group (the VMs need not create it)."""
+        return self.log_group is not None
 
     @staticmethod
     def from_image_arn(scope: Construct, id: str, image_arn: str) -> ImportedAgentImage:

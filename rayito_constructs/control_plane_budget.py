@@ -13,9 +13,10 @@ from typing import Optional
 import aws_cdk as cdk
 from aws_cdk import aws_dynamodb as dynamodb
 from aws_cdk import aws_iam as iam
+from aws_cdk import aws_kms as kms
 from constructs import Construct
 
-from ._tables import state_table
+from ._tables import check_shared_key, state_table
 
 _ID = "RayitoControlPlaneBudget"
 
@@ -29,18 +30,24 @@ class ControlPlaneBudget(Construct):
     """
 
     def __init__(self, scope: Construct, id: str, *, table_name: Optional[str] = None,
-                 removal_policy: cdk.RemovalPolicy = cdk.RemovalPolicy.DESTROY) -> None:
+                 removal_policy: cdk.RemovalPolicy = cdk.RemovalPolicy.DESTROY,
+                 encryption_key: Optional[kms.IKey] = None) -> None:
         super().__init__(scope, id)
         self.table: dynamodb.ITable = state_table(
-            self, "Table", partition_key="operation", table_name=table_name, removal_policy=removal_policy
+            self, "Table", partition_key="operation", table_name=table_name, removal_policy=removal_policy,
+            encryption_key=encryption_key,
         )
 
     @classmethod
-    def of(cls, scope: Construct) -> "ControlPlaneBudget":
-        """The budget of ``scope``'s stack, created on first use."""
+    def of(cls, scope: Construct, *, encryption_key: Optional[kms.IKey] = None) -> "ControlPlaneBudget":
+        """The budget of ``scope``'s stack, created on first use (with ``encryption_key``); every
+        fleet of the stack must ask for the same key."""
         stack = cdk.Stack.of(scope)
         existing = stack.node.try_find_child(_ID)
-        return existing if isinstance(existing, ControlPlaneBudget) else cls(stack, _ID)
+        if isinstance(existing, ControlPlaneBudget):
+            check_shared_key(existing.table, encryption_key, "the stack's control-plane budget")
+            return existing
+        return cls(stack, _ID, encryption_key=encryption_key)
 
     @staticmethod
     def from_table_name(scope: Construct, id: str, table_name: str) -> dynamodb.ITable:

@@ -16,6 +16,7 @@ from ._tables import state_table
 
 from .egress.telemetry import NAMESPACE
 from .options import EgressBudgetOptions
+from .permissions import table_key_statement
 
 
 class EgressBudget(Construct):
@@ -59,9 +60,14 @@ class EgressBudget(Construct):
 
     def grant_acquire(self, grantee: iam.IGrantable) -> iam.Grant:
         """What ``BudgetClient`` needs: conditional updates of buckets, reads, envelope versions."""
-        return self.table.grant(
+        grant = self.table.grant(
             grantee, "dynamodb:UpdateItem", "dynamodb:GetItem", "dynamodb:Query", "dynamodb:PutItem"
         )
+        key = self.table.encryption_key
+        if key is not None:  # the customer key, through DynamoDB only (kms:ViaService)
+            region = cdk.Stack.of(self).region
+            grant = grant.combine(table_key_statement("EgressBudgetKey", key.key_arn, region).grant(grantee, self))
+        return grant
 
     def metric(self, name: str, target: str, **props: object) -> cloudwatch.Metric:
         """``Granted``, ``Deferrals``, ``DeferralRate``, ``RemainingAtDecision`` or

@@ -61,3 +61,52 @@ def secret_reason(name: str) -> str | None:
 def looks_secret(name: str) -> bool:
     """True when the ``--env`` rule rejects ``name``."""
     return secret_reason(name) is not None
+
+
+# ---------------------------------------------------------------------------------------------
+# Values shaped like credentials.
+#
+# The name rule above cannot see ``DATABASE_URL = "postgres://admin:pw@host/db"`` or
+# ``GITHUB_TOKEN_FILE = "ghp_..."``. A plain ``[env]`` or ``env=`` value ends up in the image's
+# environment (a template property) and in the recipe, readable by anyone with
+# ``cloudformation:GetTemplate`` or ``ssm:GetParameter``: a value with one of these shapes is an
+# error at plan and at synth. The message names the variable and the shape, never the value.
+# The formats are the vendors' published token prefixes; each pattern asks for enough characters
+# after the prefix that an ordinary word (``sk-learn``, ``xoxo``) does not match.
+
+CREDENTIAL_SHAPES: tuple[tuple[str, re.Pattern[str]], ...] = (
+    ("a private key block", re.compile(r"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY( BLOCK)?-----")),
+    ("a URL with a user and password", re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*://[^\s/@:]*:[^\s/@]+@[^\s/@]")),
+    ("a URL with a token as its user", re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*://[A-Za-z0-9_\-]{20,}@[^\s/@]")),
+    ("a GitHub token", re.compile(r"\b(?:gh[pousr]_[A-Za-z0-9]{30,}|github_pat_[A-Za-z0-9_]{20,})")),
+    ("a GitLab token", re.compile(r"\bglpat-[A-Za-z0-9_\-]{20,}")),
+    ("an AWS access key id", re.compile(r"\b(?:AKIA|ASIA|ABIA|ACCA)[A-Z0-9]{16}\b")),
+    ("a Slack token", re.compile(r"\bxox[abposr]-[A-Za-z0-9\-]{10,}|\bxapp-[0-9]-[A-Za-z0-9\-]{10,}")),
+    ("a Slack webhook URL", re.compile(r"hooks\.slack\.com/services/T[A-Za-z0-9_]+/")),
+    ("an API secret key (sk-...)", re.compile(r"\bsk-(?:[A-Za-z0-9]+-)*[A-Za-z0-9_\-]{20,}")),
+    ("a Stripe key", re.compile(r"\b(?:sk|rk)_(?:live|test)_[A-Za-z0-9]{16,}")),
+    ("a Google API key", re.compile(r"\bAIza[0-9A-Za-z_\-]{35}")),
+    ("a Hugging Face token", re.compile(r"\bhf_[A-Za-z0-9]{30,}")),
+    ("an npm token", re.compile(r"\bnpm_[A-Za-z0-9]{36}")),
+    ("a JSON Web Token", re.compile(r"\beyJ[A-Za-z0-9_\-]{8,}\.eyJ[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]+")),
+    ("an Authorization header value", re.compile(r"^\s*(?:Bearer|Basic|Token)\s+[A-Za-z0-9._~+/=\-]{16,}\s*$", re.I)),
+)
+
+
+def credential_shape(value: str) -> str | None:
+    """What kind of credential ``value`` looks like, or ``None``. Never returns the value."""
+    if not isinstance(value, str) or not value:
+        return None
+    for shape, pattern in CREDENTIAL_SHAPES:
+        if pattern.search(value):
+            return shape
+    return None
+
+
+def credential_problem(name: str, shape: str) -> str:
+    """Why a credential-shaped value of ``name`` is refused: the shape, never the value."""
+    return (
+        f"the value looks like a credential ({shape}); plain env values are stored in the image and "
+        f"the recipe, readable by anyone who may read the template or the recipe: move {name} to "
+        f"secret_env (--secret-env {name}=<secret>)"
+    )

@@ -15,11 +15,12 @@ import aws_cdk as cdk
 from aws_cdk import aws_dynamodb as dynamodb
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
+from aws_cdk import aws_logs as logs
 from constructs import Construct
 
-from .agent_image import AgentImage
+from .agent_image import DEFAULT_LOG_RETENTION, AgentImage
 from .egress_budget import EgressBudget
-from .execution_role import MicrovmExecutionRole
+from .execution_role import LOG_GROUP_PREFIX, MicrovmExecutionRole
 from .metadata_index import MetadataIndex
 from .names import claim
 from .permissions import (
@@ -109,12 +110,29 @@ class AgentFleet(_FleetGrants):
         :class:`MicrovmExecutionRole` scoped to the image.
     :param metadata_index: create the session index (dedicated sessions). Default: False.
     :param metadata_index_removal_policy: Default: ``RemovalPolicy.RETAIN``.
-    :param recipe_key: customer KMS key for the recipe (and the index). Default: ``aws/ssm``.
+    :param recipe_key: customer KMS key. It encrypts the recipe, every table the fleet creates (the
+        metadata index, the egress budget, and the stack's ledger and control-plane budget) and the
+        MicroVMs' log group when the stack owns it; every grant on it names the service it goes
+        through (``kms:ViaService``). Default: AWS managed keys.
     :param keep_recipe: keep the recipe when the fleet is deleted. Default: False.
+    :param recipe_failure: ``warn``: a recipe that cannot be saved is reported (the stack's
+        ``RecipeOutcome``, the writer's log, the ``RecipeNotSaved`` metric and alarm) and the
+        deploy goes on, as the product page says; ``fail``: the deploy rolls back, and a recipe
+        too large to save is a synth error. Default: ``warn``.
+    :param recipe_alarm: an alarm on ``RecipeNotSaved``. Default: True.
     :param build_role: the image build role, for ``ImagePublisherPolicy``'s PassRole. Default: none.
     :param network_connectors: customer network connector ARNs the MicroVMs use. Default: none.
-    :param scope_microvm_actions_to_image: scope MicroVM lifecycle actions to the image ARN
-        instead of ``"*"``. Default: False (see docs/iam.md).
+    :param scope_microvm_actions_to_image: MicroVM lifecycle actions on the fleet's image only
+        (RunMicrovm on its ARN, the others on its ARN and versions). ``False`` is the opt-out, on
+        every image (``"*"``): whoever holds the fleet's policies can then run, reach and end any
+        fleet's VMs (docs/iam.md). Default: True.
+    :param permissions_boundary: a managed policy set as the permissions boundary of every role
+        the fleet creates, now and later (``iam.PermissionsBoundary``), the stack's recipe writer
+        included. Fleets that share a stack must share the boundary. Default: none.
+    :param own_microvm_log_group: create ``/aws/lambda-microvms/<image name>`` with
+        ``microvm_log_retention`` (the VMs' output; docs/image.md for an existing group of that
+        name). Default: when the fleet builds its image.
+    :param microvm_log_retention: Default: one month.
     :param reconciler: run the reconciler that keeps ``min_vms`` and ``warm_vms``. Default: True.
     :param max_lifetime_seconds: ``maximumDurationInSeconds`` of the fleet's VMs. Default: 28,800.
     :param control_plane_budget: the budget table shared by every reconciler of the account and
@@ -140,7 +158,12 @@ class AgentFleet(_FleetGrants):
         keep_recipe: bool = False,
         build_role: Optional[iam.IRole] = None,
         network_connectors: Sequence[str] = (),
-        scope_microvm_actions_to_image: bool = False,
+        scope_microvm_actions_to_image: bool = True,
+        recipe_failure: str = "warn",
+        recipe_alarm: bool = True,
+        permissions_boundary: Optional[iam.IManagedPolicy] = None,
+        own_microvm_log_group: Optional[bool] = None,
+        microvm_log_retention: logs.RetentionDays = DEFAULT_LOG_RETENTION,
         reconciler: bool = True,
         max_lifetime_seconds: int = 28_800,
         control_plane_budget: Optional[dynamodb.ITable] = None,
@@ -156,12 +179,19 @@ class AgentFleet(_FleetGrants):
             raise ValueError("image_arn, image: give at most one of them")
         if base_rollout not in ("on_expiry", "rolling"):
             raise ValueError(f"base_rollout: {base_rollout!r} is not one of 'on_expiry', 'rolling'")
+        if recipe_failure not in ("warn", "fail"):
+            raise ValueError(f"recipe_failure: {recipe_failure!r} is not one of 'warn', 'fail'")
         image_name = image.image_name if image is not None else _image_name(image_arn, project.name)
         super().__init__(scope, id)
         claim(self, "fleet", project.name)  # one fleet of a name per account and region in an app
+        self.permissions_boundary = permissions_boundary
+        """The boundary of every role the fleet creates, when given."""
+        if permissions_boundary is not None:
+            iam.PermissionsBoundary.of(self).apply(permissions_boundary)
         folder = project.folder
         self.egress_budget: Optional[EgressBudget] = (
-            EgressBudget(self, "EgressBudget", fleet_name=project.name, envelopes=project.egress.budgets)
+            EgressBudget(self, "EgressBudget", fleet_name=project.name, envelopes=project.egress.budgets,
+                         encryption_key=recipe_key)
             if project.egress.budgets
             else None
         )
@@ -180,6 +210,9 @@ class AgentFleet(_FleetGrants):
                     **({"RAYITO_EGRESS_BUDGET_TABLE": self.egress_budget.table_name} if self.egress_budget else {}),
                 },
                 secret_looking_names="allow",  # the project already warned (env_looks_secret)
+                own_log_group=own_microvm_log_group is not False,
+                log_retention=microvm_log_retention,
+                encryption_key=recipe_key,
             )
         self.image: Optional[AgentImage] = image
         """The image the fleet builds or was given, when there is one."""
@@ -190,8 +223,17 @@ class AgentFleet(_FleetGrants):
         """The project this fleet was built from."""
         self.fleet_name = project.name
         """The fleet's name."""
+        self.microvm_log_group: Optional[logs.LogGroup] = getattr(image, "log_group", None)
+        """``/aws/lambda-microvms/<image name>``, when the stack owns it."""
+        if self.microvm_log_group is None and own_microvm_log_group and image_name is not None:
+            self.microvm_log_group = logs.LogGroup(
+                self, "MicrovmLogs", log_group_name=f"{LOG_GROUP_PREFIX}{image_name}",
+                retention=microvm_log_retention, removal_policy=cdk.RemovalPolicy.DESTROY,
+            )
         self.execution_role: iam.IRole = execution_role or MicrovmExecutionRole(
-            self, "ExecutionRole", image_name=image_name
+            self, "ExecutionRole", image_name=image_name,
+            image_arn=image_arn if image_name is None else None,
+            create_log_group=self.microvm_log_group is None,
         )
         """The role the fleet's MicroVMs run as."""
         self.metadata_index: Optional[MetadataIndex] = (
@@ -209,8 +251,10 @@ class AgentFleet(_FleetGrants):
             network_connectors=network_connectors,
             recipe_key_arn=recipe_key.key_arn if recipe_key else None,
             table_arn=self.metadata_index.table_arn if self.metadata_index else None,
+            table_key_arn=recipe_key.key_arn if recipe_key else None,
             code_object_arns=image.code_object_arns if image is not None else (),
             scope_microvm_actions_to_image=scope_microvm_actions_to_image,
+            build_network_connectors=getattr(image, "egress_network_connectors", ()),
         )
         """The ARNs this fleet's permissions are about."""
         if self.egress_budget is not None:
@@ -220,22 +264,33 @@ class AgentFleet(_FleetGrants):
         self.image_arn = self.access.image_arns[0]
         """The fleet's MicroVM image ARN."""
 
-        plan = plan_recipe(project, image_version=image_version)
+        plan = plan_recipe(project, image_version=image_version, builds_image=image is not None)
         for warning in (*project.warnings, *plan.warnings):
             cdk.Annotations.of(self).add_warning_v2(f"rayito:{warning.code}", f"{warning.code}: {warning.message}")
+        if recipe_failure == "fail" and plan.document is not None and plan.encoded is None:
+            problems = "; ".join(f"{w.code}: {w.message}" for w in plan.warnings if w.code == "recipe_too_large")
+            raise ValueError(f"recipe_failure='fail': the recipe cannot be saved ({problems})")
         self.recipe: Optional[RecipeParameter] = (
             RecipeParameter(
                 self,
                 "Recipe",
                 fleet_name=project.name,
-                recipe=plan.encoded,
+                recipe=plan.document,
+                image_version=plan.image_version,
                 encryption_key=recipe_key,
                 keep_recipe=keep_recipe,
+                recipe_failure=recipe_failure,
             )
-            if plan.encoded is not None
+            if plan.encoded is not None and plan.document is not None
             else None
         )
         """The recipe parameter, or None when the fleet has no recipe (see the warnings)."""
+        if self.recipe is not None:
+            if permissions_boundary is not None:
+                # The writer is the stack's, outside this fleet's scope: the boundary must reach it too.
+                self.recipe.writer.apply_boundary(permissions_boundary)
+            if recipe_alarm:
+                self.recipe.add_alarm()
 
         self.caller_policy = CallerPolicy(self, "CallerPolicy", fleet_name=project.name, access=self.access)
         """Managed policy for the deployer and the fleet client."""
@@ -261,6 +316,7 @@ class AgentFleet(_FleetGrants):
                 base_rollout=base_rollout,
                 budgets=control_plane_budgets,
                 control_plane_budget=control_plane_budget,
+                encryption_key=recipe_key,
             )
             if reconciler_alarms:
                 self.reconciler.add_alarms()
@@ -283,7 +339,7 @@ class AgentFleet(_FleetGrants):
         recipe_key: Optional[kms.IKey] = None,
         metadata_table: Optional[dynamodb.ITable] = None,
         network_connectors: Sequence[str] = (),
-        scope_microvm_actions_to_image: bool = False,
+        scope_microvm_actions_to_image: bool = True,
     ) -> ImportedAgentFleet:
         """A fleet deployed by another stack or app, to grant on by name.
 
@@ -301,6 +357,7 @@ class AgentFleet(_FleetGrants):
             network_connectors=network_connectors,
             recipe_key_arn=recipe_key.key_arn if recipe_key else None,
             table_arn=metadata_table.table_arn if metadata_table else None,
+            table_key_arn=metadata_table.encryption_key.key_arn if metadata_table and metadata_table.encryption_key else None,
             scope_microvm_actions_to_image=scope_microvm_actions_to_image,
         )
         return ImportedAgentFleet(scope, id, fleet_name=fleet_name, access=access)

@@ -3,12 +3,15 @@
 
 from __future__ import annotations
 
+from typing import Optional
+
 import aws_cdk as cdk
 from aws_cdk import aws_dynamodb as dynamodb
 from aws_cdk import aws_iam as iam
+from aws_cdk import aws_kms as kms
 from constructs import Construct
 
-from ._tables import state_table
+from ._tables import check_shared_key, state_table
 
 _ID = "RayitoFleetLedger"
 
@@ -20,17 +23,24 @@ class FleetLedger(Construct):
         tick adopts the image's VMs as members and refills the slots).
     """
 
-    def __init__(self, scope: Construct, id: str, *, removal_policy: cdk.RemovalPolicy = cdk.RemovalPolicy.DESTROY) -> None:
+    def __init__(self, scope: Construct, id: str, *, removal_policy: cdk.RemovalPolicy = cdk.RemovalPolicy.DESTROY,
+                 encryption_key: Optional[kms.IKey] = None) -> None:
         super().__init__(scope, id)
         self.table: dynamodb.ITable = state_table(
-            self, "Table", partition_key="fleet", sort_key="key", removal_policy=removal_policy
+            self, "Table", partition_key="fleet", sort_key="key", removal_policy=removal_policy,
+            encryption_key=encryption_key,
         )
 
     @classmethod
-    def of(cls, scope: Construct) -> "FleetLedger":
+    def of(cls, scope: Construct, *, encryption_key: Optional[kms.IKey] = None) -> "FleetLedger":
+        """The ledger of ``scope``'s stack, created on first use (with ``encryption_key``); every
+        fleet of the stack must ask for the same key."""
         stack = cdk.Stack.of(scope)
         existing = stack.node.try_find_child(_ID)
-        return existing if isinstance(existing, FleetLedger) else cls(stack, _ID)
+        if isinstance(existing, FleetLedger):
+            check_shared_key(existing.table, encryption_key, "the stack's fleet ledger")
+            return existing
+        return cls(stack, _ID, encryption_key=encryption_key)
 
     def grant_ledger(self, grantee: iam.IGrantable) -> iam.Grant:
         """Read and write ledger items (the reconciler)."""

@@ -28,6 +28,7 @@ from aws_cdk import aws_kms as kms
 from constructs import Construct
 
 from ._tables import state_table
+from .permissions import TABLE_DATA_ACTIONS, Statement, grant_all, table_key_statement
 
 PARTITION_KEY = "session_id"
 TTL_ATTRIBUTE = "expires_at"
@@ -38,7 +39,8 @@ class MetadataIndex(Construct):
 
     On demand, point-in-time recovery, encrypted, with a TTL attribute.
 
-    :param encryption_key: customer KMS key. Default: an AWS managed key (``aws/dynamodb``).
+    :param encryption_key: customer KMS key; grants on it go through DynamoDB only
+        (``kms:ViaService``). Default: an AWS managed key (``aws/dynamodb``).
     :param removal_policy: what happens to the table when it leaves the stack.
         Default: ``RemovalPolicy.RETAIN`` (sessions outlive a mistaken delete).
     """
@@ -68,5 +70,10 @@ class MetadataIndex(Construct):
         return self.table.table_arn
 
     def grant_read_write_data(self, grantee: iam.IGrantable) -> iam.Grant:
-        """Let ``grantee`` read and write session items."""
-        return self.table.grant_read_write_data(grantee)
+        """Let ``grantee`` read and write session items (and use the customer key, through
+        DynamoDB only)."""
+        statements = [Statement("MetadataIndex", TABLE_DATA_ACTIONS, (self.table.table_arn,))]
+        key = self.table.encryption_key
+        if key is not None:
+            statements.append(table_key_statement("MetadataIndexKey", key.key_arn, cdk.Stack.of(self).region))
+        return grant_all(statements, grantee, self)

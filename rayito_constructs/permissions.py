@@ -1,22 +1,34 @@
 """Who may do what to a fleet: the IAM statements behind the three policies and the ``grant_*`` methods.
 
 One source of truth: :class:`CallerPolicy`, :class:`ImagePublisherPolicy` and
-:class:`SandboxLauncherPolicy` put these statements in managed policies, and
-``AgentFleet.grant_invoke|grant_publish|grant_launch`` add the same statements to a grantee.
+:class:`SandboxLauncherPolicy` put these statements in managed policies, the reconciler's role takes
+:func:`microvm_statements`, and ``AgentFleet.grant_invoke|grant_publish|grant_launch`` add the same
+statements to a grantee. ``docs/iam.md`` explains each statement with its source.
 
-Facts the statements rest on (``shared/research/microvms.md``, section 2):
+What the statements rest on (``shared/research/rayito-ground-truth.md`` section 1, measured on a
+real account unless said otherwise; ``microvms.md`` section 2):
 
 * MicroVM actions have the prefix ``lambda:`` and the operation's name (``lambda:RunMicrovm``).
-* RunMicrovm also needs ``lambda:PassNetworkConnector`` on every call (the AWS-managed
-  ``HTTP_INGRESS`` and ``INTERNET_EGRESS`` connectors are passed implicitly) and ``iam:PassRole`` on
-  the execution role, with ``iam:PassedToService = lambda.amazonaws.com``.
-* ``lambda:ListMicrovms`` and the image catalog lists act on no resource: ``Resource: "*"``.
-* Whether the MicroVM lifecycle actions support resource-level permissions is not settled: one
-  published library says they are permission-only, others scope them to the image ARN. The
-  default is ``"*"``; ``scope_microvm_actions_to_image=True`` scopes them to the image ARN and its
-  versions (``<image ARN>`` and ``<image ARN>:*``).
+* **RunMicrovm is authorized on the unversioned image ARN**: a role allowed on one image got
+  AccessDenied naming the other images' ARNs (Notes Q90, Q119). The other lifecycle actions are
+  authorized through the MicroVM's image (docs); Rayito runs its whole suite with them on
+  ``microvm-image:*``. Whether the service names a version in their resource is not measured, so
+  they get the image ARN and its versions (``<arn>:*``): an image name has no ``:``, so that
+  pattern reaches no other image.
+* **CreateMicrovmImage is authorized on ``*``**, not on the new image's ARN (Q114): scoped to
+  ``microvm-image:*`` it fails "on resource: *". UpdateMicrovmImage is evaluated on the image ARN.
+* Create and update of an image need ``lambda:PassNetworkConnector`` on the managed
+  ``INTERNET_EGRESS`` connector even when the request names none (Q114); every RunMicrovm passes
+  the managed ``HTTP_INGRESS``/``INTERNET_EGRESS`` connectors (Notes section 10).
+* ``ListMicrovms``, ``ListMicrovmImages`` and ``ListManagedMicrovmImages`` take no resource in the
+  service model (no identifier in their URI): ``Resource: "*"``. ``ListManagedMicrovmImageVersions``
+  does take one (the managed base image, ``/managed-microvm-images/{imageIdentifier}/versions``);
+  what IAM evaluates it on is not measured, and Rayito grants it on ``*`` (its ``ListEverything``
+  statement), which is what works: it keeps ``*`` under its own Sid with that reason.
 * The recipe is a SecureString: with the AWS managed key ``aws/ssm`` no KMS permission is needed;
-  with a customer key, ``kms:Encrypt`` to write it and ``kms:Decrypt`` to read it, only through SSM.
+  with a customer key, ``kms:Encrypt`` to write it and ``kms:Decrypt`` to read it, only through
+  SSM. Tables encrypted with the customer key take the key only through DynamoDB. Every KMS
+  statement carries ``kms:ViaService``.
 """
 
 from __future__ import annotations
@@ -29,19 +41,21 @@ import aws_cdk as cdk
 from aws_cdk import aws_iam as iam
 from constructs import IConstruct
 
-#: What a sandbox launcher (and the fleet client) does to MicroVMs: create, list, connect,
-#: suspend, resume and kill.
-MICROVM_ACTIONS = (
-    "lambda:RunMicrovm",
+#: The MicroVM lifecycle actions besides RunMicrovm: inspect, park, resume, kill, connect.
+DRIVE_ACTIONS = (
     "lambda:GetMicrovm",
     "lambda:SuspendMicrovm",
     "lambda:ResumeMicrovm",
     "lambda:TerminateMicrovm",
     "lambda:CreateMicrovmAuthToken",
 )
+#: What a sandbox launcher (and the fleet client) does to MicroVMs: create, list, connect,
+#: suspend, resume and kill.
+MICROVM_ACTIONS = ("lambda:RunMicrovm", *DRIVE_ACTIONS)
 LIST_ACTIONS = ("lambda:ListMicrovms",)
+CREATE_IMAGE_ACTIONS = ("lambda:CreateMicrovmImage",)
+#: Image actions evaluated on the image's ARN (or a version of it).
 IMAGE_ACTIONS = (
-    "lambda:CreateMicrovmImage",
     "lambda:UpdateMicrovmImage",
     "lambda:DeleteMicrovmImage",
     "lambda:GetMicrovmImage",
@@ -55,11 +69,9 @@ IMAGE_ACTIONS = (
     "lambda:UntagResource",
     "lambda:ListTags",
 )
-IMAGE_CATALOG_ACTIONS = (
-    "lambda:ListMicrovmImages",
-    "lambda:ListManagedMicrovmImages",
-    "lambda:ListManagedMicrovmImageVersions",
-)
+#: Catalog lists whose operation names no resource at all.
+IMAGE_CATALOG_ACTIONS = ("lambda:ListMicrovmImages", "lambda:ListManagedMicrovmImages")
+MANAGED_IMAGE_VERSIONS_ACTIONS = ("lambda:ListManagedMicrovmImageVersions",)
 RECIPE_READ_DELETE = ("ssm:GetParameter", "ssm:DeleteParameter")
 RECIPE_WRITE = ("ssm:PutParameter",)
 TABLE_DATA_ACTIONS = (
@@ -70,18 +82,59 @@ TABLE_DATA_ACTIONS = (
     "dynamodb:Query",
     "dynamodb:ConditionCheckItem",
 )
+#: What DynamoDB needs of a principal that reads and writes a table under a customer key (the
+#: set of CDK's ``grant_read_write_data``, its ``*`` families spelled out), only through DynamoDB.
+TABLE_KEY_ACTIONS = (
+    "kms:Decrypt",
+    "kms:DescribeKey",
+    "kms:Encrypt",
+    "kms:GenerateDataKey",
+    "kms:GenerateDataKeyWithoutPlaintext",
+    "kms:ReEncryptFrom",
+    "kms:ReEncryptTo",
+)
 LAMBDA_SERVICE = "lambda.amazonaws.com"
+#: The managed connector an image build passes even when the request names none (Q114).
+BUILD_CONNECTOR = "INTERNET_EGRESS"
 
-#: Why a statement may use ``Resource: "*"``; printed in docs/iam.md and in the cdk-nag
-#: acknowledgements that sit next to each policy.
+#: Why a statement may hold a wildcard resource, by Sid. cdk-nag acknowledges each such statement
+#: on its own with this reason (``_nag.acknowledge_statements``), and docs/iam.md prints them.
 STAR_REASONS = {
-    "ListMicrovms": "ListMicrovms acts on no resource: IAM only accepts Resource '*'",
-    "MicrovmImageCatalog": "the image catalog lists act on no resource: IAM only accepts Resource '*'",
-    "Microvms": (
-        "whether MicroVM lifecycle actions support resource-level permissions is unconfirmed (sources "
-        "disagree); scope_microvm_actions_to_image=True scopes them to the image ARN"
+    "ListMicrovms": (
+        "ListMicrovms names no resource (GET /2025-09-09/microvms, service model 2025-09-09): IAM takes "
+        "Resource '*' (ground truth section 1: List* needs '*')"
     ),
+    "CreateMicrovmImage": (
+        "CreateMicrovmImage is authorized on '*', not on the new image's ARN: measured, scoped to "
+        "microvm-image:* it failed 'on resource: *' (ground truth section 1, Notes Q114)"
+    ),
+    "MicrovmImageCatalog": (
+        "ListMicrovmImages and ListManagedMicrovmImages name no resource in the service model: IAM takes "
+        "Resource '*'"
+    ),
+    "ManagedImageVersions": (
+        "ListManagedMicrovmImageVersions lists the AWS-managed base image's versions; which ARN IAM "
+        "evaluates is not measured, and Rayito's working policy grants it on '*' (ground truth section 10)"
+    ),
+    "MicrovmsOnAnyImage": (
+        "opt-out (scope_microvm_actions_to_image=False): MicroVM lifecycle actions on every image of the "
+        "account, for accounts that need it; see docs/iam.md for the risk"
+    ),
+    "RunMicrovm": "the fleet's image only (every image account-wide: microvm-image:*)",
+    "Microvms": (
+        "the fleet's image and its versions (<image ARN>:*; a name has no ':', so no other image), "
+        "every image account-wide"
+    ),
+    "MicrovmImages": "the fleet's image and its versions (<image ARN>:*), every image account-wide",
+    "PassNetworkConnectors": (
+        "the AWS-managed network connectors (aws-network-connector:*), passed by every RunMicrovm even "
+        "when none is named (ground truth section 1)"
+    ),
+    "AgentRecipe": "every fleet's recipe (parameter/rayito/agents/*) in an account-wide policy",
+    "AgentRecipeWrite": "every fleet's recipe (parameter/rayito/agents/*) in an account-wide policy",
+    "ReadCodeArtifact": "the image's code artifact objects given by the caller",
 }
+#: Kept for code that predates the per-Sid reasons.
 WILDCARD_REASON = (
     "a wildcard only where a set is meant: the versions of one image (<image ARN>:*), the AWS-managed "
     "network connectors, or every fleet's recipe (parameter/rayito/agents/*) in an account-wide policy"
@@ -114,6 +167,11 @@ class Statement:
         )
 
 
+def wildcard_reasons(statements: Sequence[Statement]) -> dict[str, str]:
+    """``{sid: reason}`` for the statements of this module that hold a wildcard resource."""
+    return {s.sid: STAR_REASONS[s.sid] for s in statements if s.sid in STAR_REASONS}
+
+
 @dataclass(frozen=True)
 class FleetAccess:
     """The ARNs one set of permissions is about: one fleet, or every fleet of the account.
@@ -129,9 +187,16 @@ class FleetAccess:
     build_role_arn: Optional[str] = None
     recipe_key_arn: Optional[str] = None
     table_arn: Optional[str] = None
+    table_key_arn: Optional[str] = None
     code_object_arns: tuple[str, ...] = ()
-    scope_microvm_actions_to_image: bool = False
+    scope_microvm_actions_to_image: bool = True
+    build_connector_arns: tuple[str, ...] = ()
     region: str = field(default=cdk.Aws.REGION)
+
+    @property
+    def image_arn(self) -> str:
+        """The unversioned image ARN (``microvm-image:*`` account-wide)."""
+        return self.image_arns[0]
 
 
 def recipe_parameter_arn(stack: cdk.Stack, fleet_name: Optional[str]) -> str:
@@ -150,6 +215,28 @@ def image_arn_for(stack: cdk.Stack, image_name: Optional[str]) -> str:
     )
 
 
+def image_and_versions(image_arn: str) -> tuple[str, ...]:
+    """``(<arn>, <arn>:*)``: one image and its versions; ``microvm-image:*`` stays as it is."""
+    return (image_arn,) if image_arn.endswith(":*") else (image_arn, f"{image_arn}:*")
+
+
+def managed_connector_arn(stack: cdk.Stack, name: str = "*") -> str:
+    """An AWS-managed network connector of the stack's region (``*``: every one of them)."""
+    return f"arn:{stack.partition}:lambda:{stack.region}:aws:network-connector:aws-network-connector:{name}"
+
+
+def source_arn_condition(stack: cdk.Stack, image_arn: str) -> dict[str, dict[str, Any]]:
+    """The confused-deputy conditions of a role the MicroVMs service assumes for one image.
+
+    ``aws:SourceAccount`` equals the account, and ``aws:SourceArn`` is the image's ARN or one of
+    its versions (``<arn>:*``): never a name prefix, which would also match ``<name>-dev``.
+    """
+    return {
+        "StringEquals": {"aws:SourceAccount": stack.account},
+        "ArnLike": {"aws:SourceArn": list(image_and_versions(image_arn))},
+    }
+
+
 def fleet_access(
     scope: IConstruct,
     *,
@@ -160,65 +247,84 @@ def fleet_access(
     network_connectors: Sequence[str] = (),
     recipe_key_arn: Optional[str] = None,
     table_arn: Optional[str] = None,
+    table_key_arn: Optional[str] = None,
     code_object_arns: Sequence[str] = (),
-    scope_microvm_actions_to_image: bool = False,
+    scope_microvm_actions_to_image: bool = True,
+    build_network_connectors: Sequence[str] = (),
 ) -> FleetAccess:
     """Gather the ARNs for one fleet (``fleet_name``) or, with ``fleet_name=None``, every fleet."""
     stack = cdk.Stack.of(scope)
     image = image_arn or image_arn_for(stack, fleet_name)
-    images = (image,) if image.endswith(":*") else (image, f"{image}:*")
-    managed = (
-        f"arn:{stack.partition}:lambda:{stack.region}:aws:network-connector:aws-network-connector:*"
-    )
     return FleetAccess(
         recipe_parameter_arns=(recipe_parameter_arn(stack, fleet_name),),
-        image_arns=images,
-        managed_connector_arn=managed,
+        image_arns=image_and_versions(image),
+        managed_connector_arn=managed_connector_arn(stack),
         network_connector_arns=tuple(network_connectors),
         execution_role_arn=execution_role.role_arn if execution_role else None,
         build_role_arn=build_role.role_arn if build_role else None,
         recipe_key_arn=recipe_key_arn,
         table_arn=table_arn,
+        table_key_arn=table_key_arn if table_arn else None,
         code_object_arns=tuple(code_object_arns),
         scope_microvm_actions_to_image=scope_microvm_actions_to_image,
+        build_connector_arns=(managed_connector_arn(stack, BUILD_CONNECTOR), *build_network_connectors),
         region=stack.region,
     )
 
 
-def _pass_role(sid: str, role_arn: str) -> Statement:
+def pass_role(sid: str, role_arn: str) -> Statement:
+    """``iam:PassRole`` on one role, only to the Lambda (MicroVMs) service."""
     return Statement(
         sid, ("iam:PassRole",), (role_arn,), {"StringEquals": {"iam:PassedToService": LAMBDA_SERVICE}}
     )
 
 
-def _kms(sid: str, actions: tuple[str, ...], access: FleetAccess) -> list[Statement]:
+def via(service: str, region: str) -> dict[str, dict[str, str]]:
+    """``kms:ViaService`` for one AWS service of the region."""
+    return {"StringEquals": {"kms:ViaService": f"{service}.{region}.amazonaws.com"}}
+
+
+def _recipe_key(sid: str, actions: tuple[str, ...], access: FleetAccess) -> list[Statement]:
     if not access.recipe_key_arn:
         return []  # the AWS managed key aws/ssm needs no KMS permission
-    via = {"StringEquals": {"kms:ViaService": f"ssm.{access.region}.amazonaws.com"}}
-    return [Statement(sid, actions, (access.recipe_key_arn,), via)]
+    return [Statement(sid, actions, (access.recipe_key_arn,), via("ssm", access.region))]
+
+
+def table_key_statement(sid: str, key_arns: str | Sequence[str], region: str) -> Statement:
+    """Use customer keys only through DynamoDB, for reading and writing their tables."""
+    keys = (key_arns,) if isinstance(key_arns, str) else tuple(key_arns)
+    return Statement(sid, TABLE_KEY_ACTIONS, keys, via("dynamodb", region))
 
 
 def microvm_statements(access: FleetAccess) -> list[Statement]:
     """What creating and handling MicroVMs needs, RunMicrovm's dependent permissions included."""
-    microvm_resources = access.image_arns if access.scope_microvm_actions_to_image else ("*",)
-    statements = [
-        Statement("ListMicrovms", LIST_ACTIONS, ("*",)),
-        Statement("Microvms", MICROVM_ACTIONS, microvm_resources),
+    statements = [Statement("ListMicrovms", LIST_ACTIONS, ("*",))]
+    if access.scope_microvm_actions_to_image:
+        statements += [
+            Statement("RunMicrovm", ("lambda:RunMicrovm",), (access.image_arn,)),
+            Statement("Microvms", DRIVE_ACTIONS, access.image_arns),
+        ]
+    else:
+        statements.append(Statement("MicrovmsOnAnyImage", MICROVM_ACTIONS, ("*",)))
+    statements.append(
         Statement(
             "PassNetworkConnectors",
             ("lambda:PassNetworkConnector",),
             (access.managed_connector_arn, *access.network_connector_arns),
-        ),
-    ]
+        )
+    )
     if access.execution_role_arn:
-        statements.append(_pass_role("PassExecutionRole", access.execution_role_arn))
+        statements.append(pass_role("PassExecutionRole", access.execution_role_arn))
     return statements
 
 
 def _metadata_index(access: FleetAccess) -> list[Statement]:
     if not access.table_arn:
         return []
-    return [Statement("MetadataIndex", TABLE_DATA_ACTIONS, (access.table_arn,))]
+    statements = [Statement("MetadataIndex", TABLE_DATA_ACTIONS, (access.table_arn,))]
+    if access.table_key_arn:
+        statements.append(table_key_statement("MetadataIndexKey", access.table_key_arn, access.region))
+    return statements
 
 
 def launcher_statements(access: FleetAccess) -> list[Statement]:
@@ -227,7 +333,7 @@ def launcher_statements(access: FleetAccess) -> list[Statement]:
     return [
         *microvm_statements(access),
         Statement("AgentRecipe", RECIPE_READ_DELETE, access.recipe_parameter_arns),
-        *_kms("AgentRecipeKey", ("kms:Decrypt",), access),
+        *_recipe_key("AgentRecipeKey", ("kms:Decrypt",), access),
         *_metadata_index(access),
     ]
 
@@ -239,24 +345,28 @@ def caller_statements(access: FleetAccess) -> list[Statement]:
         *microvm_statements(access),
         Statement("AgentRecipe", RECIPE_READ_DELETE, access.recipe_parameter_arns),
         Statement("AgentRecipeWrite", RECIPE_WRITE, access.recipe_parameter_arns),
-        *_kms("AgentRecipeKey", ("kms:Decrypt", "kms:Encrypt"), access),
+        *_recipe_key("AgentRecipeKey", ("kms:Decrypt", "kms:Encrypt"), access),
         *_metadata_index(access),
     ]
 
 
 def publisher_statements(access: FleetAccess) -> list[Statement]:
     """ImagePublisherPolicy: create, update and manage MicroVM images, their versions and builds,
-    pass the build role, read the code artifact, and save the recipe."""
+    pass the build role and the build's network connector, read the code artifact, and save the
+    recipe."""
     statements = [
+        Statement("CreateMicrovmImage", CREATE_IMAGE_ACTIONS, ("*",)),
         Statement("MicrovmImages", IMAGE_ACTIONS, access.image_arns),
         Statement("MicrovmImageCatalog", IMAGE_CATALOG_ACTIONS, ("*",)),
+        Statement("ManagedImageVersions", MANAGED_IMAGE_VERSIONS_ACTIONS, ("*",)),
+        Statement("PassBuildNetworkConnectors", ("lambda:PassNetworkConnector",), access.build_connector_arns),
     ]
     if access.build_role_arn:
-        statements.append(_pass_role("PassBuildRole", access.build_role_arn))
+        statements.append(pass_role("PassBuildRole", access.build_role_arn))
     if access.code_object_arns:
         statements.append(Statement("ReadCodeArtifact", ("s3:GetObject",), access.code_object_arns))
     statements.append(Statement("AgentRecipeWrite", RECIPE_WRITE, access.recipe_parameter_arns))
-    statements.extend(_kms("AgentRecipeKey", ("kms:Encrypt",), access))
+    statements.extend(_recipe_key("AgentRecipeKey", ("kms:Encrypt",), access))
     return statements
 
 

@@ -15,16 +15,15 @@ from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
 from constructs import Construct
 
-from ._nag import acknowledge_wildcard_resources
+from ._nag import acknowledge_statements
 from .permissions import (
-    STAR_REASONS,
-    WILDCARD_REASON,
     FleetAccess,
     Statement,
     caller_statements,
     fleet_access,
     launcher_statements,
     publisher_statements,
+    wildcard_reasons,
 )
 
 
@@ -45,7 +44,8 @@ class _FleetPolicy(iam.ManagedPolicy):
         recipe_key: Optional[kms.IKey] = None,
         metadata_table: Optional[dynamodb.ITable] = None,
         code_object_arns: Sequence[str] = (),
-        scope_microvm_actions_to_image: bool = False,
+        scope_microvm_actions_to_image: bool = True,
+        build_network_connectors: Sequence[str] = (),
         managed_policy_name: Optional[str] = None,
         access: Optional[FleetAccess] = None,
     ) -> None:
@@ -63,8 +63,14 @@ class _FleetPolicy(iam.ManagedPolicy):
         :param metadata_table: the fleet's metadata index. Default: none.
         :param code_object_arns: S3 object ARNs of the image's code artifact
             (ImagePublisherPolicy). Default: none.
-        :param scope_microvm_actions_to_image: scope the MicroVM lifecycle actions to the image
-            ARN instead of ``"*"``. Default: False (see docs/iam.md for why).
+        :param scope_microvm_actions_to_image: the MicroVM lifecycle actions on the image's ARN
+            (RunMicrovm on the unversioned ARN, the others on the ARN and its versions). ``False``
+            is the opt-out: every image of the account (``Resource: "*"``), for accounts that
+            need it; one fleet's holder can then run, reach and end any fleet's VMs
+            (docs/iam.md). Default: True.
+        :param build_network_connectors: customer connectors the image build uses
+            (ImagePublisherPolicy's ``PassBuildNetworkConnectors``, besides ``INTERNET_EGRESS``).
+            Default: none.
         :param managed_policy_name: Default: a name CloudFormation generates.
         :param access: the gathered ARNs, instead of the parameters above (used by AgentFleet).
         """
@@ -78,8 +84,10 @@ class _FleetPolicy(iam.ManagedPolicy):
                 network_connectors=network_connectors,
                 recipe_key_arn=recipe_key.key_arn if recipe_key else None,
                 table_arn=metadata_table.table_arn if metadata_table else None,
+                table_key_arn=_table_key_arn(metadata_table),
                 code_object_arns=code_object_arns,
                 scope_microvm_actions_to_image=scope_microvm_actions_to_image,
+                build_network_connectors=build_network_connectors,
             )
         statements = type(self)._statements(access)
         super().__init__(
@@ -91,11 +99,14 @@ class _FleetPolicy(iam.ManagedPolicy):
         )
         self.access = access
         """The ARNs this policy is about."""
-        for statement in statements:
-            reason = STAR_REASONS.get(statement.sid, WILDCARD_REASON)
-            if statement.sid == "Microvms" and "*" not in statement.resources:
-                reason = WILDCARD_REASON
-            acknowledge_wildcard_resources(self, statement.resources, reason)
+        # cdk-nag: each wildcard statement is vouched for on its own (Sid, actions, resources);
+        # a statement added later with a wildcard keeps its finding.
+        acknowledge_statements(self, statements, wildcard_reasons(statements))
+
+
+def _table_key_arn(table: Optional[dynamodb.ITable]) -> Optional[str]:
+    key = table.encryption_key if table is not None else None
+    return key.key_arn if key is not None else None
 
 
 class CallerPolicy(_FleetPolicy):

@@ -20,7 +20,7 @@ from typing import Any, ClassVar, Iterable, Literal, Mapping, Optional
 
 from pydantic import ConfigDict, StrictBool, field_validator, model_validator
 
-from .envrules import secret_reason
+from .envrules import credential_problem, credential_shape, secret_reason
 from .errors import FleetWarning, Problem, ProjectError, did_you_mean, show
 from .names import fleet_name_problem, stack_name_for
 from .options import (
@@ -121,6 +121,8 @@ def env_rules(env: Mapping[Any, Any]) -> list[Rule]:
                 f"env.{key}: value of {len(value)} characters is above the limit of {ENV_VALUE_MAX}",
                 ("env",),
             ))
+        elif shape := credential_shape(value):  # names the variable and the shape, never the value
+            problems.append((f"env.{key}", f"env.{key}: {credential_problem(key, shape)}", ("env",)))
     if len(env) > ENV_MAX_ENTRIES:
         problems.append(("env", f"env: {len(env)} variables is above the limit of {ENV_MAX_ENTRIES}", ("env",)))
     return problems

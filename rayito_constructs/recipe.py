@@ -12,6 +12,13 @@ Encoding (product page, "The fleet recipe", "Size"):
 
 The JSON is canonical (sorted keys, no spaces, UTF-8), so the same project gives the same bytes
 and a redeploy never rewrites a parameter that did not change.
+
+The image version is in the recipe in every encoding. When the stack builds the image, the version
+is only known at deploy: the stack ships the document, and the recipe writer sets the version
+CloudFormation resolved and encodes it there, with these same rules (``lambdas/recipe_writer``;
+a test checks both encoders agree). A recipe that records no version at all (an image published
+elsewhere and no ``[image] version``) is planned with the warning
+``recipe_without_image_version``.
 """
 
 from __future__ import annotations
@@ -30,6 +37,9 @@ if TYPE_CHECKING:
 
 RECIPE_VERSION = 1
 STANDARD_PARAMETER_BYTES = 4096
+#: Stands in for a version known only at deploy when sizing the recipe at synth (versions are
+#: ``<major>.0`` and count up with every build; 7 characters leave room for 99,999 builds).
+VERSION_STAND_IN = "99999.0"
 COMPRESSED_PREFIX = "rz1:"
 PARAMETER_PREFIX = "/rayito/agents/"
 
@@ -68,11 +78,22 @@ class EncodedRecipe:
 
 @dataclass(frozen=True)
 class RecipePlan:
-    """What a deploy of a project writes, or why it writes nothing."""
+    """What a deploy of a project writes, or why it writes nothing.
+
+    ``document`` is what the stack ships (its image version is ``None`` when the version is only
+    known at deploy; ``image_version`` then holds that deploy-time value). ``encoded`` is the
+    document encoded as it will be stored; with a deploy-time version it is the document without
+    its version (checked to fit with a stand-in version, :data:`VERSION_STAND_IN`), and the writer
+    encodes the real one.
+    """
 
     parameter_name: str
     encoded: Optional[EncodedRecipe]
     warnings: tuple[FleetWarning, ...]
+    document: Optional[dict[str, Any]] = None
+    image_version: Optional[str] = None
+    version_at_deploy: bool = False
+    """True when the image version is filled in at deploy (the stack builds the image)."""
 
     def to_dict(self) -> Optional[dict[str, Any]]:
         if self.encoded is None:
@@ -82,6 +103,7 @@ class RecipePlan:
             "encoding": self.encoded.encoding,
             "bytes": self.encoded.bytes,
             "json_bytes": self.encoded.json_bytes,
+            "image_version": "at deploy" if self.version_at_deploy else (self.document or {}).get("image", {}).get("version"),
         }
 
 
@@ -169,8 +191,24 @@ def decode_recipe(value: str) -> dict[str, Any]:
     return doc
 
 
-def plan_recipe(project: "AgentProject", image_version: Optional[str] = None) -> RecipePlan:
-    """Decide what the deploy writes: the encoded recipe, or nothing and the page's warning."""
+def _is_token(value: Optional[str]) -> bool:
+    return value is not None and "${Token[" in value
+
+
+def _builds_image(project: "AgentProject") -> bool:
+    return project.folder is not None and (project.folder / "Dockerfile").is_file()
+
+
+def plan_recipe(
+    project: "AgentProject", image_version: Optional[str] = None, *, builds_image: Optional[bool] = None
+) -> RecipePlan:
+    """Decide what the deploy writes: the encoded recipe, or nothing and the page's warning.
+
+    :param image_version: the version to record; a CDK token when the stack builds the image (the
+        writer fills it in at deploy). Default: the project's ``[image] version``.
+    :param builds_image: whether the stack builds the image, which gives the recipe its version at
+        deploy. Default: the project's folder has a Dockerfile (what ``AgentFleet`` does).
+    """
     name = parameter_name(project.name)
     if project.name in (".", ".."):
         warning = FleetWarning(
@@ -180,15 +218,26 @@ def plan_recipe(project: "AgentProject", image_version: Optional[str] = None) ->
     if not project.save_recipe:
         warning = FleetWarning("recipe_not_saved", "save_recipe is off (--no-save-recipe): no recipe is saved")
         return RecipePlan(name, None, (warning,))
+    at_deploy = _is_token(image_version) or (
+        image_version is None and project.image.version is None and (builds_image if builds_image is not None else _builds_image(project))
+    )
+    deploy_value = image_version if _is_token(image_version) else None
+    document = build_recipe(project, None if at_deploy else image_version)
+    warnings: tuple[FleetWarning, ...] = ()
+    if document["image"]["version"] is None and not at_deploy:
+        warnings = (FleetWarning(
+            "recipe_without_image_version",
+            "the recipe records no image version: the stack does not build the image and [image] version is "
+            "not set, so a process that connects by name runs the image's latest active version; set "
+            "version in [image] to pin it",
+        ),)
     try:
-        encoded = encode_recipe(build_recipe(project, image_version))
-        if encoded.encoding == "compressed" and image_version is not None and "${Token[" in image_version:
-            # A deploy-time value cannot go through zlib at synth: the compressed recipe keeps
-            # the project's version (the reconciler still rolls onto the built one).
-            encoded = encode_recipe(build_recipe(project))
+        encoded = encode_recipe(document)
+        if at_deploy:  # it must still fit once the deploy fills the version in
+            encode_recipe(build_recipe(project, VERSION_STAND_IN))
     except RecipeTooLarge as exc:
-        return RecipePlan(name, None, (FleetWarning(exc.code, str(exc).split(": ", 1)[1]),))
-    return RecipePlan(name, encoded, ())
+        return RecipePlan(name, None, (FleetWarning(exc.code, str(exc).split(": ", 1)[1]),), document, deploy_value, at_deploy)
+    return RecipePlan(name, encoded, warnings, document, deploy_value, at_deploy)
 
 
 def recipe_to_project_data(recipe: Mapping[str, Any]) -> dict[str, Any]:

@@ -1,44 +1,86 @@
 """``RecipeParameter``: the fleet recipe as an SSM SecureString at ``/rayito/agents/<name>/recipe``.
 
 CloudFormation cannot create a SecureString, so a custom resource writes it, backed by one small
-Python function per stack (``lambdas/recipe_writer``) that never logs the value. Its role may put
-and delete exactly the recipe parameters of that stack's fleets, and use the customer key if one
-is given. The value is the encoded recipe: it holds secret *names* only, and it is visible in the
-template like any other property (see docs/recipe.md).
+Python function per stack (``lambdas/recipe_writer``) that never logs the recipe.
+
+The recipe is **not** a template property: anyone with ``cloudformation:GetTemplate`` (or the
+CloudFormation console, ``cdk diff``) would read it, and the SecureString and a customer key would
+protect nothing. The recipe document goes to the stack's deployment bucket as a file asset (like
+the function code), and the resource carries only the object's name and its SHA-256. The writer's
+role may read exactly those objects and put and delete exactly the stack's recipe parameters.
+
+A failed save never fails the deploy (the product page): the writer answers SUCCESS with the
+outcome as attributes (``Saved``, ``Outcome``, ``Reason``, ``Encoding``...), logs it and emits the
+``RecipeNotSaved`` metric; ``recipe_failure="fail"`` rolls the deploy back instead.
+
+Invoking the writer function is writing the recipe (docs/recipe.md): it acts only on requests for
+its own stack's recipe resources and answers only CloudFormation, but whoever may call
+``lambda:InvokeFunction`` on it can replay a write or a delete of those parameters.
 """
 
 from __future__ import annotations
 
-from typing import Optional
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Mapping, Optional, Union
 
 import aws_cdk as cdk
+import jsii
+from aws_cdk import aws_cloudwatch as cloudwatch
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
+from aws_cdk import aws_s3_assets as s3_assets
 from constructs import Construct
 
 from ._function import library_function
 from .names import claim
-from .permissions import recipe_parameter_arn
-from .recipe import EncodedRecipe
+from .permissions import recipe_parameter_arn, via
+from .recipe import EncodedRecipe, canonical_json, decode_recipe
 
 RESOURCE_TYPE = "Custom::RayitoRecipe"
+NAMESPACE = "Rayito/Fleet"
+FAILURE_MODES = ("warn", "fail")
 _PROVIDER_ID = "RayitoRecipeWriter"
+#: Lambda environment variables hold at most 4 KB in all; the resource map takes most of it.
+_MAX_RESOURCE_MAP = 3000
 
 
 class RecipeWriter(Construct):
-    """The function behind every ``RecipeParameter`` of a stack (one per stack)."""
+    """The function behind every ``RecipeParameter`` of a stack (one per stack: ``RecipeWriter.of``).
+
+    Its role starts with its own log streams and grows one entry per recipe: ``WriteRecipes``
+    (``ssm:PutParameter``/``ssm:DeleteParameter`` on the parameters), ``ReadRecipeDocuments``
+    (``s3:GetObject`` on the documents) and, with a customer key, ``RecipeKeys`` (``kms:Encrypt``
+    through SSM only).
+    """
 
     def __init__(self, scope: Construct, id: str) -> None:
         super().__init__(scope, id)
+        self._resources: dict[str, tuple[cdk.CfnResource, str]] = {}
         made = library_function(
             self,
             name="recipe_writer",
             description="Writes Rayito fleet recipes as SecureString parameters (never logs them)",
             role_description="Rayito recipe writer: puts and deletes fleet recipe parameters",
+            timeout=cdk.Duration.seconds(150),
+            environment={
+                "STACK_ID": cdk.Aws.STACK_ID,
+                "RECIPE_RESOURCES": cdk.Lazy.string(_Producer(self._resource_map)),
+            },
         )
         self.log_group = made.log_group
         self.role = made.role
         self.function = made.function
+        self._write = iam.PolicyStatement(sid="WriteRecipes", actions=["ssm:PutParameter", "ssm:DeleteParameter"])
+        self._read = iam.PolicyStatement(sid="ReadRecipeDocuments", actions=["s3:GetObject"])
+        self._keys: Optional[iam.PolicyStatement] = None
+        self.role.add_to_policy(self._write)
+        self.role.add_to_policy(self._read)
+        self.boundary: Optional[iam.IManagedPolicy] = None
+        """The permissions boundary applied to the writer's role by the fleets that use it."""
 
     @classmethod
     def of(cls, scope: Construct) -> "RecipeWriter":
@@ -47,14 +89,82 @@ class RecipeWriter(Construct):
         existing = stack.node.try_find_child(_PROVIDER_ID)
         return existing if isinstance(existing, RecipeWriter) else cls(stack, _PROVIDER_ID)
 
+    def register(self, resource: cdk.CfnResource, *, fleet_name: str, parameter_arn: str,
+                 document_arn: str, key: Optional[kms.IKey]) -> None:
+        """Let the writer act for one recipe resource: its parameter, its document, its key."""
+        self._resources[resource.node.path] = (resource, fleet_name)
+        self._write.add_resources(parameter_arn)
+        self._read.add_resources(document_arn)
+        if key is not None:
+            if self._keys is None:
+                region = cdk.Stack.of(self).region
+                self._keys = iam.PolicyStatement(sid="RecipeKeys", actions=["kms:Encrypt"], conditions=via("ssm", region))
+                self.role.add_to_policy(self._keys)
+            self._keys.add_resources(key.key_arn)
+
+    def apply_boundary(self, boundary: iam.IManagedPolicy) -> None:
+        """Put ``boundary`` on the writer's role; a different one already there is an error (the
+        writer is shared by every fleet of the stack)."""
+        stack = cdk.Stack.of(self)
+        if self.boundary is not None:
+            if stack.resolve(self.boundary.managed_policy_arn) != stack.resolve(boundary.managed_policy_arn):
+                raise ValueError(
+                    "permissions_boundary: the fleets of one stack share its recipe writer, which already has "
+                    f"the boundary {stack.resolve(self.boundary.managed_policy_arn)!r}; give every fleet of the "
+                    "stack the same boundary (FleetStack(permissions_boundary=...)) or put them in different stacks"
+                )
+            return
+        self.boundary = boundary
+        iam.PermissionsBoundary.of(self).apply(boundary)
+
+    def _resource_map(self) -> str:
+        stack = cdk.Stack.of(self)
+        mapping = {stack.resolve(stack.get_logical_id(cfn)): fleet for cfn, fleet in self._resources.values()}
+        text = json.dumps(dict(sorted(mapping.items())), separators=(",", ":"))
+        if len(text) > _MAX_RESOURCE_MAP:
+            raise ValueError(
+                f"{len(mapping)} fleets in one stack: their recipe resources do not fit in the writer's "
+                "environment (4 KB); split the fleets over several stacks"
+            )
+        return text
+
+
+@jsii.implements(cdk.IStableStringProducer)
+class _Producer:
+    def __init__(self, produce: Any) -> None:
+        self._produce = produce
+
+    def produce(self) -> str:
+        return self._produce()
+
+
+def _document_file(data: bytes, digest: str) -> Path:
+    """The recipe document as a file for the asset (content-addressed, private to this user)."""
+    folder = Path(tempfile.gettempdir()) / f"rayito-recipes-{os.getuid() if hasattr(os, 'getuid') else 'user'}"
+    folder.mkdir(mode=0o700, exist_ok=True)
+    path = folder / f"{digest}.json"
+    if not path.is_file() or path.read_bytes() != data:
+        fd, tmp = tempfile.mkstemp(dir=folder, suffix=".tmp")
+        with os.fdopen(fd, "wb") as out:
+            out.write(data)
+        os.replace(tmp, path)
+    return path
+
 
 class RecipeParameter(Construct):
     """The SecureString recipe of one fleet, written at deploy, deleted with the stack.
 
     :param fleet_name: the fleet; the parameter is ``/rayito/agents/<fleet_name>/recipe``.
-    :param recipe: the encoded recipe (``rayito_constructs.recipe.encode_recipe``).
+    :param recipe: the recipe document (``build_recipe``), or an encoded recipe
+        (``rayito_constructs.recipe.encode_recipe``), which is decoded back to its document.
+    :param image_version: the image version to record when it is only known at deploy (a token,
+        such as ``AgentImage.latest_active_image_version``); the writer puts it into the
+        document before encoding it, so it is there in every encoding. Default: the document's.
     :param encryption_key: customer KMS key. Default: the AWS managed key ``aws/ssm``.
     :param keep_recipe: keep the parameter when the stack or the fleet is deleted. Default: False.
+    :param recipe_failure: ``warn`` (a failed save is reported: the ``Outcome`` attribute, the log,
+        the ``RecipeNotSaved`` metric, and the deploy goes on, as the product page says) or
+        ``fail`` (the deploy rolls back). Default: ``warn``.
     """
 
     def __init__(
@@ -63,32 +173,45 @@ class RecipeParameter(Construct):
         id: str,
         *,
         fleet_name: str,
-        recipe: EncodedRecipe,
+        recipe: Union[EncodedRecipe, Mapping[str, Any]],
+        image_version: Optional[str] = None,
         encryption_key: Optional[kms.IKey] = None,
         keep_recipe: bool = False,
+        recipe_failure: str = "warn",
     ) -> None:
+        if recipe_failure not in FAILURE_MODES:
+            raise ValueError(f"recipe_failure: {recipe_failure!r} is not one of 'warn', 'fail'")
+        document = decode_recipe(recipe.value) if isinstance(recipe, EncodedRecipe) else dict(recipe)
+        if document.get("name") != fleet_name:
+            raise ValueError(f"recipe: the document is the recipe of {document.get('name')!r}, not of {fleet_name!r}")
         super().__init__(scope, id)
         stack = cdk.Stack.of(self)
+        self.fleet_name = fleet_name
         self.parameter_name = f"/rayito/agents/{fleet_name}/recipe"
         claim(self, "recipe parameter", self.parameter_name)  # one writer of it per account and region
         """``/rayito/agents/<name>/recipe``."""
         self.parameter_arn = recipe_parameter_arn(stack, fleet_name)
         """The parameter's ARN."""
-        self.encoding = recipe.encoding
-        writer = RecipeWriter.of(self)
-        grant = iam.Grant.add_to_principal(
-            grantee=writer.role,
-            actions=["ssm:PutParameter", "ssm:DeleteParameter"],
-            resource_arns=[self.parameter_arn],
+        self.encoding = recipe.encoding if isinstance(recipe, EncodedRecipe) else None
+        data = canonical_json(document)
+        digest = hashlib.sha256(data).hexdigest()
+        self.document = s3_assets.Asset(
+            self, "Document", path=str(_document_file(data, digest)),
+            asset_hash=digest, asset_hash_type=cdk.AssetHashType.CUSTOM,
         )
-        if encryption_key is not None:
-            encryption_key.grant(writer.role, "kms:Encrypt")
-        properties = {
+        """The recipe document in the deployment bucket (only the writer reads it)."""
+        writer = RecipeWriter.of(self)
+        self.writer = writer
+        properties: dict[str, Any] = {
             "ParameterName": self.parameter_name,
-            "Value": recipe.value,
-            "Encoding": recipe.encoding,
+            "DocumentBucket": self.document.s3_bucket_name,
+            "DocumentKey": self.document.s3_object_key,
+            "DocumentSha256": digest,
             "KeepOnDelete": "true" if keep_recipe else "false",
+            "FailureMode": recipe_failure,
         }
+        if image_version is not None:
+            properties["ImageVersion"] = image_version
         if encryption_key is not None:
             properties["KeyId"] = encryption_key.key_arn
         self.resource = cdk.CustomResource(
@@ -98,6 +221,46 @@ class RecipeParameter(Construct):
             resource_type=RESOURCE_TYPE,
             properties=properties,
             removal_policy=cdk.RemovalPolicy.RETAIN if keep_recipe else cdk.RemovalPolicy.DESTROY,
+            # The writer always answers within its own timeout; this bounds a lost answer too.
+            service_timeout=cdk.Duration.minutes(5),
         )
-        # The parameter must be written after the role may write it, and deleted before it may not.
-        grant.apply_before(self.resource)
+        writer.register(
+            self.resource.node.default_child,  # type: ignore[arg-type]
+            fleet_name=fleet_name,
+            parameter_arn=self.parameter_arn,
+            document_arn=self.document.bucket.arn_for_objects(self.document.s3_object_key),
+            key=encryption_key,
+        )
+        # The parameter is written after the role may write it, and deleted before it may not.
+        self.resource.node.add_dependency(writer.role)
+
+    @property
+    def outcome(self) -> str:
+        """``saved``, ``recipe_too_large``, ``recipe_access_denied`` or ``recipe_not_saved`` (at deploy)."""
+        return self.resource.get_att_string("Outcome")
+
+    @property
+    def saved(self) -> str:
+        """``true`` when the deploy saved the recipe."""
+        return self.resource.get_att_string("Saved")
+
+    @property
+    def reason(self) -> str:
+        """Why the recipe was not saved (the AWS error code, or the size), ``saved`` otherwise."""
+        return self.resource.get_att_string("Reason")
+
+    def metric_not_saved(self, **props: Any) -> cloudwatch.Metric:
+        """1 for a deploy that did not save the recipe (the writer's ``RecipeNotSaved``)."""
+        props.setdefault("period", cdk.Duration.minutes(5))
+        props.setdefault("statistic", "Maximum")
+        return cloudwatch.Metric(namespace=NAMESPACE, metric_name="RecipeNotSaved",
+                                 dimensions_map={"fleet": self.fleet_name}, **props)
+
+    def add_alarm(self) -> cloudwatch.Alarm:
+        """An alarm when a deploy could not save the recipe."""
+        return self.metric_not_saved().create_alarm(
+            self, "NotSavedAlarm", threshold=1, evaluation_periods=1,
+            comparison_operator=cloudwatch.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
+            treat_missing_data=cloudwatch.TreatMissingData.NOT_BREACHING,
+            alarm_description=f"{self.fleet_name}: a deploy could not save the fleet recipe (see the RecipeOutcome output)",
+        )

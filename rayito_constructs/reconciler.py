@@ -14,6 +14,7 @@ import aws_cdk as cdk
 from aws_cdk import aws_cloudwatch as cloudwatch
 from aws_cdk import aws_dynamodb as dynamodb
 from aws_cdk import aws_iam as iam
+from aws_cdk import aws_kms as kms
 from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_lambda_destinations as destinations
 from aws_cdk import aws_scheduler as scheduler
@@ -25,7 +26,7 @@ from ._function import library_function
 from ._nag import acknowledge_wildcard_resources
 from .control_plane_budget import ControlPlaneBudget
 from .fleet_ledger import FleetLedger
-from .permissions import STAR_REASONS, WILDCARD_REASON, FleetAccess, Statement, microvm_statements
+from .permissions import FleetAccess, Statement, microvm_statements, table_key_statement, wildcard_reasons
 from .project import AgentProject
 
 NAMESPACE = "Rayito/Fleet"
@@ -54,6 +55,8 @@ class FleetReconciler(Construct):
         python3.14 on arm64 in the stack's region.
     :param image_version: the image version new VMs run; VMs on another are rolled. Default: none.
     :param base_rollout: ``on_expiry`` (default) or ``rolling`` (see docs/image.md).
+    :param encryption_key: customer key of the stack's ledger and control-plane budget (made with
+        it on first use); the role may use it through DynamoDB only. Default: AWS managed keys.
     """
 
     def __init__(
@@ -76,6 +79,7 @@ class FleetReconciler(Construct):
         powertools_layer_arn: Optional[str] = None,
         image_version: Optional[str] = None,
         base_rollout: str = "on_expiry",
+        encryption_key: Optional[kms.IKey] = None,
     ) -> None:
         super().__init__(scope, id)
         stack = cdk.Stack.of(self)
@@ -84,8 +88,8 @@ class FleetReconciler(Construct):
         if tick_seconds >= schedule.to_seconds():
             raise ValueError(f"tick_seconds: {tick_seconds} leaves no room before the next tick ({schedule.to_seconds()} s)")
         self.fleet_name = project.name
-        budget_table = control_plane_budget or ControlPlaneBudget.of(self).table
-        ledger_table = ledger or FleetLedger.of(self).table
+        budget_table = control_plane_budget or ControlPlaneBudget.of(self, encryption_key=encryption_key).table
+        ledger_table = ledger or FleetLedger.of(self, encryption_key=encryption_key).table
         self.ledger_table = ledger_table
         """The slot ledger."""
         self.budget_table = budget_table
@@ -141,9 +145,13 @@ class FleetReconciler(Construct):
             Statement("ControlPlaneBudget", ("dynamodb:UpdateItem", "dynamodb:GetItem"), (budget_table.table_arn,)),
             Statement("DeadLetters", ("sqs:SendMessage",), (self.dead_letter_queue.queue_arn,)),
         ]
-        reasons = {s.sid: STAR_REASONS.get(s.sid, WILDCARD_REASON) for s in statements}
-        if "*" not in next(s for s in statements if s.sid == "Microvms").resources:
-            reasons["Microvms"] = WILDCARD_REASON
+        keys: dict[str, str] = {}  # the tables' customer keys, each once
+        for table in (ledger_table, budget_table):
+            if table.encryption_key is not None:
+                keys.setdefault(json.dumps(stack.resolve(table.encryption_key.key_arn)), table.encryption_key.key_arn)
+        if keys:
+            statements.append(table_key_statement("TablesKey", tuple(keys.values()), stack.region))
+        reasons = wildcard_reasons(statements)
         made = library_function(
             self,
             name="reconciler",

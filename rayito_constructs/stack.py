@@ -5,6 +5,8 @@ from __future__ import annotations
 from typing import Any, Optional
 
 import aws_cdk as cdk
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_kms as kms
 from constructs import Construct
 
 from .fleet import AgentFleet
@@ -19,10 +21,18 @@ class FleetStack(cdk.Stack):
     :param image_arn: see :class:`AgentFleet`. Default: the image named after the fleet.
     :param metadata_index: see :class:`AgentFleet`. Default: False.
     :param keep_recipe: see :class:`AgentFleet`. Default: False.
-    :param scope_microvm_actions_to_image: see :class:`AgentFleet`. Default: False.
+    :param scope_microvm_actions_to_image: see :class:`AgentFleet`. Default: True (False is the
+        opt-out to every image, docs/iam.md).
+    :param recipe_key: see :class:`AgentFleet`. Default: AWS managed keys.
+    :param recipe_failure: see :class:`AgentFleet`. Default: ``warn``.
+    :param permissions_boundary: a managed policy set as the permissions boundary of every role in
+        the stack, now and later, the recipe writer included. Default: none.
     :param stack_props: ``cdk.Stack`` keyword arguments (``env``, ``description``, ``synthesizer``...).
         Default ``stack_name``: CDK's (the id), or one derived from it when the id is not a valid
         stack name (``Fleet-my_agent`` → ``Fleet-my-agent-<hash>``).
+
+    Outputs include ``RecipeOutcome`` and ``RecipeSaved``: what the deploy did with the recipe
+    (``saved``, or the warning code and ``RecipeReason`` when it could not save it).
     """
 
     def __init__(
@@ -34,7 +44,10 @@ class FleetStack(cdk.Stack):
         image_arn: Optional[str] = None,
         metadata_index: bool = False,
         keep_recipe: bool = False,
-        scope_microvm_actions_to_image: bool = False,
+        scope_microvm_actions_to_image: bool = True,
+        recipe_key: Optional[kms.IKey] = None,
+        recipe_failure: str = "warn",
+        permissions_boundary: Optional[iam.IManagedPolicy] = None,
         **stack_props: Any,
     ) -> None:
         stack_props.setdefault("description", f"Rayito agent fleet {project.name} (rayito_constructs)")
@@ -43,6 +56,9 @@ class FleetStack(cdk.Stack):
             prefix = f"{stage.stage_name}-" if stage is not None and stage.stage_name else ""
             stack_props["stack_name"] = safe_stack_name(prefix + id)
         super().__init__(scope, id, **stack_props)
+        if permissions_boundary is not None:
+            # The stack's scope: every role of the stack, the recipe writer included, now and later.
+            iam.PermissionsBoundary.of(self).apply(permissions_boundary)
         self.fleet = AgentFleet(
             self,
             "Fleet",
@@ -51,6 +67,9 @@ class FleetStack(cdk.Stack):
             metadata_index=metadata_index,
             keep_recipe=keep_recipe,
             scope_microvm_actions_to_image=scope_microvm_actions_to_image,
+            recipe_key=recipe_key,
+            recipe_failure=recipe_failure,
+            permissions_boundary=permissions_boundary,
         )
         """The fleet."""
         fleet = self.fleet
@@ -61,6 +80,11 @@ class FleetStack(cdk.Stack):
             "RecipeParameterName",
             value=fleet.recipe_parameter_name if fleet.recipe else "none (see the synth warnings)",
         )
+        if fleet.recipe:
+            cdk.CfnOutput(self, "RecipeOutcome", value=fleet.recipe.outcome,
+                          description="what the deploy did with the recipe: saved, or a recipe_* warning code")
+            cdk.CfnOutput(self, "RecipeSaved", value=fleet.recipe.saved)
+            cdk.CfnOutput(self, "RecipeReason", value=fleet.recipe.reason)
         cdk.CfnOutput(self, "ExecutionRoleArn", value=fleet.execution_role.role_arn)
         cdk.CfnOutput(self, "CallerPolicyArn", value=fleet.caller_policy.managed_policy_arn)
         cdk.CfnOutput(self, "ImagePublisherPolicyArn", value=fleet.image_publisher_policy.managed_policy_arn)

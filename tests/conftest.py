@@ -41,10 +41,18 @@ def snapshot_json(snapshot):
     return snapshot.with_defaults(extension_class=JSONSnapshotExtension, matcher=neutralize)
 
 
-# Every template a test synthesizes passes cfn-lint (issue: "on every template the tests
-# synthesize"): Template.from_stack is wrapped to keep each one, and the session fails at the end
-# if any has an error or a warning (W3005, the DependsOn CDK adds on purpose, aside).
+# Every template a test synthesizes passes cfn-lint and keeps the IAM invariants of
+# tests/iam_invariants.py (the launcher never writes the recipe, wildcards only where the
+# allow-list says, PassRole on roles with iam:PassedToService): Template.from_stack is wrapped to
+# keep each one, and the session fails at the end if any has a finding (cfn-lint's W3005, the
+# DependsOn CDK adds on purpose, aside).
 _TEMPLATES: dict[str, dict] = {}
+
+
+def record_template(name: str, template: dict) -> None:
+    """Put one synthesized template under the session gate."""
+    test = os.environ.get("PYTEST_CURRENT_TEST", "").split(" ")[0]
+    _TEMPLATES[f"{test} {name}#{len(_TEMPLATES)}"] = template
 
 
 def pytest_configure(config) -> None:
@@ -54,7 +62,7 @@ def pytest_configure(config) -> None:
 
     def from_stack(cls, stack, *args, **kwargs):
         template = original(stack, *args, **kwargs)
-        _TEMPLATES[f"{stack.node.path}#{len(_TEMPLATES)}"] = template.to_json()
+        record_template(stack.node.path, template.to_json())
         return template
 
     Template.from_stack = classmethod(from_stack)
@@ -67,14 +75,26 @@ def pytest_sessionfinish(session, exitstatus) -> None:
 
     from cfnlint.api import ManualArgs, lint
 
+    from .iam_invariants import iam_violations
+
     findings = []
+    iam_findings = []
+    seen: set[str] = set()
     for name, template in _TEMPLATES.items():
+        text = _json.dumps(template, sort_keys=True)
+        if text in seen:  # the same template synthesized twice (from_stack, then nag) is linted once
+            continue
+        seen.add(text)
         for match in lint(_json.dumps(template), config=ManualArgs(regions=["us-east-1"], ignore_checks=["W3005"])):
             findings.append(f"{name}: {match.rule.id} {match.message}")
+        iam_findings.extend(f"{name}: {v}" for v in iam_violations(template))
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
     if reporter is not None:
-        reporter.write_line(f"cfn-lint: {len(_TEMPLATES)} templates synthesized by the tests, {len(findings)} findings")
-    if findings:
-        for finding in findings:
+        reporter.write_line(
+            f"cfn-lint: {len(seen)} distinct templates synthesized by the tests, {len(findings)} findings; "
+            f"IAM invariants: {len(iam_findings)} violations"
+        )
+    if findings or iam_findings:
+        for finding in (*findings, *iam_findings):
             reporter.write_line(finding) if reporter else print(finding)
         session.exitstatus = 1

@@ -31,7 +31,7 @@ def test_image_from_the_example_folder() -> None:
     assert p["Name"] == "mi-agente"
     assert p["Resources"] == [{"MinimumMemoryInMiB": 4096}]
     assert p["CpuConfigurations"] == [{"Architecture": "ARM_64"}]
-    assert p["BaseImageArn"] == "arn:aws:lambda:us-east-1:aws:microvm-image:al2023-1" and p["BaseImageVersion"] == "0"
+    assert p["BaseImageArn"] == "arn:aws:lambda:us-east-1:aws:microvm-image:al2023-1" and p["BaseImageVersion"] == "1"
     assert p["EnvironmentVariables"] == [{"Key": "LOG_LEVEL", "Value": "info"}]
     assert p["Logging"] == {"CloudWatch": {"LogGroup": "/aws/lambda-microvms/mi-agente"}}
     assert p["Hooks"]["Port"] == 9000
@@ -45,7 +45,12 @@ def test_image_from_the_example_folder() -> None:
     (role,) = roles.values()
     (trust,) = role["Properties"]["AssumeRolePolicyDocument"]["Statement"]
     assert sorted(trust["Action"]) == ["sts:AssumeRole", "sts:TagSession"]
-    assert trust["Condition"]["ArnLike"] == {"aws:SourceArn": "arn:aws:lambda:us-east-1:123456789012:microvm-image:mi-agente*"}
+    image = "arn:aws:lambda:us-east-1:123456789012:microvm-image:mi-agente"
+    assert trust["Condition"]["ArnLike"] == {"aws:SourceArn": [image, image + ":*"]}
+    # Its log group belongs to the stack and exists before the build.
+    ((group_id, group),) = template.find_resources("AWS::Logs::LogGroup").items()
+    assert group["Properties"] == {"LogGroupName": "/aws/lambda-microvms/mi-agente", "RetentionInDays": 30}
+    assert group_id in resource["DependsOn"]
     (policy,) = template.find_resources("AWS::IAM::Policy").values()
     by_sid = {s["Sid"]: s for s in policy["Properties"]["PolicyDocument"]["Statement"]}
     assert by_sid["ReadCode"]["Action"] == "s3:GetObject"
@@ -78,12 +83,15 @@ def test_clear_errors() -> None:
     stack = new_stack(app)
     with pytest.raises(ValueError) as info:
         AgentImage(stack, "Bad", folder=Path(__file__).parent, image_name="no name", memory_mib=3000,
-                   architecture="RISCV", environment={"GITHUB_TOKEN": "x"})
+                   architecture="RISCV", environment={"GITHUB_TOKEN": "x", "REPO_URL": "https://bot:s3cret@git.example/x"})
     assert str(info.value).splitlines() == [
         "image_name: 'no name' must be 1 to 64 letters, digits, '-' or '_'",
         "memory_mib: 3000 is not a MicroVM size class (512, 1024, 2048, 4096, 8192 MiB)",
         "architecture: 'RISCV' is not one of 'ARM_64', 'X86_64'",
         "environment: GITHUB_TOKEN looks like a secret (it ends in _TOKEN); pass it at run time, not in the image",
+        "environment.REPO_URL: the value looks like a credential (a URL with a user and password); plain env "
+        "values are stored in the image and the recipe, readable by anyone who may read the template or the "
+        "recipe: move REPO_URL to secret_env (--secret-env REPO_URL=<secret>)",
         f"folder: {str(Path(__file__).parent)!r} has no Dockerfile at its root",
     ]
     with pytest.raises(ValueError, match="folder, code: give exactly one of them"):
@@ -128,3 +136,36 @@ def test_fleet_with_a_given_image_arn_builds_nothing() -> None:
     Template.from_stack(stack).resource_count_is("AWS::Lambda::MicrovmImage", 0)
     with pytest.raises(ValueError, match="base_rollout"):
         AgentFleet(stack, "Bad", project=AgentProject.load(EXAMPLE, name="otra"), base_rollout="sometimes")
+
+
+@pytest.mark.parametrize("version, ok", [("1", True), ("0", True), ("12", True), ("1.0", False), ("latest", False),
+                                         ("", False), (" 1", False), ("1 ", False)])
+def test_base_image_version_is_a_major_number(version: str, ok: bool) -> None:
+    """Measured: create rejects "1.0" ("Expected a single major version number (e.g., 1)")."""
+    app = new_app()
+    stack = new_stack(app)
+    if ok:
+        AgentImage(stack, "Image", folder=EXAMPLE, image_name="x", base_image_version=version)
+        return
+    with pytest.raises(ValueError, match="is not a major version number such as '1'"):
+        AgentImage(stack, "Image", folder=EXAMPLE, image_name="x", base_image_version=version)
+
+
+def test_base_image_version_may_be_a_parameter() -> None:
+    import aws_cdk as cdk
+
+    app = new_app()
+    stack = new_stack(app)
+    version = cdk.CfnParameter(stack, "BaseVersion", type="String", default="1")
+    AgentImage(stack, "Image", folder=EXAMPLE, image_name="x", base_image_version=version.value_as_string)
+    (image,) = Template.from_stack(stack).find_resources("AWS::Lambda::MicrovmImage").values()
+    assert image["Properties"]["BaseImageVersion"] == {"Ref": "BaseVersion"}
+
+
+def test_without_its_own_log_group_the_build_may_create_it() -> None:
+    app, _, image, template = synth_image(folder=EXAMPLE, image_name="x_1", own_log_group=False)
+    template.resource_count_is("AWS::Logs::LogGroup", 0)
+    (policy,) = template.find_resources("AWS::IAM::Policy").values()
+    logs = [s for s in policy["Properties"]["PolicyDocument"]["Statement"] if s["Sid"] == "BuildLogs"][0]
+    assert logs["Action"][0] == "logs:CreateLogGroup" and not image.owns_log_group
+    assert nag(app) == []

@@ -199,7 +199,7 @@ def test_a_folder_without_a_project_file_is_planned_with_a_warning(capsys, tmp_p
     assert code == 0
     doc = json.loads(text)
     assert doc["name"] == "empty_agent" and doc["stack_name"].startswith("RayitoFleet-empty-agent-")
-    assert [w["code"] for w in doc["warnings"]] == ["no_project_file", "no_dockerfile"]
+    assert [w["code"] for w in doc["warnings"]] == ["no_project_file", "no_dockerfile", "recipe_without_image_version"]
     err = capsys.readouterr().err
     assert err.startswith("rayito-constructs: warning: no_project_file: ") and "rayito-agent.toml" in err
 

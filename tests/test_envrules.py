@@ -45,3 +45,86 @@ def test_reason_names_the_clause() -> None:
     # Nothing says "it ends in _TOKEN" of a name that does not.
     for name in ("TOKEN", "XTOKEN", "TOKEN_X", "token"):
         assert secret_reason(name) is None, name
+
+
+# ------------------------------------------------------------------ values shaped like credentials
+
+import io  # noqa: E402
+
+from rayito_constructs import AgentProject, ProjectError  # noqa: E402
+from rayito_constructs.cli import main as cli  # noqa: E402
+from rayito_constructs.envrules import credential_shape  # noqa: E402
+
+# Built from parts so that no string of this file is a credential-shaped literal.
+CREDENTIALS = {
+    "postgres://admin:" + "pw@db.internal:5432/app": "a URL with a user and password",
+    "redis://:" + "s3cret@cache:6379/0": "a URL with a user and password",
+    "https://oauth2:" + "tok@gitlab.example.com/group/repo.git": "a URL with a user and password",
+    "https://" + "x" * 24 + "@github.com/org/repo.git": "a URL with a token as its user",
+    "ghp_" + "A1b2" * 9: "a GitHub token",
+    "--token gho_" + "z" * 36: "a GitHub token",
+    "github_pat_" + "11ABCDEFG0" * 3: "a GitHub token",
+    "glpat-" + "x" * 20: "a GitLab token",
+    "AKIA" + "IOSFODNN7EXAMPLE": "an AWS access key id",
+    "ASIA" + "Q" * 16: "an AWS access key id",
+    "xoxb-" + "1234567890-abcdefghij": "a Slack token",
+    "https://hooks.slack.com/services/" + "T000/B000/xxxx": "a Slack webhook URL",
+    "sk-" + "proj-" + "a1" * 20: "an API secret key (sk-...)",
+    "sk-" + "ant-api03-" + "b" * 30: "an API secret key (sk-...)",
+    "sk_" + "live_" + "c" * 24: "a Stripe key",
+    "AIza" + "d" * 35: "a Google API key",
+    "hf_" + "e" * 34: "a Hugging Face token",
+    "npm_" + "f" * 36: "an npm token",
+    "eyJhbGciOiJIUzI1NiJ9" + ".eyJzdWIiOiIxMjM0NTY3ODkwIn0" + ".dozjgNryP4J3jVmNHl0w5N_XgL0n3I9PlFUP0THsR8U": "a JSON Web Token",
+    "-----BEGIN " + "OPENSSH PRIVATE KEY-----\nb3Blbn...": "a private key block",
+    "-----BEGIN " + "PRIVATE KEY-----": "a private key block",
+    "-----BEGIN " + "PGP PRIVATE KEY BLOCK-----": "a private key block",
+    "Bearer " + "abcdefghijklmnop0123": "an Authorization header value",
+}
+PLAIN_VALUES = [
+    "", "info", "Hola", "https://api.example.com/v1", "postgres://db.internal:5432/app", "sk-learn", "scikit-learn",
+    "ssh://git@github.com/org/repo.git", "mailto:someone@example.com", "https://user@example.com/",
+    "arn:aws:iam::123456789012:role/agent", "us-east-1", "550e8400-e29b-41d4-a716-446655440000",
+    "d41d8cd98f00b204e9800998ecf8427e", "eyJhbGciOiJIUzI1NiJ9", "Bearer", "bearer token", "xoxo", "AKIA",
+    "ghp_short", "hooks.slack.com", "BEGIN PRIVATE KEY", "a:b@c", "http://localhost:8080/path@v2",
+]
+
+
+@pytest.mark.parametrize("value, shape", list(CREDENTIALS.items()))
+def test_credential_shapes(value: str, shape: str) -> None:
+    assert credential_shape(value) == shape
+
+
+@pytest.mark.parametrize("value", PLAIN_VALUES)
+def test_plain_values(value: str) -> None:
+    assert credential_shape(value) is None
+
+
+@pytest.mark.parametrize("value", list(CREDENTIALS)[:6] + list(CREDENTIALS)[-4:])
+def test_a_credential_in_env_is_an_error_naming_the_variable_never_the_value(value: str, agent_folder) -> None:
+    folder = agent_folder(f"[env]\nLOG_LEVEL = \"info\"\nPLAIN_LOOKING = {json_string(value)}\n", name="env")
+    for load in (lambda: AgentProject.load(folder), lambda: AgentProject.load(agent_folder(None, name="e2"), env={"PLAIN_LOOKING": value})):
+        with pytest.raises(ProjectError) as info:
+            load()
+        (problem,) = info.value.problems
+        assert problem.message.startswith("env.PLAIN_LOOKING: the value looks like a credential (")
+        assert "secret_env (--secret-env PLAIN_LOOKING=<secret>)" in problem.message
+        assert value not in str(info.value) and value.split("@")[0][-6:] not in problem.message.split("(")[1]
+
+
+def json_string(value: str) -> str:
+    import json
+
+    return json.dumps(value)
+
+
+def test_plan_refuses_a_credential_in_env(agent_folder, capsys) -> None:
+    secret = "postgres://admin:" + "hunter2@db/app"
+    folder = agent_folder(f"[env]\nDATABASE_URL = \"{secret}\"\n", name="planned")
+    out = io.StringIO()
+    assert cli(["plan", str(folder)], out=out) == 2 and out.getvalue() == ""
+    err = capsys.readouterr().err
+    assert "env.DATABASE_URL: the value looks like a credential (a URL with a user and password)" in err
+    assert "hunter2" not in err and secret not in err
+    assert cli(["plan", str(folder), "--env", f"OTHER={secret}"], out=out) == 2
+    assert "hunter2" not in capsys.readouterr().err

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
+from pathlib import Path
 
 import aws_cdk as cdk
 import pytest
@@ -13,10 +15,12 @@ from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_sqs as sqs
 from aws_cdk.assertions import Annotations, Match, Template
 
-from rayito_constructs import AgentFleet, AgentProject, FleetStack, decode_recipe, plan_recipe
+from rayito_constructs import AgentFleet, AgentProject, FleetStack, ProjectError, build_recipe
+from rayito_constructs.recipe import canonical_json
 
 from .cdk_helpers import lint_template, nag, new_app, new_stack, stack_props
 from .conftest import EXAMPLE
+from .iam_invariants import iam_violations, policy_documents
 
 RECIPE_ARN = "arn:aws:ssm:us-east-1:123456789012:parameter/rayito/agents/mi-agente/recipe"
 
@@ -47,36 +51,38 @@ def test_example_resources(example) -> None:
     assert set(outputs) == {
         "FleetName", "ImageArn", "RecipeParameterName", "ExecutionRoleArn", "CallerPolicyArn",
         "ImagePublisherPolicyArn", "SandboxLauncherPolicyArn", "ReconcilerFunctionName",
-        "ReconcilerDeadLetterQueueUrl", "EgressBudgetTableName",
+        "ReconcilerDeadLetterQueueUrl", "EgressBudgetTableName", "RecipeOutcome", "RecipeSaved", "RecipeReason",
     }
+    # What the deploy did with the recipe, as the writer answered it.
+    (recipe_id,) = template.find_resources("Custom::RayitoRecipe")
+    assert outputs["RecipeOutcome"]["Value"] == {"Fn::GetAtt": [recipe_id, "Outcome"]}
+    assert outputs["RecipeSaved"]["Value"] == {"Fn::GetAtt": [recipe_id, "Saved"]}
     assert outputs["RecipeParameterName"]["Value"] == "/rayito/agents/mi-agente/recipe"
     # The example folder has a Dockerfile: the stack builds its image.
     assert outputs["ImageArn"]["Value"] == {"Fn::GetAtt": ["FleetImage4D94793D", "ImageArn"]}
     template.resource_count_is("AWS::Lambda::MicrovmImage", 1)
 
 
-def test_recipe_custom_resource_holds_the_encoded_recipe(example) -> None:
-    _, _, template = example
+def test_recipe_resource_names_the_document_not_the_recipe(example) -> None:
+    _, stack, template = example
     (recipe,) = template.find_resources("Custom::RayitoRecipe").values()
     props = recipe["Properties"]
+    document = build_recipe(AgentProject.load(EXAMPLE))
     assert props["ParameterName"] == "/rayito/agents/mi-agente/recipe"
-    # The recipe records the image version the deploy builds: CloudFormation fills it in.
-    parts = props["Value"]["Fn::Join"][1]
-    assert {"Fn::GetAtt": ["FleetImage4D94793D", "LatestActiveImageVersion"]} in parts
-    value = "".join(p if isinstance(p, str) else "1.0" for p in parts)
-    expected = plan_recipe(AgentProject.load(EXAMPLE), image_version="1.0").encoded
-    assert value == expected.value and props["Encoding"] == "json"
-    assert decode_recipe(value)["image"]["version"] == "1.0"
-    assert decode_recipe(value)["scaling"]["max_vms"] == 3
-    assert props["KeepOnDelete"] == "false" and "KeyId" not in props
+    # The recipe records the image version the deploy builds: CloudFormation resolves it and the
+    # writer puts it in the document it ships (in every encoding).
+    assert props["ImageVersion"] == {"Fn::GetAtt": ["FleetImage4D94793D", "LatestActiveImageVersion"]}
+    assert props["DocumentBucket"] == "cdk-hnb659fds-assets-123456789012-us-east-1"
+    assert props["DocumentSha256"] == hashlib.sha256(canonical_json(document)).hexdigest()
+    assert props["FailureMode"] == "warn" and props["ServiceTimeout"] == "300"
+    assert props["KeepOnDelete"] == "false" and "KeyId" not in props and "Value" not in props
     assert recipe["DeletionPolicy"] == "Delete"
-    # The writer may put and delete exactly this parameter, and is created before it is used.
-    writer_policy = template.find_resources(
-        "AWS::IAM::Policy", {"Properties": {"Roles": [{"Ref": Match.string_like_regexp("RayitoRecipeWriterRole")}]}}
-    )
-    (policy,) = writer_policy.values()
-    ssm = [s for s in policy["Properties"]["PolicyDocument"]["Statement"] if "ssm:PutParameter" in s["Action"]]
-    assert ssm == [{"Action": ["ssm:DeleteParameter", "ssm:PutParameter"], "Effect": "Allow", "Resource": RECIPE_ARN}]
+    # The document is an asset of the stack: `cdk deploy` uploads it, the template only names it.
+    staged = Path(example[0].synth().directory) / stack.fleet.recipe.document.asset_path
+    assert json.loads(staged.read_bytes()) == document and document["image"]["version"] is None
+    assert document["instructions"] not in json.dumps(template.to_json())
+    # The writer may put and delete exactly this parameter and read exactly this document, and is
+    # ready before the resource is written.
     assert any(d.startswith("RayitoRecipeWriterRoleDefaultPolicy") for d in recipe.get("DependsOn", []))
 
 
@@ -104,10 +110,21 @@ def test_execution_role_trust(example) -> None:
     (statement,) = role["Properties"]["AssumeRolePolicyDocument"]["Statement"]
     assert sorted(statement["Action"]) == ["sts:AssumeRole", "sts:TagSession"]
     assert statement["Principal"] == {"Service": "lambda.amazonaws.com"}
+    image = "arn:aws:lambda:us-east-1:123456789012:microvm-image:mi-agente"
     assert statement["Condition"] == {
         "StringEquals": {"aws:SourceAccount": "123456789012"},
-        "ArnLike": {"aws:SourceArn": "arn:aws:lambda:us-east-1:123456789012:microvm-image:mi-agente*"},
+        "ArnLike": {"aws:SourceArn": [image, image + ":*"]},  # the image and its versions, no prefix
     }
+
+
+def test_the_stack_owns_the_microvm_log_group(example) -> None:
+    _, _, template = example
+    groups = template.find_resources("AWS::Logs::LogGroup", {"Properties": {"LogGroupName": "/aws/lambda-microvms/mi-agente"}})
+    ((logical, group),) = groups.items()
+    assert group["Properties"]["RetentionInDays"] == 30 and group["DeletionPolicy"] == "Delete"
+    # Created before the image, so that neither the build nor a VM creates it first.
+    (image,) = template.find_resources("AWS::Lambda::MicrovmImage").values()
+    assert logical in image["DependsOn"]
 
 
 def test_metadata_index(with_index) -> None:
@@ -162,26 +179,56 @@ def test_recipe_too_large_warns() -> None:
     assert Annotations.from_stack(stack).find_warning("*", Match.string_like_regexp("^recipe_too_large: "))
 
 
-def test_compressed_recipe_and_customer_key() -> None:
-    project = AgentProject.from_dict({"instructions": "hola " * 1200}, name="long")
+def test_customer_key_reaches_everything_the_fleet_creates(agent_folder) -> None:
+    folder = agent_folder('[[egress.budgets]]\ntarget = "https://api.example.com"\nrate = "1/s"\nburst = 2\n', name="keyed")
+    project = AgentProject.load(folder, sessions="dedicated", max_concurrency=1)
     app = new_app()
     stack = new_stack(app)
     key = kms.Key(stack, "Key", enable_key_rotation=True)
-    AgentFleet(stack, "Fleet", project=project, recipe_key=key)
+    AgentFleet(stack, "Fleet", project=project, recipe_key=key, metadata_index=True)
     template = Template.from_stack(stack)
+    key_arn = {"Fn::GetAtt": [next(iter(template.find_resources("AWS::KMS::Key"))), "Arn"]}
+    tables = template.find_resources("AWS::DynamoDB::Table")
+    assert len(tables) == 4  # the index, the egress budget, the ledger, the control-plane budget
+    for table in tables.values():
+        assert table["Properties"]["SSESpecification"] == {"KMSMasterKeyId": key_arn, "SSEEnabled": True, "SSEType": "KMS"}
+    (group,) = template.find_resources("AWS::Logs::LogGroup", {"Properties": {"LogGroupName": "/aws/lambda-microvms/keyed"}}).values()
+    assert group["Properties"]["KmsKeyId"] == key_arn
     (recipe,) = template.find_resources("Custom::RayitoRecipe").values()
-    assert recipe["Properties"]["Encoding"] == "compressed"
-    key_id = recipe["Properties"]["KeyId"]
-    assert key_id["Fn::GetAtt"][0].startswith("Key") and key_id["Fn::GetAtt"][1] == "Arn"
-    assert decode_recipe(recipe["Properties"]["Value"])["instructions"] == "hola " * 1200
-    # The writer may encrypt with exactly that key, and nothing else of KMS.
-    writer = template.find_resources("AWS::IAM::Policy", {"Properties": {"Roles": [{"Ref": Match.string_like_regexp("RayitoRecipeWriterRole")}]}})
-    (policy,) = writer.values()
-    kms_statements = [st for st in policy["Properties"]["PolicyDocument"]["Statement"]
-                      if any(a.startswith("kms:") for a in ([st["Action"]] if isinstance(st["Action"], str) else st["Action"]))]
-    assert len(kms_statements) == 1 and kms_statements[0]["Action"] == "kms:Encrypt"
-    assert kms_statements[0]["Resource"] == key_id
+    assert recipe["Properties"]["KeyId"] == key_arn
+    # Every KMS grant of every identity policy names the service it goes through.
+    grants = 0
+    for _, _, document in policy_documents(template.to_json()):
+        for statement in document["Statement"]:
+            actions = statement["Action"] if isinstance(statement["Action"], list) else [statement["Action"]]
+            if any(a.startswith("kms:") for a in actions):
+                grants += 1
+                assert list(statement["Condition"]["StringEquals"]) == ["kms:ViaService"], statement
+    assert grants >= 7  # caller, launcher (recipe and index), publisher, writer, reconciler, agents
     assert nag(app) == [] and lint_template(template) == []
+
+
+def test_an_imported_key_is_not_forced_on_the_log_group() -> None:
+    app = new_app()
+    stack = new_stack(app)
+    key = kms.Key.from_key_arn(stack, "Key", "arn:aws:kms:us-east-1:123456789012:key/1234abcd-12ab-34cd-56ef-1234567890ab")
+    AgentFleet(stack, "Fleet", project=AgentProject.load(EXAMPLE), recipe_key=key)
+    template = Template.from_stack(stack)
+    (group,) = template.find_resources("AWS::Logs::LogGroup", {"Properties": {"LogGroupName": "/aws/lambda-microvms/mi-agente"}}).values()
+    assert "KmsKeyId" not in group["Properties"]
+    assert Annotations.from_stack(stack).find_warning("*", Match.string_like_regexp("is not encrypted with the customer key"))
+
+
+def test_two_fleets_of_one_stack_share_one_key() -> None:
+    app = new_app()
+    stack = new_stack(app)
+    first, second = (kms.Key(stack, n, enable_key_rotation=True) for n in ("First", "Second"))
+    AgentFleet(stack, "A", project=AgentProject.load(EXAMPLE, name="a"), recipe_key=first)
+    AgentFleet(stack, "B", project=AgentProject.load(EXAMPLE, name="b"), recipe_key=first)  # the same key: fine
+    with pytest.raises(ValueError, match="shared by every fleet of the stack and is encrypted with the key Test/First"):
+        AgentFleet(stack, "C", project=AgentProject.load(EXAMPLE, name="c"), recipe_key=second)
+    with pytest.raises(ValueError, match="but this fleet asks for an AWS managed key"):
+        AgentFleet(stack, "D", project=AgentProject.load(EXAMPLE, name="d"))
 
 
 def test_warnings_of_the_project_become_annotations(agent_folder) -> None:
@@ -290,15 +337,110 @@ def test_existing_app_with_its_own_resources() -> None:
     Template.from_stack(security).resource_count_is("AWS::IAM::ManagedPolicy", 2)
 
 
-def test_fifty_fleets_share_one_writer() -> None:
+def test_the_fleets_of_a_stack_share_one_writer() -> None:
+    app = new_app()
+    stack = new_stack(app)
+    names = ["agente-0", "agente_1", "a", "x" * 64, "agente-4", "agente-5"]
+    for i, name in enumerate(names):
+        AgentFleet(stack, f"Fleet{i}", project=AgentProject.load(EXAMPLE, name=name))
+    template = Template.from_stack(stack)
+    writers = template.find_resources("AWS::Lambda::Function", {"Properties": {"Handler": "index.handler"}})
+    ((_, writer),) = writers.items()
+    template.resource_count_is("Custom::RayitoRecipe", len(names))
+    # It acts for exactly these resources, each mapped to its fleet, and may write exactly their
+    # parameters and read exactly their documents.
+    mapping = json.loads(writer["Properties"]["Environment"]["Variables"]["RECIPE_RESOURCES"])
+    recipes = template.find_resources("Custom::RayitoRecipe")
+    assert mapping == {k: r["Properties"]["ParameterName"].split("/")[3] for k, r in recipes.items()}
+    assert sorted(mapping.values()) == sorted(names)
+    (policy,) = [p for k, p in template.find_resources("AWS::IAM::Policy").items() if k.startswith("RayitoRecipeWriter")]
+    by_sid = {st["Sid"]: st for st in policy["Properties"]["PolicyDocument"]["Statement"]}
+    assert sorted(by_sid["WriteRecipes"]["Resource"]) == sorted(
+        f"arn:aws:ssm:us-east-1:123456789012:parameter/rayito/agents/{n}/recipe" for n in names)
+    assert len(by_sid["ReadRecipeDocuments"]["Resource"]) == len(names)
+    assert iam_violations(template.to_json()) == []
+
+
+def test_too_many_fleets_for_one_writer_is_a_clear_error(monkeypatch) -> None:
+    from rayito_constructs import recipe_parameter
+
+    monkeypatch.setattr(recipe_parameter, "_MAX_RESOURCE_MAP", 60)
     app = new_app()
     stack = new_stack(app)
     for i in range(3):
-        AgentFleet(stack, f"Fleet{i}", project=AgentProject.load(EXAMPLE, name=f"agente-{i}"))
-    template = Template.from_stack(stack)
-    writers = template.find_resources("AWS::Lambda::Function", {"Properties": {"Handler": "index.handler"}})
-    assert len(writers) == 1
-    template.resource_count_is("Custom::RayitoRecipe", 3)
+        AgentFleet(stack, f"Fleet{i}", project=AgentProject.load(EXAMPLE, name=f"agente-{i}"), reconciler=False)
+    with pytest.raises(Exception, match="3 fleets in one stack: their recipe resources do not fit"):
+        app.synth()
+
+
+def test_permissions_boundary_on_the_stack_reaches_every_role() -> None:
+    app = new_app()
+    arn = "arn:aws:iam::123456789012:policy/rayito-boundary"
+    boundary = iam.ManagedPolicy.from_managed_policy_arn(app, "Boundary", arn)
+    stack = FleetStack(app, "Bounded", project=AgentProject.load(EXAMPLE), permissions_boundary=boundary, **stack_props())
+    iam.Role(stack, "AddedLater", assumed_by=iam.ServicePrincipal("lambda.amazonaws.com"))  # now and later
+    roles = Template.from_stack(stack).find_resources("AWS::IAM::Role")
+    assert len(roles) == 6
+    assert {k: r["Properties"].get("PermissionsBoundary") for k, r in roles.items()} == {k: arn for k in roles}
+
+
+def test_permissions_boundary_on_a_fleet_reaches_its_roles_and_the_stack_writer() -> None:
+    app = new_app()
+    stack = new_stack(app)
+    boundary = iam.ManagedPolicy.from_managed_policy_name(stack, "Boundary", "rayito-boundary")
+    expected = "arn:aws:iam::123456789012:policy/rayito-boundary"
+    fleet = AgentFleet(stack, "Fleet", project=AgentProject.load(EXAMPLE), permissions_boundary=boundary)
+    iam.Role(fleet, "AddedLater", assumed_by=iam.ServicePrincipal("lambda.amazonaws.com"))
+    iam.Role(stack, "Unrelated", assumed_by=iam.ServicePrincipal("lambda.amazonaws.com"))
+    roles = Template.from_stack(stack).find_resources("AWS::IAM::Role")
+    bounded = {k for k, r in roles.items() if r["Properties"].get("PermissionsBoundary") == expected}
+    assert {k for k in roles if not k.startswith("Unrelated")} == bounded
+    assert any(k.startswith("RayitoRecipeWriterRole") for k in bounded)  # the stack's writer, outside the fleet
+    assert len(bounded) == 6
+
+
+def test_two_fleets_with_different_boundaries_in_one_stack_are_an_error() -> None:
+    app = new_app()
+    stack = new_stack(app)
+    first = iam.ManagedPolicy.from_managed_policy_name(stack, "First", "first")
+    second = iam.ManagedPolicy.from_managed_policy_name(stack, "Second", "second")
+    AgentFleet(stack, "A", project=AgentProject.load(EXAMPLE, name="a"), permissions_boundary=first)
+    AgentFleet(stack, "B", project=AgentProject.load(EXAMPLE, name="b"), permissions_boundary=first)
+    AgentFleet(stack, "C", project=AgentProject.load(EXAMPLE, name="c"))  # none: the writer keeps "first"
+    with pytest.raises(ValueError, match="share its recipe writer, which already has the boundary"):
+        AgentFleet(stack, "D", project=AgentProject.load(EXAMPLE, name="d"), permissions_boundary=second)
+
+
+def test_recipe_failure_fail_is_strict() -> None:
+    app = new_app()
+    stack = new_stack(app)
+    AgentFleet(stack, "Fleet", project=AgentProject.load(EXAMPLE), recipe_failure="fail")
+    (recipe,) = Template.from_stack(stack).find_resources("Custom::RayitoRecipe").values()
+    assert recipe["Properties"]["FailureMode"] == "fail"
+    import random
+
+    rng = random.Random(3)
+    noise = "".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(12000))
+    with pytest.raises(ValueError, match="recipe_failure='fail': the recipe cannot be saved .recipe_too_large"):
+        AgentFleet(stack, "Big", project=AgentProject.from_dict({"instructions": noise}, name="big"), recipe_failure="fail")
+    with pytest.raises(ValueError, match="recipe_failure: 'ignore' is not one of 'warn', 'fail'"):
+        AgentFleet(stack, "Odd", project=AgentProject.load(EXAMPLE, name="odd"), recipe_failure="ignore")
+
+
+def test_an_alarm_tells_a_recipe_not_saved(example) -> None:
+    _, _, template = example
+    (alarm,) = template.find_resources("AWS::CloudWatch::Alarm", {"Properties": {"MetricName": "RecipeNotSaved"}}).values()
+    assert alarm["Properties"]["Namespace"] == "Rayito/Fleet"
+    assert alarm["Properties"]["Dimensions"] == [{"Name": "fleet", "Value": "mi-agente"}]
+    assert alarm["Properties"]["Threshold"] == 1 and alarm["Properties"]["TreatMissingData"] == "notBreaching"
+
+
+def test_credential_shaped_env_fails_the_synth(agent_folder) -> None:
+    folder = agent_folder('[env]\nDATABASE_URL = "postgres://admin:hunter2@db.internal/app"\n', name="leaky")
+    with pytest.raises(ProjectError) as info:
+        AgentProject.load(folder)
+    message = str(info.value)
+    assert "DATABASE_URL" in message and "secret_env" in message and "hunter2" not in message
 
 
 @pytest.mark.parametrize("fixture", ["example", "with_index"])
@@ -346,3 +488,48 @@ def test_no_egress_budget_without_declared_budgets(agent_folder) -> None:
     stack = new_stack(app)
     fleet = AgentFleet(stack, "Fleet", project=AgentProject.load(agent_folder(None, name="simple")))
     assert fleet.egress_budget is None
+
+
+def test_token_valued_inputs() -> None:
+    """Everything a user may pass as a CloudFormation parameter: the image, the key, the boundary."""
+    app = new_app()
+    stack = new_stack(app)
+    image = cdk.CfnParameter(stack, "ImageArn", type="String")
+    key_arn = cdk.CfnParameter(stack, "KeyArn", type="String")
+    boundary_arn = cdk.CfnParameter(stack, "BoundaryArn", type="String")
+    key = kms.Key.from_key_arn(stack, "Key", key_arn.value_as_string)
+    boundary = iam.ManagedPolicy.from_managed_policy_arn(stack, "Boundary", boundary_arn.value_as_string)
+    project = AgentProject.load(EXAMPLE, sessions="dedicated", max_concurrency=1)
+    fleet = AgentFleet(stack, "Fleet", project=project, image_arn=image.value_as_string, recipe_key=key,
+                       permissions_boundary=boundary, metadata_index=True, own_microvm_log_group=False)
+    AgentFleet(stack, "Second", project=AgentProject.load(EXAMPLE, name="second"), recipe_key=key,
+               permissions_boundary=boundary)  # the same tokens: the same key and boundary
+    assert fleet.image_arn == image.value_as_string
+    template = Template.from_stack(stack)
+    for role in template.find_resources("AWS::IAM::Role").values():
+        assert role["Properties"]["PermissionsBoundary"] == {"Ref": "BoundaryArn"}
+    for table in template.find_resources("AWS::DynamoDB::Table").values():
+        assert table["Properties"]["SSESpecification"]["KMSMasterKeyId"] == {"Ref": "KeyArn"}
+    # The image named by a token has no name at synth: no log group of its own, and the VMs'
+    # log streams are found from the ARN by CloudFormation.
+    named = [g["Properties"].get("LogGroupName") for g in template.find_resources("AWS::Logs::LogGroup").values()]
+    assert [n for n in named if n] == ["/aws/lambda-microvms/second"]  # the second fleet builds its image
+    assert iam_violations(template.to_json()) == [] and nag(app) == [] and lint_template(template) == []
+
+
+def test_recipe_parameter_on_its_own(agent_folder) -> None:
+    from rayito_constructs import RecipeParameter, encode_recipe
+
+    app = new_app()
+    stack = new_stack(app)
+    document = build_recipe(AgentProject.load(agent_folder(None, name="solo")))
+    RecipeParameter(stack, "FromDocument", fleet_name="solo", recipe=document, image_version="4.0")
+    RecipeParameter(stack, "FromEncoded", fleet_name="solo2", recipe=encode_recipe({**document, "name": "solo2"}))
+    with pytest.raises(ValueError, match="the document is the recipe of 'solo', not of 'other'"):
+        RecipeParameter(stack, "Mismatch", fleet_name="other", recipe=document)
+    with pytest.raises(ValueError, match="recipe_failure: 'never' is not one of"):
+        RecipeParameter(stack, "Odd", fleet_name="solo", recipe=document, recipe_failure="never")
+    recipes = Template.from_stack(stack).find_resources("Custom::RayitoRecipe")
+    assert sorted(r["Properties"]["ParameterName"] for r in recipes.values()) == [
+        "/rayito/agents/solo/recipe", "/rayito/agents/solo2/recipe"]
+    assert nag(app) == []

@@ -1,7 +1,15 @@
-"""The three managed policies, statement by statement."""
+"""The IAM of a fleet, pinned statement by statement, and the guards around it.
+
+Each policy and role of the example fleet is pinned to its exact set of (Sid, actions, resources,
+conditions): any new action, resource or condition fails here and has to be explained. Logical ids
+are compared without their 8-character hash.
+"""
 
 from __future__ import annotations
 
+import fnmatch
+import json
+import re
 from typing import Any
 
 import aws_cdk as cdk
@@ -11,111 +19,187 @@ from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
 from aws_cdk.assertions import Template
 
-from rayito_constructs import CallerPolicy, ImagePublisherPolicy, SandboxLauncherPolicy
+from rayito_constructs import AgentFleet, AgentProject, CallerPolicy, FleetStack, ImagePublisherPolicy, SandboxLauncherPolicy
+from rayito_constructs._nag import flatten_cfn_reference
+from rayito_constructs.permissions import STAR_REASONS
 
-from .cdk_helpers import lint_template, nag, new_app, new_stack
+from .cdk_helpers import lint_template, nag, new_app, new_stack, stack_props
+from .conftest import EXAMPLE
+from .iam_invariants import as_list, iam_matches, iam_violations, policy_documents
 
-ACCOUNT_ARN = "arn:aws:{service}:us-east-1:123456789012:{rest}"
-RECIPE = ACCOUNT_ARN.format(service="ssm", rest="parameter/rayito/agents/mi-agente/recipe")
-ALL_RECIPES = ACCOUNT_ARN.format(service="ssm", rest="parameter/rayito/agents/*")
-IMAGE = ACCOUNT_ARN.format(service="lambda", rest="microvm-image:mi-agente")
+ACCOUNT = "arn:aws:{service}:us-east-1:123456789012:{rest}"
+RECIPE = ACCOUNT.format(service="ssm", rest="parameter/rayito/agents/mi-agente/recipe")
+ALL_RECIPES = ACCOUNT.format(service="ssm", rest="parameter/rayito/agents/*")
+IMAGE = ACCOUNT.format(service="lambda", rest="microvm-image:mi-agente")
+EVERY_IMAGE = ACCOUNT.format(service="lambda", rest="microvm-image:*")
+BUILT_IMAGE = "<FleetImage.ImageArn>"
 MANAGED_CONNECTORS = "arn:aws:lambda:us-east-1:aws:network-connector:aws-network-connector:*"
-MICROVM_ACTIONS = [
-    "lambda:CreateMicrovmAuthToken",
-    "lambda:GetMicrovm",
-    "lambda:ResumeMicrovm",
-    "lambda:RunMicrovm",
-    "lambda:SuspendMicrovm",
-    "lambda:TerminateMicrovm",
-]
+INTERNET_EGRESS = "arn:aws:lambda:us-east-1:aws:network-connector:aws-network-connector:INTERNET_EGRESS"
+LOG_STREAMS = ACCOUNT.format(service="logs", rest="log-group:/aws/lambda-microvms/mi-agente:*")
+PASSED_TO_LAMBDA = '{"StringEquals": {"iam:PassedToService": "lambda.amazonaws.com"}}'
+DRIVE = ("lambda:CreateMicrovmAuthToken", "lambda:GetMicrovm", "lambda:ResumeMicrovm", "lambda:SuspendMicrovm",
+         "lambda:TerminateMicrovm")
+IMAGE_ACTIONS = (
+    "lambda:DeleteMicrovmImage", "lambda:DeleteMicrovmImageVersion", "lambda:GetMicrovmImage",
+    "lambda:GetMicrovmImageBuild", "lambda:GetMicrovmImageVersion", "lambda:ListMicrovmImageBuilds",
+    "lambda:ListMicrovmImageVersions", "lambda:ListTags", "lambda:TagResource", "lambda:UntagResource",
+    "lambda:UpdateMicrovmImage", "lambda:UpdateMicrovmImageVersion",
+)
+_HASH = re.compile(r"\b([A-Z][A-Za-z0-9]*?)[0-9A-F]{8}\b")
+_ASSET = re.compile(r"[0-9a-f]{64}")
+
+Pinned = frozenset[tuple[Any, tuple[str, ...], tuple[str, ...], str]]
 
 
-def statements(template: Template, logical_prefix: str) -> dict[str, dict[str, Any]]:
-    """The statements of one managed policy, by Sid, resolved against the test stack."""
-    policies = template.find_resources("AWS::IAM::ManagedPolicy")
-    (doc,) = [p["Properties"]["PolicyDocument"] for k, p in policies.items() if k.startswith(logical_prefix)]
-    by_sid = {s["Sid"]: s for s in doc["Statement"]}
-    assert len(by_sid) == len(doc["Statement"]), "every statement has its own Sid"
-    return by_sid
+def _norm(text: str) -> str:
+    return _ASSET.sub("<asset>", _HASH.sub(r"\1", text))
 
 
-def as_list(value: Any) -> list[Any]:
-    return value if isinstance(value, list) else [value]
+def pinned(template: dict[str, Any], owner: str) -> Pinned:
+    """The statements of the policies whose name or owner starts with ``owner``, normalized."""
+    found = set()
+    for name, description, document in policy_documents(template):
+        if not (_norm(name).startswith(owner) or description.startswith(owner)):
+            continue
+        for statement in document["Statement"]:
+            assert statement["Effect"] == "Allow"
+            found.add((
+                statement.get("Sid"),
+                tuple(sorted(as_list(statement["Action"]))),
+                tuple(sorted(_norm(flatten_cfn_reference(r)) for r in as_list(statement["Resource"]))),
+                json.dumps(statement.get("Condition"), sort_keys=True) if statement.get("Condition") else "",
+            ))
+    assert found, f"no policy of {owner}"
+    return frozenset(found)
+
+
+def trust(template: dict[str, Any], role_prefix: str) -> list[dict[str, Any]]:
+    (role,) = [r for k, r in template["Resources"].items() if r["Type"] == "AWS::IAM::Role" and _norm(k) == role_prefix]
+    return role["Properties"]["AssumeRolePolicyDocument"]["Statement"]
 
 
 @pytest.fixture(scope="module")
-def fleet_scoped() -> tuple[cdk.App, Template]:
+def example() -> tuple[cdk.App, dict[str, Any]]:
     app = new_app()
-    stack = new_stack(app)
-    role = iam.Role(stack, "ExecRole", assumed_by=iam.ServicePrincipal("lambda.amazonaws.com"))
-    build = iam.Role(stack, "BuildRole", assumed_by=iam.ServicePrincipal("lambda.amazonaws.com"))
-    common = dict(fleet_name="mi-agente", execution_role=role)
-    CallerPolicy(stack, "Caller", **common)
-    SandboxLauncherPolicy(stack, "Launcher", **common)
-    ImagePublisherPolicy(
-        stack, "Publisher", fleet_name="mi-agente", build_role=build,
-        code_object_arns=["arn:aws:s3:::assets-bucket/mi-agente/*"],
-    )
-    return app, Template.from_stack(stack)
+    stack = FleetStack(app, "MiAgente", project=AgentProject.load(EXAMPLE), **stack_props())
+    return app, Template.from_stack(stack).to_json()
 
 
-def test_launcher_statements(fleet_scoped) -> None:
-    s = statements(fleet_scoped[1], "Launcher")
-    assert set(s) == {"ListMicrovms", "Microvms", "PassNetworkConnectors", "PassExecutionRole", "AgentRecipe"}
-    assert s["ListMicrovms"]["Action"] == "lambda:ListMicrovms" and s["ListMicrovms"]["Resource"] == "*"
-    assert sorted(s["Microvms"]["Action"]) == MICROVM_ACTIONS and s["Microvms"]["Resource"] == "*"
-    assert s["PassNetworkConnectors"]["Action"] == "lambda:PassNetworkConnector"
-    assert s["PassNetworkConnectors"]["Resource"] == MANAGED_CONNECTORS
-    assert s["PassExecutionRole"]["Action"] == "iam:PassRole"
-    assert s["PassExecutionRole"]["Resource"]["Fn::GetAtt"][0].startswith("ExecRole")
-    assert s["PassExecutionRole"]["Condition"] == {"StringEquals": {"iam:PassedToService": "lambda.amazonaws.com"}}
-    # The AgentRecipe statement: read and delete, never write.
-    assert sorted(s["AgentRecipe"]["Action"]) == ["ssm:DeleteParameter", "ssm:GetParameter"]
-    assert s["AgentRecipe"]["Resource"] == RECIPE
-
-
-def test_launcher_never_writes_the_recipe(fleet_scoped) -> None:
-    actions = [a for st in statements(fleet_scoped[1], "Launcher").values() for a in as_list(st["Action"])]
-    assert "ssm:PutParameter" not in actions
-
-
-def test_caller_statements(fleet_scoped) -> None:
-    s = statements(fleet_scoped[1], "Caller")
-    assert set(s) == {
-        "ListMicrovms", "Microvms", "PassNetworkConnectors", "PassExecutionRole", "AgentRecipe", "AgentRecipeWrite",
-    }
-    assert sorted(s["Microvms"]["Action"]) == MICROVM_ACTIONS
-    assert s["AgentRecipeWrite"] == {
-        "Sid": "AgentRecipeWrite", "Effect": "Allow", "Action": "ssm:PutParameter", "Resource": RECIPE,
+def microvms(image: str = BUILT_IMAGE) -> set[tuple[Any, ...]]:
+    return {
+        ("ListMicrovms", ("lambda:ListMicrovms",), ("*",), ""),
+        ("RunMicrovm", ("lambda:RunMicrovm",), (image,), ""),
+        ("Microvms", DRIVE, tuple(sorted((image, f"{image}:*"))), ""),
+        ("PassNetworkConnectors", ("lambda:PassNetworkConnector",), (MANAGED_CONNECTORS,), ""),
+        ("PassExecutionRole", ("iam:PassRole",), ("<FleetExecutionRole.Arn>",), PASSED_TO_LAMBDA),
     }
 
 
-def test_publisher_statements(fleet_scoped) -> None:
-    s = statements(fleet_scoped[1], "Publisher")
-    assert set(s) == {"MicrovmImages", "MicrovmImageCatalog", "PassBuildRole", "ReadCodeArtifact", "AgentRecipeWrite"}
-    assert s["MicrovmImages"]["Resource"] == [IMAGE, IMAGE + ":*"]
-    assert "lambda:CreateMicrovmImage" in s["MicrovmImages"]["Action"]
-    assert "lambda:UpdateMicrovmImageVersion" in s["MicrovmImages"]["Action"]
-    assert "lambda:RunMicrovm" not in s["MicrovmImages"]["Action"]
-    assert sorted(s["MicrovmImageCatalog"]["Action"]) == [
-        "lambda:ListManagedMicrovmImageVersions", "lambda:ListManagedMicrovmImages", "lambda:ListMicrovmImages",
-    ]
-    assert s["PassBuildRole"]["Resource"]["Fn::GetAtt"][0].startswith("BuildRole")
-    assert s["PassBuildRole"]["Condition"] == {"StringEquals": {"iam:PassedToService": "lambda.amazonaws.com"}}
-    assert s["ReadCodeArtifact"]["Action"] == "s3:GetObject"
-    assert s["AgentRecipeWrite"]["Action"] == "ssm:PutParameter" and s["AgentRecipeWrite"]["Resource"] == RECIPE
+# ------------------------------------------------------------------ the example fleet, pinned
 
 
-def test_no_service_wildcards_and_star_only_where_justified(fleet_scoped) -> None:
-    app, template = fleet_scoped
-    for prefix in ("Caller", "Launcher", "Publisher"):
-        for sid, st in statements(template, prefix).items():
-            assert all("*" not in a for a in as_list(st["Action"])), (prefix, sid)
-            assert all(not a.startswith("lambda-microvms:") for a in as_list(st["Action"]))
-            if "*" in as_list(st["Resource"]):
-                assert sid in {"ListMicrovms", "Microvms", "MicrovmImageCatalog"}, (prefix, sid)
+def test_launcher_policy_pinned(example) -> None:
+    assert pinned(example[1], "FleetSandboxLauncherPolicy") == {
+        *microvms(),
+        ("AgentRecipe", ("ssm:DeleteParameter", "ssm:GetParameter"), (RECIPE,), ""),
+    }
+
+
+def test_caller_policy_pinned(example) -> None:
+    assert pinned(example[1], "FleetCallerPolicy") == {
+        *microvms(),
+        ("AgentRecipe", ("ssm:DeleteParameter", "ssm:GetParameter"), (RECIPE,), ""),
+        ("AgentRecipeWrite", ("ssm:PutParameter",), (RECIPE,), ""),
+    }
+
+
+def test_publisher_policy_pinned(example) -> None:
+    assert pinned(example[1], "FleetImagePublisherPolicy") == {
+        ("CreateMicrovmImage", ("lambda:CreateMicrovmImage",), ("*",), ""),
+        ("MicrovmImages", IMAGE_ACTIONS, (BUILT_IMAGE, f"{BUILT_IMAGE}:*"), ""),
+        ("MicrovmImageCatalog", ("lambda:ListManagedMicrovmImages", "lambda:ListMicrovmImages"), ("*",), ""),
+        ("ManagedImageVersions", ("lambda:ListManagedMicrovmImageVersions",), ("*",), ""),
+        ("PassBuildNetworkConnectors", ("lambda:PassNetworkConnector",), (INTERNET_EGRESS,), ""),
+        ("PassBuildRole", ("iam:PassRole",), ("<FleetImageBuildRole.Arn>",), PASSED_TO_LAMBDA),
+        ("ReadCodeArtifact", ("s3:GetObject",), ("arn:aws:s3:::cdk-hnb659fds-assets-123456789012-us-east-1/<asset>.zip",), ""),
+        ("AgentRecipeWrite", ("ssm:PutParameter",), (RECIPE,), ""),
+    }
+
+
+def test_execution_role_pinned(example) -> None:
+    template = example[1]
+    assert pinned(template, "FleetExecutionRole") == {
+        # The stack owns the log group: the VMs may not (re)create it.
+        ("MicrovmLogs", ("logs:CreateLogStream", "logs:PutLogEvents"), (LOG_STREAMS,), ""),
+        # The example declares egress budgets: the agents take tokens from the shared envelopes.
+        (None, ("dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:Query", "dynamodb:UpdateItem"),
+         ("<FleetEgressBudgetTable.Arn>",), ""),
+    }
+    assert trust(template, "FleetExecutionRole") == [exact_trust()]
+
+
+def exact_trust(image: str = IMAGE) -> dict[str, Any]:
+    return {
+        "Action": ["sts:AssumeRole", "sts:TagSession"],
+        "Condition": {"StringEquals": {"aws:SourceAccount": "123456789012"},
+                      "ArnLike": {"aws:SourceArn": [image, f"{image}:*"]}},
+        "Effect": "Allow",
+        "Principal": {"Service": "lambda.amazonaws.com"},
+    }
+
+
+def test_build_role_pinned(example) -> None:
+    template = example[1]
+    assert pinned(template, "FleetImageBuildRole") == {
+        ("ReadCode", ("s3:GetObject",), ("arn:aws:s3:::cdk-hnb659fds-assets-123456789012-us-east-1/<asset>.zip",), ""),
+        ("BuildLogs", ("logs:CreateLogStream", "logs:PutLogEvents"), (LOG_STREAMS,), ""),
+    }
+    assert trust(template, "FleetImageBuildRole") == [exact_trust()]
+
+
+def test_reconciler_role_pinned(example) -> None:
+    assert pinned(example[1], "FleetReconcilerRole") == {
+        ("Logs", ("logs:CreateLogStream", "logs:PutLogEvents"), ("<FleetReconcilerLogs.Arn>",), ""),
+        *microvms(),
+        ("Ledger", ("dynamodb:DeleteItem", "dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:Query", "dynamodb:UpdateItem"),
+         ("<RayitoFleetLedgerTable.Arn>",), '{"ForAllValues:StringEquals": {"dynamodb:LeadingKeys": ["mi-agente"]}}'),
+        ("ControlPlaneBudget", ("dynamodb:GetItem", "dynamodb:UpdateItem"), ("<RayitoControlPlaneBudgetTable.Arn>",), ""),
+        ("DeadLetters", ("sqs:SendMessage",), ("<FleetReconcilerDeadLetters.Arn>",), ""),
+        # CDK's on_failure destination grant
+        (None, ("sqs:GetQueueAttributes", "sqs:GetQueueUrl", "sqs:SendMessage"), ("<FleetReconcilerDeadLetters.Arn>",), ""),
+    }
+
+
+def test_schedule_role_pinned(example) -> None:
+    assert pinned(example[1], "FleetReconcilerScheduleRole") == {
+        (None, ("lambda:InvokeFunction",), ("<FleetReconcilerFunction.Arn>", "<FleetReconcilerFunction.Arn>:*"), ""),
+        (None, ("sqs:SendMessage",), ("<FleetReconcilerDeadLetters.Arn>",), ""),
+    }
+
+
+def test_recipe_writer_role_pinned(example) -> None:
+    assert pinned(example[1], "RayitoRecipeWriterRole") == {
+        ("Logs", ("logs:CreateLogStream", "logs:PutLogEvents"), ("<RayitoRecipeWriterLogs.Arn>",), ""),
+        ("WriteRecipes", ("ssm:DeleteParameter", "ssm:PutParameter"), (RECIPE,), ""),
+        ("ReadRecipeDocuments", ("s3:GetObject",), ("arn:aws:s3:::cdk-hnb659fds-assets-123456789012-us-east-1/<asset>.json",), ""),
+    }
+
+
+def test_every_role_of_the_example_is_pinned(example) -> None:
+    roles = sorted(_norm(k) for k, r in example[1]["Resources"].items() if r["Type"] == "AWS::IAM::Role")
+    assert roles == ["FleetExecutionRole", "FleetImageBuildRole", "FleetReconcilerRole", "FleetReconcilerScheduleRole",
+                     "RayitoRecipeWriterRole"]
+    policies = sorted(_norm(k) for k, r in example[1]["Resources"].items() if r["Type"] == "AWS::IAM::ManagedPolicy")
+    assert policies == ["FleetCallerPolicy", "FleetImagePublisherPolicy", "FleetSandboxLauncherPolicy"]
+
+
+def test_example_is_clean(example) -> None:
+    app, template = example
+    assert iam_violations(template) == []
     assert nag(app) == []
-    assert lint_template(template) == []
+
+
+# ------------------------------------------------------------------ the policies on their own
 
 
 def test_account_wide_policies() -> None:
@@ -124,49 +208,248 @@ def test_account_wide_policies() -> None:
     CallerPolicy(stack, "Caller")
     SandboxLauncherPolicy(stack, "Launcher")
     ImagePublisherPolicy(stack, "Publisher")
-    template = Template.from_stack(stack)
-    assert statements(template, "Launcher")["AgentRecipe"]["Resource"] == ALL_RECIPES
-    assert statements(template, "Caller")["AgentRecipeWrite"]["Resource"] == ALL_RECIPES
-    every_image = ACCOUNT_ARN.format(service="lambda", rest="microvm-image:*")
-    assert statements(template, "Publisher")["MicrovmImages"]["Resource"] == every_image
-    assert "PassExecutionRole" not in statements(template, "Launcher")
-    assert nag(app) == [] and lint_template(template) == []
+    template = Template.from_stack(stack).to_json()
+    every = {
+        ("ListMicrovms", ("lambda:ListMicrovms",), ("*",), ""),
+        ("RunMicrovm", ("lambda:RunMicrovm",), (EVERY_IMAGE,), ""),
+        ("Microvms", DRIVE, (EVERY_IMAGE,), ""),
+        ("PassNetworkConnectors", ("lambda:PassNetworkConnector",), (MANAGED_CONNECTORS,), ""),
+        ("AgentRecipe", ("ssm:DeleteParameter", "ssm:GetParameter"), (ALL_RECIPES,), ""),
+    }
+    assert pinned(template, "Launcher") == every
+    assert pinned(template, "Caller") == {*every, ("AgentRecipeWrite", ("ssm:PutParameter",), (ALL_RECIPES,), "")}
+    assert pinned(template, "Publisher") == {
+        ("CreateMicrovmImage", ("lambda:CreateMicrovmImage",), ("*",), ""),
+        ("MicrovmImages", IMAGE_ACTIONS, (EVERY_IMAGE,), ""),
+        ("MicrovmImageCatalog", ("lambda:ListManagedMicrovmImages", "lambda:ListMicrovmImages"), ("*",), ""),
+        ("ManagedImageVersions", ("lambda:ListManagedMicrovmImageVersions",), ("*",), ""),
+        ("PassBuildNetworkConnectors", ("lambda:PassNetworkConnector",), (INTERNET_EGRESS,), ""),
+        ("AgentRecipeWrite", ("ssm:PutParameter",), (ALL_RECIPES,), ""),
+    }
+    assert nag(app) == [] and lint_template(Template.from_stack(stack)) == []
 
 
-def test_scope_microvm_actions_to_image() -> None:
+def test_one_fleet_by_name() -> None:
     app = new_app()
     stack = new_stack(app)
-    SandboxLauncherPolicy(stack, "Launcher", fleet_name="mi-agente", scope_microvm_actions_to_image=True)
-    s = statements(Template.from_stack(stack), "Launcher")
-    assert s["Microvms"]["Resource"] == [IMAGE, IMAGE + ":*"]
-    assert s["ListMicrovms"]["Resource"] == "*"  # ListMicrovms has no resource either way
+    role = iam.Role(stack, "ExecRole", assumed_by=iam.ServicePrincipal("lambda.amazonaws.com"))
+    SandboxLauncherPolicy(stack, "Launcher", fleet_name="mi-agente", execution_role=role)
+    template = Template.from_stack(stack).to_json()
+    assert pinned(template, "Launcher") == {
+        ("ListMicrovms", ("lambda:ListMicrovms",), ("*",), ""),
+        ("RunMicrovm", ("lambda:RunMicrovm",), (IMAGE,), ""),
+        ("Microvms", DRIVE, (IMAGE, f"{IMAGE}:*"), ""),
+        ("PassNetworkConnectors", ("lambda:PassNetworkConnector",), (MANAGED_CONNECTORS,), ""),
+        ("PassExecutionRole", ("iam:PassRole",), ("<ExecRole.Arn>",), PASSED_TO_LAMBDA),
+        ("AgentRecipe", ("ssm:DeleteParameter", "ssm:GetParameter"), (RECIPE,), ""),
+    }
     assert nag(app) == []
 
 
-def test_customer_key_and_metadata_table() -> None:
+def test_opt_out_to_every_image_is_explicit_and_its_own_statement() -> None:
+    app = new_app()
+    stack = new_stack(app)
+    SandboxLauncherPolicy(stack, "Launcher", fleet_name="mi-agente", scope_microvm_actions_to_image=False)
+    s = pinned(Template.from_stack(stack).to_json(), "Launcher")
+    assert ("MicrovmsOnAnyImage", tuple(sorted(("lambda:RunMicrovm", *DRIVE))), ("*",), "") in s
+    assert not [st for st in s if st[0] in ("RunMicrovm", "Microvms")]
+    assert "risk" in STAR_REASONS["MicrovmsOnAnyImage"]
+    assert nag(app) == []
+
+
+def test_customer_key_metadata_table_and_connectors() -> None:
     app = new_app()
     stack = new_stack(app)
     key = kms.Key(stack, "Key", enable_key_rotation=True)
-    table = dynamodb.Table.from_table_name(stack, "Index", "sessions")
+    table = dynamodb.Table.from_table_attributes(stack, "Index", table_name="sessions", encryption_key=key)
     connectors = ["arn:aws:lambda:us-east-1:123456789012:network-connector:nc-1"]
     common = dict(fleet_name="mi-agente", recipe_key=key, metadata_table=table, network_connectors=connectors)
     CallerPolicy(stack, "Caller", **common)
     SandboxLauncherPolicy(stack, "Launcher", **common)
-    ImagePublisherPolicy(stack, "Publisher", **common)
-    template = Template.from_stack(stack)
-    via = {"StringEquals": {"kms:ViaService": "ssm.us-east-1.amazonaws.com"}}
-    launcher, caller, publisher = (statements(template, p) for p in ("Launcher", "Caller", "Publisher"))
-    assert launcher["AgentRecipeKey"]["Action"] == "kms:Decrypt" and launcher["AgentRecipeKey"]["Condition"] == via
-    assert sorted(caller["AgentRecipeKey"]["Action"]) == ["kms:Decrypt", "kms:Encrypt"]
-    assert publisher["AgentRecipeKey"]["Action"] == "kms:Encrypt"
+    ImagePublisherPolicy(stack, "Publisher", **common, build_network_connectors=connectors)
+    template = Template.from_stack(stack).to_json()
+    ssm = '{"StringEquals": {"kms:ViaService": "ssm.us-east-1.amazonaws.com"}}'
+    dynamo = '{"StringEquals": {"kms:ViaService": "dynamodb.us-east-1.amazonaws.com"}}'
     table_arn = "arn:aws:dynamodb:us-east-1:123456789012:table/sessions"
-    assert launcher["MetadataIndex"]["Resource"] == table_arn and caller["MetadataIndex"]["Resource"] == table_arn
-    assert "MetadataIndex" not in publisher
-    assert "dynamodb:PutItem" in launcher["MetadataIndex"]["Action"]
-    assert sorted(launcher["PassNetworkConnectors"]["Resource"]) == sorted([MANAGED_CONNECTORS, connectors[0]])
+    table_key = ("MetadataIndexKey", ("kms:Decrypt", "kms:DescribeKey", "kms:Encrypt", "kms:GenerateDataKey",
+                                      "kms:GenerateDataKeyWithoutPlaintext", "kms:ReEncryptFrom", "kms:ReEncryptTo"),
+                 ("<Key.Arn>",), dynamo)
+    launcher, caller, publisher = (pinned(template, p) for p in ("Launcher", "Caller", "Publisher"))
+    assert ("AgentRecipeKey", ("kms:Decrypt",), ("<Key.Arn>",), ssm) in launcher
+    assert ("AgentRecipeKey", ("kms:Decrypt", "kms:Encrypt"), ("<Key.Arn>",), ssm) in caller
+    assert ("AgentRecipeKey", ("kms:Encrypt",), ("<Key.Arn>",), ssm) in publisher
+    assert table_key in launcher and table_key in caller and table_key not in publisher
+    assert [st for st in launcher if st[0] == "MetadataIndex"][0][2] == (table_arn,)
+    assert ("PassNetworkConnectors", ("lambda:PassNetworkConnector",), tuple(sorted((MANAGED_CONNECTORS, connectors[0]))), "") in launcher
+    assert ("PassBuildNetworkConnectors", ("lambda:PassNetworkConnector",), tuple(sorted((INTERNET_EGRESS, connectors[0]))), "") in publisher
+    # Every KMS statement goes through a service.
+    for _, actions, _, condition in (*launcher, *caller, *publisher):
+        if any(a.startswith("kms:") for a in actions):
+            assert "kms:ViaService" in condition
+    assert nag(app) == []
 
 
-def test_default_key_needs_no_kms(fleet_scoped) -> None:
-    for prefix in ("Caller", "Launcher", "Publisher"):
-        actions = [a for st in statements(fleet_scoped[1], prefix).values() for a in as_list(st["Action"])]
-        assert not [a for a in actions if a.startswith("kms:")]
+def test_default_key_needs_no_kms(example) -> None:
+    for owner in ("FleetCallerPolicy", "FleetSandboxLauncherPolicy", "FleetImagePublisherPolicy", "RayitoRecipeWriterRole"):
+        assert not [st for st in pinned(example[1], owner) if any(a.startswith("kms:") for a in st[1])]
+
+
+# ------------------------------------------------------------------ trust: exact, never a prefix
+
+
+def arn_like(pattern: str, value: str) -> bool:
+    """IAM's ArnLike: each of the six colon-delimited parts matched on its own, ``*`` and ``?``."""
+    p, v = pattern.split(":", 5), value.split(":", 5)
+    return len(p) == len(v) == 6 and all(fnmatch.fnmatchcase(b, a) for a, b in zip(p, v))
+
+
+@pytest.mark.parametrize("name", ["mi-agente", "mi_agente", "a", "x" * 64, "agent_2-b"])
+def test_trust_is_the_image_and_its_versions_only(name: str, agent_folder) -> None:
+    app = new_app()
+    stack = new_stack(app)
+    AgentFleet(stack, "Fleet", project=AgentProject.load(agent_folder(None, name=name)))
+    template = Template.from_stack(stack).to_json()
+    image = ACCOUNT.format(service="lambda", rest=f"microvm-image:{name}")
+    for role in ("FleetExecutionRole", "FleetImageBuildRole"):
+        (statement,) = trust(template, role)
+        patterns = statement["Condition"]["ArnLike"]["aws:SourceArn"]
+        assert statement["Condition"]["StringEquals"] == {"aws:SourceAccount": "123456789012"}
+        allowed = [image, f"{image}:1.0", f"{image}:12.0"]
+        denied = [f"{image}-dev", f"{image}2", f"{image}_old", image[:-1], image.replace("123456789012", "210987654321"),
+                  image.replace("us-east-1", "us-west-2")]
+        assert all(any(arn_like(p, arn) for p in patterns) for arn in allowed), (role, patterns)
+        assert not [arn for arn in denied if any(arn_like(p, arn) for p in patterns)], (role, patterns)
+    assert iam_violations(template) == [] and nag(app) == []
+
+
+def test_imported_and_token_image_arns() -> None:
+    app = new_app()
+    stack = new_stack(app)
+    parameter = cdk.CfnParameter(stack, "ImageArn", type="String")
+    AgentFleet(stack, "Tokened", project=AgentProject.load(EXAMPLE, name="tokened"), image_arn=parameter.value_as_string)
+    shared = "arn:aws:lambda:us-east-1:123456789012:microvm-image:shared_agent"
+    AgentFleet(stack, "Shared", project=AgentProject.load(EXAMPLE, name="other"), image_arn=shared)
+    template = Template.from_stack(stack).to_json()
+    (tokened,) = trust(template, "TokenedExecutionRole")
+    assert tokened["Condition"]["ArnLike"]["aws:SourceArn"] == [
+        {"Ref": "ImageArn"}, {"Fn::Join": ["", [{"Ref": "ImageArn"}, ":*"]]}]
+    assert pinned(template, "TokenedSandboxLauncherPolicy") >= {("RunMicrovm", ("lambda:RunMicrovm",), ("<ImageArn>",), "")}
+    assert trust(template, "SharedExecutionRole") == [exact_trust(shared)]
+    assert pinned(template, "SharedSandboxLauncherPolicy") >= {("RunMicrovm", ("lambda:RunMicrovm",), (shared,), "")}
+    # An image made elsewhere: the stack does not own its log group, the VMs may create it.
+    logs = [st for st in pinned(template, "SharedExecutionRole") if st[0] == "MicrovmLogs"]
+    assert logs[0][1] == ("logs:CreateLogGroup", "logs:CreateLogStream", "logs:PutLogEvents")
+    assert logs[0][2] == (ACCOUNT.format(service="logs", rest="log-group:/aws/lambda-microvms/shared_agent:*"),)
+    assert iam_violations(template) == [] and nag(app) == [] and lint_template(Template.from_stack(stack)) == []
+
+
+# ------------------------------------------------------------------ acknowledgements: one statement each
+
+
+def _launcher_app() -> tuple[cdk.App, cdk.Stack, SandboxLauncherPolicy]:
+    app = new_app()
+    stack = new_stack(app)
+    return app, stack, SandboxLauncherPolicy(stack, "Launcher", fleet_name="mi-agente")
+
+
+@pytest.mark.parametrize("statement", [
+    iam.PolicyStatement(actions=["ssm:PutParameter"], resources=["*"]),
+    iam.PolicyStatement(sid="Extra", actions=["lambda:ListMicrovms"], resources=["*"]),  # a vouched action, another Sid
+    iam.PolicyStatement(actions=["lambda:ListMicrovms", "ssm:PutParameter"], resources=["*"]),
+    iam.PolicyStatement(sid="ListMicrovms2", actions=["s3:GetObject"], resources=["*"]),
+])
+def test_a_wildcard_added_to_the_launcher_gets_a_finding(statement) -> None:
+    app, _, launcher = _launcher_app()
+    assert nag(app, gate=False) == []  # the library's own statements are vouched for
+    app, _, launcher = _launcher_app()
+    launcher.add_statements(statement)
+    assert nag(app, gate=False) == ["AwsSolutions-IAM5[Resource::*] Test/Launcher/Resource"]
+
+
+def test_a_wildcard_added_to_a_library_role_gets_a_finding(example) -> None:
+    app = new_app()
+    stack = FleetStack(app, "MiAgente", project=AgentProject.load(EXAMPLE), **stack_props())
+    stack.fleet.reconciler.function.role.add_to_principal_policy(
+        iam.PolicyStatement(actions=["ssm:PutParameter"], resources=["*"]))
+    stack.fleet.execution_role.add_to_principal_policy(
+        iam.PolicyStatement(actions=["ssm:*"], resources=[RECIPE]))
+    stack.fleet.recipe.writer.role.add_to_policy(
+        iam.PolicyStatement(actions=["logs:PutLogEvents"], resources=[LOG_STREAMS]))  # vouched elsewhere, not here
+    found = nag(app, gate=False)
+    assert "AwsSolutions-IAM5[Resource::*] MiAgente/Fleet/Reconciler/Role/DefaultPolicy/Resource" in found
+    assert "AwsSolutions-IAM5[Action::ssm:*] MiAgente/Fleet/ExecutionRole/DefaultPolicy/Resource" in found
+    assert f"AwsSolutions-IAM5[Resource::{LOG_STREAMS}] MiAgente/RayitoRecipeWriter/Role/DefaultPolicy/Resource" in found
+    assert len(found) == 3
+
+
+def test_a_missing_reason_is_a_synth_error() -> None:
+    from rayito_constructs._function import library_function
+    from rayito_constructs.permissions import Statement
+
+    app = new_app()
+    stack = new_stack(app)
+    with pytest.raises(ValueError, match="Sneaky: wildcard"):
+        library_function(stack, name="recipe_writer", description="d", role_description="r",
+                         statements=[Statement("Sneaky", ("ssm:PutParameter",), ("*",))])
+
+
+# ------------------------------------------------------------------ the invariants catch what they claim
+
+
+def _hostile(*statements: dict[str, Any], description: str = "Rayito SandboxLauncherPolicy: x") -> dict[str, Any]:
+    return {"Resources": {
+        "Role": {"Type": "AWS::IAM::Role", "Properties": {"Description": "a role"}},
+        "Launcher": {"Type": "AWS::IAM::ManagedPolicy", "Properties": {
+            "Description": description, "PolicyDocument": {"Statement": list(statements)}}},
+    }}
+
+
+@pytest.mark.parametrize("action", ["ssm:PutParameter", "ssm:Put*", "ssm:*", "*", "SSM:putparameter", "ssm:P?tParameter",
+                                    "s*:*Parameter", ["ssm:GetParameter", "ssm:*"]])
+def test_the_launcher_never_writes_the_recipe(action) -> None:
+    found = iam_violations(_hostile({"Effect": "Allow", "Action": action, "Resource": RECIPE}))
+    assert [f for f in found if "may write the recipe" in f]
+
+
+@pytest.mark.parametrize("action", ["ssm:GetParameter", "ssm:Get*", "ssm:DeleteParameter", "ssm:PutParameterX"])
+def test_reading_is_not_writing(action) -> None:
+    assert not [f for f in iam_violations(_hostile({"Effect": "Allow", "Action": action, "Resource": RECIPE}))
+                if "may write" in f]
+    assert iam_matches("ssm:Put*", "ssm:PutParameter") and not iam_matches("ssm:PutParameterX", "ssm:PutParameter")
+
+
+def test_not_action_in_a_launcher() -> None:
+    found = iam_violations(_hostile({"Effect": "Allow", "NotAction": "iam:*", "Resource": RECIPE}))
+    assert [f for f in found if "NotAction" in f]
+
+
+@pytest.mark.parametrize("statement, message", [
+    ({"Effect": "Allow", "Action": "iam:PassRole", "Resource": {"Fn::GetAtt": ["Role", "Arn"]}}, "without iam:PassedToService"),
+    ({"Effect": "Allow", "Action": "iam:PassRole", "Resource": "*",
+      "Condition": {"StringEquals": {"iam:PassedToService": "lambda.amazonaws.com"}}}, "not a role"),
+    ({"Effect": "Allow", "Action": "iam:*", "Resource": "arn:aws:iam::123456789012:role/x*",
+      "Condition": {"StringEquals": {"iam:PassedToService": "lambda.amazonaws.com"}}}, "not a role"),
+    ({"Effect": "Allow", "Action": "iam:PassRole", "Resource": "arn:aws:iam::123456789012:role/agent"},
+     "without iam:PassedToService"),
+    ({"Effect": "Allow", "Action": "s3:GetObject", "Resource": "*"}, "outside the wildcard allow-list"),
+    ({"Effect": "Allow", "Action": "lambda:RunMicrovm", "Resource": "*"}, "outside the wildcard allow-list"),
+    ({"Sid": "Mine", "Effect": "Allow", "Action": "lambda:ListMicrovms", "Resource": "*"}, "may not hold a wildcard"),
+    ({"Effect": "Allow", "Action": "ssm:GetParameter", "Resource": "arn:aws:ssm:us-east-1:1:parameter/*"},
+     "outside the wildcard allow-list"),
+    ({"Effect": "Allow", "Action": ["kms:Decrypt"], "Resource": "arn:aws:kms:us-east-1:123456789012:key/k"},
+     "a KMS grant without kms:ViaService"),
+])
+def test_invariants_catch_each_breach(statement, message) -> None:
+    found = iam_violations(_hostile(statement, description="Rayito CallerPolicy: x"))
+    assert [f for f in found if message in f], found
+
+
+def test_invariants_accept_what_the_library_makes() -> None:
+    ok = [
+        {"Effect": "Allow", "Action": "iam:PassRole", "Resource": {"Fn::GetAtt": ["Role", "Arn"]},
+         "Condition": {"StringEquals": {"iam:PassedToService": "lambda.amazonaws.com"}}},
+        {"Sid": "ListMicrovms", "Effect": "Allow", "Action": "lambda:ListMicrovms", "Resource": "*"},
+        {"Effect": "Allow", "Action": ["lambda:GetMicrovm"], "Resource": [IMAGE, f"{IMAGE}:*"]},
+        {"Effect": "Deny", "Action": "*", "Resource": "*"},
+    ]
+    assert iam_violations(_hostile(*ok)) == []

@@ -133,19 +133,89 @@ def test_unreadable_values(value: str) -> None:
 
 
 json_values = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.text(max_size=40),
-    lambda children: st.lists(children, max_size=5) | st.dictionaries(st.text(max_size=10), children, max_size=5),
-    max_leaves=60,
+    st.none() | st.booleans() | st.integers() | st.text(max_size=10),
+    lambda children: st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4),
+    max_leaves=10,
 )
+versions = st.from_regex(r"\A[0-9]{1,5}\.0\Z")
 
 
-@settings(max_examples=300, deadline=None)
-@given(body=st.dictionaries(st.text(max_size=12), json_values, max_size=8), padding=st.text(max_size=6000))
-def test_decode_encode_round_trip(body, padding) -> None:
-    doc = {**body, "version": 1, "padding": padding}
-    try:
-        encoded = encode_recipe(doc)
-    except RecipeTooLarge:
+def _noise(seed: int, size: int) -> str:
+    import random
+
+    rng = random.Random(seed)
+    return "".join(rng.choice("abcdefghijklmnopqrstuvwxyz0123456789") for _ in range(size))
+
+
+#: Documents built to land in each of the three cases of the page's size rule.
+REGIONS = {
+    "json": st.builds(lambda pad: pad, st.text(alphabet=st.characters(max_codepoint=0x7F), max_size=1000)),
+    # long but repetitive: above 4,096 bytes as JSON, well below once compressed
+    "compressed": st.builds(lambda word, n, seed, size: (word * (4300 // len(word.encode()) + n)) + _noise(seed, size),
+                            st.text(min_size=1, max_size=12), st.integers(0, 3000), st.integers(), st.integers(0, 500)),
+    # random characters do not compress below the limit
+    "too_large": st.builds(_noise, st.integers(), st.integers(6500, 14000)),
+}
+
+
+@pytest.mark.parametrize("region", list(REGIONS))
+@settings(max_examples=60, deadline=None)
+@given(data=st.data(), body=st.dictionaries(st.text(max_size=8), json_values, max_size=4), version=versions)
+def test_every_case_of_the_size_rule(region, data, body, version) -> None:
+    """Each region is reached by construction (asserted), and in every one the library, the writer
+    and the reader agree; the image version survives every encoding."""
+    from lambdas.recipe_writer import index as writer
+
+    doc = {**body, "version": 1, "name": "x", "image": {"version": version}, "padding": data.draw(REGIONS[region])}
+    if region == "too_large":
+        with pytest.raises(RecipeTooLarge):
+            encode_recipe(doc)
+        with pytest.raises(writer.NotSaved) as info:
+            writer.encode(doc)
+        assert info.value.code == "recipe_too_large"
         return
-    assert decode_recipe(encoded.value) == doc
+    encoded = encode_recipe(doc)
+    assert encoded.encoding == region
+    assert writer.encode(doc) == (encoded.value, encoded.encoding, encoded.json_bytes)
+    assert decode_recipe(encoded.value) == doc and decode_recipe(encoded.value)["image"]["version"] == version
     assert len(encoded.value.encode()) == encoded.bytes <= STANDARD_PARAMETER_BYTES
+    assert (encoded.json_bytes > STANDARD_PARAMETER_BYTES) == (region == "compressed")
+
+
+def test_a_version_known_only_at_deploy_is_planned_not_guessed(agent_folder) -> None:
+    folder = agent_folder("[image]\nmemory_mib = 2048\n", name="built")
+    plan = plan_recipe(AgentProject.load(folder))  # a Dockerfile: the stack builds the image
+    assert plan.warnings == () and plan.document["image"]["version"] is None
+    assert plan.to_dict()["image_version"] == "at deploy"
+    token = "${Token[TOKEN.42]}"
+    plan = plan_recipe(AgentProject.load(folder), image_version=token)
+    assert plan.image_version == token and plan.version_at_deploy
+    assert token not in json.dumps(plan.document)  # the document shipped holds no token
+
+
+def test_a_recipe_without_a_version_warns_with_the_reason(agent_folder) -> None:
+    folder = agent_folder(None, name="elsewhere")
+    (folder / "Dockerfile").unlink()  # the image is published elsewhere
+    plan = plan_recipe(AgentProject.load(folder))
+    assert [w.code for w in plan.warnings] == ["recipe_without_image_version"]
+    assert "latest active version" in plan.warnings[0].message
+    pinned = plan_recipe(AgentProject.load(folder, memory_mib=2048).model_copy(update={"image": AgentProject.load(folder).image.model_copy(update={"version": "4.0"})}))
+    assert pinned.warnings == () and pinned.document["image"]["version"] == "4.0"
+    assert plan_recipe(AgentProject.load(folder), builds_image=True).warnings == ()
+
+
+def test_too_large_once_the_version_is_filled_in() -> None:
+    """A recipe that fits without its version but not with the one the deploy fills in."""
+    base = AgentProject.from_dict({"instructions": ""}, name="edge")
+    pad = STANDARD_PARAMETER_BYTES - len(canonical_json(build_recipe(base)))
+    # padding that leaves the JSON exactly at the limit without a version and that zlib + base64
+    # cannot shrink (random printable ASCII: about 6.6 bits a character, times 4/3)
+    import random
+    import string
+
+    rng = random.Random(3)
+    alphabet = [c for c in string.printable[:94] if c not in '"\\']
+    project = AgentProject.from_dict({"instructions": "".join(rng.choice(alphabet) for _ in range(pad))}, name="edge")
+    assert encode_recipe(build_recipe(project)).encoding == "json"
+    plan = plan_recipe(project, image_version="${Token[TOKEN.7]}")
+    assert plan.encoded is None and [w.code for w in plan.warnings] == ["recipe_too_large"]

@@ -1,147 +1,537 @@
-"""The recipe writer Lambda against moto's SSM over HTTP, and CloudFormation's response protocol."""
+"""The recipe writer as it runs in AWS: its real entry point (``index.handler``), its real client
+factory and retry configuration, the environment and properties the stack synthesizes, moto's SSM
+and S3 over HTTP (behind a proxy that counts what the store saw and injects AWS's errors), and
+CloudFormation's response endpoint over TLS.
+
+Nothing here passes the writer a stand-in client: endpoints come from ``AWS_ENDPOINT_URL`` as any
+boto3 client reads them. Assertions are made from the store's side (the parameter moto holds, the
+requests the proxy counted) and from what CloudFormation received.
+"""
 
 from __future__ import annotations
 
 import json
 import logging
-import threading
-from http.server import BaseHTTPRequestHandler, HTTPServer
+import time
+from pathlib import Path
 from typing import Any, Iterator
 
+import boto3
 import pytest
+from aws_cdk.assertions import Template
 
 from lambdas.recipe_writer import index
-from rayito_constructs import AgentProject, plan_recipe
+from rayito_constructs import AgentProject, FleetStack, build_recipe, decode_recipe, encode_recipe
+from rayito_constructs.recipe import canonical_json
 
+from .cdk_helpers import new_app, stack_props
 from .conftest import EXAMPLE
-from .moto_server import client, moto_server
+from .moto_server import moto_server
+from .recipe_writer_helpers import CFN_HOST, CloudFormationEndpoint, FaultProxy
 
+STACK_ID = "arn:aws:cloudformation:us-east-1:123456789012:stack/MiAgente/0d5c5a40-0000-11f0-9000-0a1b2c3d4e5f"
+FUNCTION_ARN = "arn:aws:lambda:us-east-1:123456789012:function:MiAgente-RayitoRecipeWriterFunction-abc"
 NAME = "/rayito/agents/mi-agente/recipe"
+BUILT_VERSION = "3.0"
 
 
-class _Responses(BaseHTTPRequestHandler):
-    received: list[dict[str, Any]] = []
+class Context:
+    """The Lambda context the runtime passes (the fields the writer reads)."""
 
-    def do_PUT(self) -> None:  # noqa: N802
-        body = self.rfile.read(int(self.headers["Content-Length"]))
-        type(self).received.append(json.loads(body))
-        self.send_response(200)
-        self.end_headers()
+    def __init__(self, remaining_ms: int = 150_000, arn: str = FUNCTION_ARN) -> None:
+        self._deadline = time.monotonic() + remaining_ms / 1000
+        self.invoked_function_arn = arn
+        self.function_name = arn.rsplit(":", 1)[-1]
+        self.aws_request_id = "req"
+        self.log_stream_name = "2026/11/30/[$LATEST]abc"
 
-    def log_message(self, *args: object) -> None:
-        pass
+    def get_remaining_time_in_millis(self) -> int:
+        return max(0, int((self._deadline - time.monotonic()) * 1000))
+
+
+def _resolve(value: Any, function_logical: str) -> Any:
+    """The few intrinsics the writer's inputs use, resolved as CloudFormation would at deploy."""
+    if isinstance(value, dict) and len(value) == 1:
+        (key, arg), = value.items()
+        if key == "Ref" and arg == "AWS::StackId":
+            return STACK_ID
+        if key == "Fn::GetAtt" and arg == [function_logical, "Arn"]:
+            return FUNCTION_ARN
+        if key == "Fn::GetAtt" and arg[1] == "LatestActiveImageVersion":
+            return BUILT_VERSION
+        if key == "Fn::Join":
+            return arg[0].join(str(_resolve(v, function_logical)) for v in arg[1])
+    if isinstance(value, dict):
+        return {k: _resolve(v, function_logical) for k, v in value.items()}
+    return value
+
+
+class Synthesized:
+    """What the example stack gives the writer: its environment, its resource and its document."""
+
+    def __init__(self) -> None:
+        app = new_app()
+        self.project = AgentProject.load(EXAMPLE)
+        stack = FleetStack(app, "MiAgente", project=self.project, **stack_props())
+        self.template = Template.from_stack(stack).to_json()
+        self.assembly = Path(app.synth().directory)
+        functions = {k: r for k, r in self.template["Resources"].items() if r["Type"] == "AWS::Lambda::Function"
+                     and "RECIPE_RESOURCES" in r["Properties"].get("Environment", {}).get("Variables", {})}
+        ((self.function_logical, function),) = functions.items()
+        self.environment = _resolve(function["Properties"]["Environment"]["Variables"], self.function_logical)
+        ((self.logical_id, resource),) = [(k, r) for k, r in self.template["Resources"].items()
+                                          if r["Type"] == "Custom::RayitoRecipe"]
+        self.properties = _resolve(resource["Properties"], self.function_logical)
+        self.document_file = self.assembly / f"asset.{self.properties['DocumentKey']}"
 
 
 @pytest.fixture(scope="module")
-def ssm_endpoint() -> Iterator[str]:
+def synthesized() -> Synthesized:
+    return Synthesized()
+
+
+@pytest.fixture(scope="module")
+def stores() -> Iterator[tuple[str, FaultProxy]]:
     with moto_server() as endpoint:
-        yield endpoint
+        proxy = FaultProxy(int(endpoint.rsplit(":", 1)[1]))
+        yield endpoint, proxy
+        proxy.close()
+
+
+@pytest.fixture(scope="module")
+def cfn(tmp_path_factory) -> Iterator[CloudFormationEndpoint]:
+    endpoint = CloudFormationEndpoint(tmp_path_factory.mktemp("cfn"))
+    yield endpoint
+    endpoint.close()
+
+
+@pytest.fixture(scope="module")
+def world(stores, cfn, synthesized) -> "Aws":
+    endpoint, proxy = stores
+    return Aws(endpoint, proxy, cfn, synthesized)
 
 
 @pytest.fixture
-def cfn() -> Iterator[tuple[str, list[dict[str, Any]]]]:
-    """A local stand-in for CloudFormation's pre-signed response URL."""
-    _Responses.received = []
-    server = HTTPServer(("127.0.0.1", 0), _Responses)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_port}/response", _Responses.received
-    server.shutdown()
+def aws(world, monkeypatch) -> Iterator["Aws"]:
+    """The writer's environment as in AWS (its synthesized variables), pointed at the local stores."""
+    for key, value in {
+        **world.synthesized.environment,
+        **world.cfn.environ(),
+        "AWS_ENDPOINT_URL": world.proxy.endpoint,
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_SESSION_TOKEN": "testing",
+        "AWS_REGION": "us-east-1",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }.items():
+        monkeypatch.setenv(key, value)
+    # As in a fresh Lambda process, boto3's default session resolves this environment's credentials
+    # (it is kept across tests, as a warm Lambda keeps it; the denied test starts a new one).
+    if world.session is None:
+        boto3.DEFAULT_SESSION = None
+        boto3.setup_default_session()
+        world.session = boto3.DEFAULT_SESSION
+    monkeypatch.setattr(boto3, "DEFAULT_SESSION", world.session)
+    world.reset()
+    yield world
 
 
-def event(kind: str, url: str, props: dict[str, Any], physical: str | None = None) -> dict[str, Any]:
-    e = {
-        "RequestType": kind,
-        "ResponseURL": url,
-        "StackId": "arn:aws:cloudformation:us-east-1:123456789012:stack/S/1",
-        "RequestId": f"req-{kind}",
-        "LogicalResourceId": "FleetRecipe",
-        "ResourceType": "Custom::RayitoRecipe",
-        "ResourceProperties": {"ServiceToken": "arn:aws:lambda:us-east-1:123456789012:function:w", **props},
-    }
-    if physical:
-        e["PhysicalResourceId"] = physical
-    return e
+class Aws:
+    def __init__(self, endpoint: str, proxy: FaultProxy, cfn: CloudFormationEndpoint, synthesized: Synthesized) -> None:
+        self.proxy = proxy
+        self.cfn = cfn
+        self.synthesized = synthesized
+        direct = dict(endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id="testing",
+                      aws_secret_access_key="testing")
+        self.ssm = boto3.client("ssm", **direct)
+        self.s3 = boto3.client("s3", **direct)
+        self.s3.create_bucket(Bucket=synthesized.properties["DocumentBucket"])
+        self.session: Any = None
+
+    def reset(self) -> None:
+        """Before each test: the document `cdk deploy` uploads, no parameter, nothing counted."""
+        self.s3.put_object(Bucket=self.synthesized.properties["DocumentBucket"], Key=self.synthesized.properties["DocumentKey"],
+                           Body=self.synthesized.document_file.read_bytes())
+        try:
+            self.ssm.delete_parameter(Name=NAME)
+        except self.ssm.exceptions.ParameterNotFound:
+            pass
+        self.proxy.reset()
+        self.cfn.received.clear()
+        self.cfn.tunnels.clear()
+
+    def event(self, kind: str, *, physical: str | None = None, **overrides: Any) -> dict[str, Any]:
+        props = {**self.synthesized.properties, **overrides}
+        props = {k: v for k, v in props.items() if v is not None}
+        event = {
+            "RequestType": kind,
+            "ServiceToken": FUNCTION_ARN,
+            "ResponseURL": self.cfn.url(f"req-{kind}"),
+            "StackId": STACK_ID,
+            "RequestId": f"req-{kind}",
+            "LogicalResourceId": self.synthesized.logical_id,
+            "ResourceType": "Custom::RayitoRecipe",
+            "ResourceProperties": props,
+        }
+        if physical:
+            event["PhysicalResourceId"] = physical
+        if kind == "Update":
+            event["OldResourceProperties"] = dict(props)
+        return event
+
+    def upload(self, document: dict[str, Any]) -> dict[str, str]:
+        """Ship another document, as a deploy of another project would; its properties."""
+        import hashlib
+
+        data = canonical_json(document)
+        digest = hashlib.sha256(data).hexdigest()
+        key = f"{digest}.json"
+        self.s3.put_object(Bucket=self.synthesized.properties["DocumentBucket"], Key=key, Body=data)
+        self.proxy.reset()
+        return {"DocumentKey": key, "DocumentSha256": digest}
+
+    def stored(self) -> str | None:
+        try:
+            return self.ssm.get_parameter(Name=NAME, WithDecryption=True)["Parameter"]["Value"]
+        except self.ssm.exceptions.ParameterNotFound:
+            return None
+
+    @property
+    def answer(self) -> dict[str, Any]:
+        (received,) = self.cfn.received[-1:]
+        assert received["host"] == CFN_HOST
+        return received["body"]
 
 
-def props(value: str, **extra: str) -> dict[str, str]:
-    return {"ParameterName": NAME, "Value": value, "Encoding": "json", "KeepOnDelete": "false", **extra}
+def run(event: dict[str, Any], context: Context | None = None) -> None:
+    """The Lambda runtime's call: the module's handler, its default clients."""
+    index.handler(event, context or Context())
 
 
-def test_create_update_delete(ssm_endpoint, cfn) -> None:
-    url, responses = cfn
-    ssm = client("ssm", ssm_endpoint)
-    factory = lambda: ssm  # noqa: E731
-    first = plan_recipe(AgentProject.load(EXAMPLE)).encoded.value
-    index.handler(event("Create", url, props(first)), None, factory)
-    stored = ssm.get_parameter(Name=NAME, WithDecryption=True)["Parameter"]
-    assert stored["Type"] == "SecureString" and stored["Value"] == first
-    assert responses[-1]["Status"] == "SUCCESS" and responses[-1]["PhysicalResourceId"] == NAME
-    assert responses[-1]["NoEcho"] is True and first not in json.dumps(responses[-1])
-
-    second = plan_recipe(AgentProject.load(EXAMPLE, max_vms=5)).encoded.value
-    index.handler(event("Update", url, props(second), physical=NAME), None, factory)
-    assert ssm.get_parameter(Name=NAME, WithDecryption=True)["Parameter"]["Value"] == second  # Overwrite
-    assert ssm.get_parameter(Name=NAME)["Parameter"]["Version"] == 2
-
-    index.handler(event("Delete", url, props(second), physical=NAME), None, factory)
-    with pytest.raises(ssm.exceptions.ParameterNotFound):
-        ssm.get_parameter(Name=NAME)
-    assert responses[-1]["Status"] == "SUCCESS"
+# ------------------------------------------------------------------ the contract: template → handler
 
 
-def test_delete_of_a_missing_parameter_succeeds(ssm_endpoint, cfn) -> None:
-    url, responses = cfn
-    ssm = client("ssm", ssm_endpoint)
-    index.handler(event("Delete", url, props("{}"), physical="/rayito/agents/gone/recipe"), None, lambda: ssm)
-    assert responses[-1]["Status"] == "SUCCESS"
+def test_create_writes_the_recipe_the_template_describes(aws, capsys) -> None:
+    run(aws.event("Create"))
+    expected = encode_recipe(build_recipe(aws.synthesized.project, BUILT_VERSION))
+    assert aws.stored() == expected.value
+    assert decode_recipe(aws.stored())["image"]["version"] == BUILT_VERSION  # filled in at deploy
+    parameter = aws.ssm.get_parameter(Name=NAME)["Parameter"]
+    assert parameter["Type"] == "SecureString"
+    answer = aws.answer
+    assert answer["Status"] == "SUCCESS" and answer["PhysicalResourceId"] == NAME
+    assert answer["Data"] == {"Outcome": "saved", "Saved": "true", "Reason": "saved", "Encoding": "json",
+                              "Bytes": str(expected.bytes), "JsonBytes": str(expected.json_bytes),
+                              "ImageVersion": BUILT_VERSION, "ParameterName": NAME}
+    assert answer["NoEcho"] is False  # the outputs read the outcome; no recipe in it
+    assert aws.proxy.seen == {"s3:GET": 1, "PutParameter": 1}
+    assert aws.cfn.tunnels == [f"{CFN_HOST}:443"]
+    emf = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith('{"_aws"')]
+    (metric,) = emf
+    assert metric["_aws"]["CloudWatchMetrics"][0]["Namespace"] == "Rayito/Fleet"
+    assert metric["_aws"]["CloudWatchMetrics"][0]["Metrics"] == [{"Name": "RecipeSaved", "Unit": "Count"},
+                                                                {"Name": "RecipeNotSaved", "Unit": "Count"}]
+    assert (metric["fleet"], metric["RecipeSaved"], metric["RecipeNotSaved"]) == ("mi-agente", 1, 0)
 
 
-def test_delete_after_a_failed_create_touches_nothing(ssm_endpoint, cfn) -> None:
-    url, responses = cfn
-    ssm = client("ssm", ssm_endpoint)
-    index.handler(event("Delete", url, props("{}"), physical="2026/11/29/[$LATEST]abc"), None, lambda: ssm)
-    assert responses[-1]["Status"] == "SUCCESS"
+def test_the_template_holds_no_recipe(aws) -> None:
+    template = json.dumps(aws.synthesized.template)
+    doc = build_recipe(aws.synthesized.project)
+    for value in (doc["instructions"], canonical_json(doc).decode()[:60], '"scale_in_after_seconds"'):
+        assert value not in template
+    # [env] values are plain by rule (credential-shaped ones are refused): the image carries them.
+    for key, value in doc["env"].items():
+        assert json.dumps({"Key": key, "Value": value}) in template
+    assert set(aws.synthesized.properties) == {"ServiceToken", "ParameterName", "DocumentBucket", "DocumentKey",
+                                                "DocumentSha256", "ImageVersion", "KeepOnDelete", "FailureMode",
+                                                "ServiceTimeout"}
 
 
-def test_keep_on_delete(ssm_endpoint, cfn) -> None:
-    url, _ = cfn
-    ssm = client("ssm", ssm_endpoint)
-    name = "/rayito/agents/kept/recipe"
-    p = {**props('{"version":1}'), "ParameterName": name, "KeepOnDelete": "true"}
-    index.handler(event("Create", url, p), None, lambda: ssm)
-    index.handler(event("Delete", url, p, physical=name), None, lambda: ssm)
-    assert ssm.get_parameter(Name=name, WithDecryption=True)["Parameter"]["Value"] == '{"version":1}'
+def test_update_and_delete(aws) -> None:
+    run(aws.event("Create"))
+    bigger = build_recipe(AgentProject.load(EXAMPLE, max_vms=5))
+    run(aws.event("Update", physical=NAME, **aws.upload(bigger)))
+    assert decode_recipe(aws.stored())["scaling"]["max_vms"] == 5
+    assert aws.ssm.get_parameter(Name=NAME)["Parameter"]["Version"] == 2
+    run(aws.event("Delete", physical=NAME))
+    assert aws.stored() is None and aws.answer["Status"] == "SUCCESS"
+    assert aws.answer["Data"]["Outcome"] == "deleted"
 
 
-def test_refuses_parameters_outside_the_prefix(ssm_endpoint, cfn) -> None:
-    url, responses = cfn
-    ssm = client("ssm", ssm_endpoint)
-    index.handler(event("Create", url, {**props("x"), "ParameterName": "/other/secret"}), None, lambda: ssm)
-    assert responses[-1]["Status"] == "FAILED"
-    assert "ParameterName must start with /rayito/agents/" in responses[-1]["Reason"]
+def test_delete_of_a_missing_parameter_and_after_a_failed_create(aws) -> None:
+    run(aws.event("Delete", physical=NAME))
+    assert aws.answer["Status"] == "SUCCESS" and aws.answer["Data"]["Reason"] == "already gone"
+    run(aws.event("Delete", physical="2026/11/29/[$LATEST]abc"))  # a create that never wrote anything
+    assert aws.answer["Status"] == "SUCCESS" and aws.answer["Data"]["Outcome"] == "skipped"
+    assert aws.proxy.seen["DeleteParameter"] == 1
 
 
-def test_failures_reach_cloudformation(cfn) -> None:
-    url, responses = cfn
-    dead = client("ssm", "http://127.0.0.1:9")  # nothing listens there
-    dead.meta.config.retries = {"max_attempts": 1}
-    index.handler(event("Create", url, props("SECRET-LOOKING-VALUE")), None, lambda: dead)
-    assert responses[-1]["Status"] == "FAILED"
-    assert "SECRET-LOOKING-VALUE" not in json.dumps(responses[-1])
+def test_keep_on_delete(aws) -> None:
+    run(aws.event("Create", KeepOnDelete="true"))
+    run(aws.event("Delete", physical=NAME, KeepOnDelete="true"))
+    assert aws.stored() is not None and aws.answer["Data"]["Outcome"] == "kept"
+    assert aws.proxy.seen["DeleteParameter"] == 0
 
 
-def test_the_value_never_reaches_the_logs(ssm_endpoint, cfn, caplog, capsys) -> None:
-    url, responses = cfn
-    ssm = client("ssm", ssm_endpoint)
+def test_a_compressed_recipe_keeps_the_image_version(aws) -> None:
+    project = AgentProject.from_dict({"instructions": "hola " * 1200, "name": "mi-agente"}, name="mi-agente")
+    run(aws.event("Update", physical=NAME, **aws.upload(build_recipe(project))))
+    assert aws.answer["Data"]["Encoding"] == "compressed"
+    stored = aws.stored()
+    assert stored.startswith("rz1:") and stored == encode_recipe(build_recipe(project, BUILT_VERSION)).value
+    assert decode_recipe(stored)["image"]["version"] == BUILT_VERSION
+
+
+# ------------------------------------------------------------------ a failed save never fails the deploy
+
+
+def _noise(size: int, seed: int = 5) -> str:
+    import random
+
+    rng = random.Random(seed)
+    return "".join(rng.choice("abcdefghijklmnopqrstuvwxyz0123456789") for _ in range(size))
+
+
+def test_too_large_at_deploy_is_reported_and_the_previous_recipe_deleted(aws, capsys) -> None:
+    run(aws.event("Create"))
+    assert aws.stored() is not None
+    big = build_recipe(AgentProject.from_dict({"instructions": _noise(9000)}, name="mi-agente"))
+    run(aws.event("Update", physical=NAME, **aws.upload(big)))
+    answer = aws.answer
+    assert answer["Status"] == "SUCCESS"
+    assert answer["Data"]["Outcome"] == "recipe_too_large" and answer["Data"]["Saved"] == "false"
+    assert "above the 4096 bytes" in answer["Data"]["Reason"] and "recipe_too_large" in answer["Reason"]
+    assert aws.stored() is None  # the page: the previous one is deleted
+    assert aws.proxy.seen["PutParameter"] == 0 and aws.proxy.seen["DeleteParameter"] == 1
+    metric = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith('{"_aws"')][-1]
+    assert (metric["RecipeSaved"], metric["RecipeNotSaved"], metric["Outcome"]) == (0, 1, "recipe_too_large")
+
+
+def test_strict_mode_fails_the_deploy(aws) -> None:
+    big = build_recipe(AgentProject.from_dict({"instructions": _noise(9000)}, name="mi-agente"))
+    run(aws.event("Create", FailureMode="fail", **aws.upload(big)))
+    assert aws.answer["Status"] == "FAILED"
+    assert aws.answer["Reason"].startswith("recipe_too_large") and "recipe_failure='fail'" in aws.answer["Reason"]
+
+
+def test_throttled_writes_are_retried_by_the_real_client(aws) -> None:
+    aws.proxy.fail("PutParameter", "ThrottlingException", times=2)
+    run(aws.event("Create"))
+    assert aws.answer["Data"]["Outcome"] == "saved" and aws.stored() is not None
+    assert aws.proxy.seen["PutParameter"] == 3  # two throttled, the third one wrote
+
+
+def test_throttling_that_never_ends_is_reported(aws) -> None:
+    aws.proxy.fail("PutParameter", "ThrottlingException")
+    run(aws.event("Create"))
+    assert aws.proxy.seen["PutParameter"] == index.RETRIES["total_max_attempts"] == 3
+    assert aws.answer["Status"] == "SUCCESS"
+    assert aws.answer["Data"].items() >= {"Outcome": "recipe_not_saved", "Saved": "false",
+                                          "Reason": "PutParameter: ThrottlingException"}.items()
+    assert aws.stored() is None
+
+
+def test_a_key_the_store_refuses(aws) -> None:
+    # moto accepts any KeyId; SSM answers InvalidKeyId, injected here as AWS sends it.
+    aws.proxy.fail("PutParameter", "InvalidKeyId")
+    run(aws.event("Create", KeyId="alias/does-not-exist"))
+    assert aws.answer["Data"]["Reason"] == "PutParameter: InvalidKeyId"
+    assert aws.proxy.seen["PutParameter"] == 1  # not retried: it would fail the same way
+
+
+def test_a_document_the_bucket_does_not_have(aws) -> None:
+    run(aws.event("Create", DocumentKey="0" * 64 + ".json", DocumentSha256="0" * 64))
+    assert aws.answer["Status"] == "SUCCESS"
+    assert aws.answer["Data"]["Outcome"] == "recipe_not_saved"
+    assert aws.answer["Data"]["Reason"] == "reading the recipe document: NoSuchKey"  # moto's S3 refused it
+    assert aws.proxy.seen["PutParameter"] == 0
+
+
+def test_a_document_that_changed_in_the_bucket(aws) -> None:
+    tampered = build_recipe(AgentProject.load(EXAMPLE, max_vms=9))
+    aws.s3.put_object(Bucket=aws.synthesized.properties["DocumentBucket"], Key=aws.synthesized.properties["DocumentKey"],
+                      Body=canonical_json(tampered))
+    run(aws.event("Create"))
+    assert aws.answer["Data"]["Reason"] == "the recipe document does not match its DocumentSha256"
+    assert aws.stored() is None
+
+
+def test_a_denied_write_is_access_denied(aws, monkeypatch) -> None:
+    """moto enforces IAM: the writer's credentials are a user with no SSM permission at all."""
+    from moto import settings
+    from moto.core.authorization import ActionAuthenticatorMixin
+
+    iam = boto3.client("iam", endpoint_url=aws.ssm.meta.endpoint_url, region_name="us-east-1",
+                       aws_access_key_id="testing", aws_secret_access_key="testing")
+    iam.create_user(UserName="writer-without-ssm")
+    iam.put_user_policy(UserName="writer-without-ssm", PolicyName="s3-only", PolicyDocument=json.dumps(
+        {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "s3:GetObject", "Resource": "*"}]}))
+    keys = iam.create_access_key(UserName="writer-without-ssm")["AccessKey"]
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", keys["AccessKeyId"])
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", keys["SecretAccessKey"])
+    monkeypatch.delenv("AWS_SESSION_TOKEN")
+    monkeypatch.setattr(boto3, "DEFAULT_SESSION", None)
+    monkeypatch.setattr(settings, "INITIAL_NO_AUTH_ACTION_COUNT", 0)
+    monkeypatch.setattr(ActionAuthenticatorMixin, "request_count", 0)
+    run(aws.event("Create"))
+    monkeypatch.setattr(settings, "INITIAL_NO_AUTH_ACTION_COUNT", float("inf"))
+    assert aws.answer["Status"] == "SUCCESS"
+    assert aws.answer["Data"]["Outcome"] == "recipe_access_denied"
+    # moto answers SSM's denial with HTTP 403 (an XML body botocore cannot name); SSM itself says
+    # AccessDeniedException: the writer maps both to the page's recipe_access_denied.
+    assert aws.answer["Data"]["Reason"].startswith("PutParameter: ")
+    assert aws.stored() is None
+
+
+def test_no_time_left_is_an_answer_not_a_timeout(aws) -> None:
+    run(aws.event("Create"), Context(remaining_ms=20_000))
+    assert aws.answer["Status"] == "SUCCESS"
+    assert aws.answer["Data"]["Reason"].startswith("not enough time left")
+    assert aws.proxy.seen == {}  # nothing was started that could outlast the function
+
+
+def test_a_denied_delete_is_reported_not_raised(aws) -> None:
+    run(aws.event("Create"))
+    aws.proxy.fail("DeleteParameter", "AccessDeniedException")
+    run(aws.event("Delete", physical=NAME))
+    assert aws.answer["Status"] == "SUCCESS"
+    assert aws.answer["Data"]["Outcome"] == "recipe_access_denied" and aws.stored() is not None
+    run(aws.event("Delete", physical=NAME, FailureMode="fail"))
+    assert aws.answer["Status"] == "FAILED"
+
+
+def test_without_a_deploy_time_version_the_document_keeps_its_own(aws) -> None:
+    project = AgentProject.load(EXAMPLE).model_copy(
+        update={"image": AgentProject.load(EXAMPLE).image.model_copy(update={"version": "2.0"})})
+    run(aws.event("Create", ImageVersion=None, **aws.upload(build_recipe(project))))
+    assert decode_recipe(aws.stored())["image"]["version"] == "2.0"
+
+
+def test_a_client_that_cannot_be_made_is_an_answer(aws, monkeypatch) -> None:
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "not a url")
+    monkeypatch.setattr(boto3, "DEFAULT_SESSION", None)
+    run(aws.event("Create"))
+    assert aws.answer["Status"] == "SUCCESS" and aws.answer["Data"]["Outcome"] == "recipe_not_saved"
+    assert aws.answer["Data"]["Reason"] == "ValueError"
+
+
+def test_malformed_documents_and_properties(aws) -> None:
+    import hashlib
+
+    body = b"not json"
+    aws.s3.put_object(Bucket=aws.synthesized.properties["DocumentBucket"], Key="garbage.json", Body=body)
+    run(aws.event("Create", DocumentKey="garbage.json", DocumentSha256=hashlib.sha256(body).hexdigest()))
+    assert aws.answer["Data"]["Reason"] == "the recipe document is not JSON"
+    run(aws.event("Create", DocumentSha256="not-a-hash"))
+    assert aws.answer["Data"]["Reason"] == "refused: DocumentBucket, DocumentKey and DocumentSha256 are required"
+    assert aws.proxy.seen["PutParameter"] == 0 and aws.stored() is None
+
+
+# ------------------------------------------------------------------ who may ask
+
+
+@pytest.mark.parametrize("change, refusal", [
+    ({"StackId": STACK_ID.replace("MiAgente", "Other")}, "StackId is not this writer's stack"),
+    ({"LogicalResourceId": "SomethingElse"}, "LogicalResourceId is not one of this stack's recipe resources"),
+    ({"ResourceType": "Custom::Other"}, "ResourceType must be Custom::RayitoRecipe"),
+    ({"ServiceToken": FUNCTION_ARN + "-other"}, "ServiceToken is not this function"),
+    ({"RequestType": "Read"}, "RequestType must be Create, Update or Delete"),
+    ({"props": {"ServiceToken": FUNCTION_ARN + "-other"}}, "ServiceToken is not this function"),
+    ({"props": {"ParameterName": "/rayito/agents/other/recipe"}}, "ParameterName must be /rayito/agents/mi-agente/recipe"),
+    ({"props": {"ParameterName": "/other/secret"}}, "ParameterName must be"),
+])
+def test_a_hostile_event_writes_nothing(aws, change, refusal) -> None:
+    event = aws.event("Create")
+    event["ResourceProperties"].update(change.pop("props", {}))
+    event.update(change)
+    run(event)
+    assert aws.answer["Status"] == "FAILED" and refusal in aws.answer["Reason"]
+    assert aws.proxy.seen == {} and aws.stored() is None
+
+
+def test_a_hostile_document_writes_nothing(aws) -> None:
+    other = build_recipe(AgentProject.load(EXAMPLE, name="other"))  # another fleet's recipe
+    run(aws.event("Create", **aws.upload(other)))
+    assert aws.answer["Data"]["Reason"] == "the recipe document is not the recipe of fleet mi-agente"
+    run(aws.event("Create", ImageVersion="1.0; rm -rf"))
+    assert aws.answer["Data"]["Reason"] == "refused: ImageVersion must look like 1.0"
+    assert aws.proxy.seen["PutParameter"] == 0 and aws.stored() is None
+    # A delete that names another fleet's parameter as its physical id deletes nothing.
+    aws.ssm.put_parameter(Name="/rayito/agents/other/recipe", Value="{}", Type="SecureString")
+    run(aws.event("Delete", physical="/rayito/agents/other/recipe"))
+    assert aws.answer["Data"]["Outcome"] == "skipped" and aws.proxy.seen["DeleteParameter"] == 0
+    assert aws.ssm.get_parameter(Name="/rayito/agents/other/recipe")["Parameter"]["Name"]
+
+
+@pytest.mark.parametrize("url", [
+    "https://attacker.example.com/collect",
+    "http://cloudformation-custom-resource-response-useast1.s3.amazonaws.com/x",
+    "https://cloudformation-custom-resource-response-uswest2.s3.amazonaws.com/x",
+    "https://cloudformation-custom-resource-response-useast1.s3.amazonaws.com.attacker.com/x",
+    "https://cloudformation-custom-resource-response-useast1.s3.amazonaws.com@attacker.com/x",
+    "file:///etc/passwd",
+    "https://cloudformation-custom-resource-response-useast1.s3.amazonaws.com:99999/x",
+    "https://[cloudformation-custom-resource-response-useast1.s3.amazonaws.com/x",
+])
+def test_only_cloudformation_is_answered(aws, url, caplog) -> None:
+    event = aws.event("Create")
+    event["ResponseURL"] = url
+    caplog.set_level(logging.ERROR)
+    run(event)
+    assert aws.cfn.tunnels == [] and aws.cfn.received == []  # nothing left the function
+    assert aws.proxy.seen == {} and aws.stored() is None  # and nothing was written
+    assert "ResponseURL is not CloudFormation's response endpoint" in caplog.text
+
+
+def test_a_busy_response_endpoint_is_tried_again(aws) -> None:
+    aws.cfn.unavailable(2)
+    run(aws.event("Create"))
+    assert aws.cfn.attempts == 3 and aws.answer["Status"] == "SUCCESS"
+    aws.cfn.unavailable(3)
+    with pytest.raises(Exception, match="503"):  # the runtime then reports the error; CloudFormation times out
+        run(aws.event("Update", physical=NAME))
+    assert aws.cfn.attempts == 3
+    # A response host that cannot be reached at all (the path-style URL, which the proxy has no way to)
+    event = aws.event("Update", physical=NAME)
+    event["ResponseURL"] = "https://s3.amazonaws.com/cloudformation-custom-resource-response-useast1/x?Signature=y"
+    aws.cfn.tunnels.clear()
+    with pytest.raises(OSError, match="Tunnel connection failed"):
+        run(event)
+    assert aws.cfn.tunnels == ["s3.amazonaws.com:443"] * 3
+
+
+def test_an_alias_of_the_function_is_the_function(aws) -> None:
+    run(aws.event("Create"), Context(arn=FUNCTION_ARN + ":live"))
+    assert aws.answer["Data"]["Outcome"] == "saved"
+
+
+# ------------------------------------------------------------------ the recipe is never logged
+
+
+def test_the_recipe_never_reaches_the_logs(aws, caplog, capsys) -> None:
     marker = "recipe-value-that-must-not-be-logged-7f3a"
-    value = json.dumps({"version": 1, "instructions": marker})
+    project = AgentProject.from_dict({"instructions": marker}, name="mi-agente")
     caplog.set_level(logging.DEBUG)  # botocore's own debug logging included
+    props = aws.upload(build_recipe(project))
     for kind in ("Create", "Update", "Delete"):
-        index.handler(event(kind, url, props(value), physical=NAME), None, lambda: ssm)
-    # And a failure, whose error must not carry the value either.
-    index.handler(event("Create", url, {**props(value), "KeyId": "alias/does-not-exist"}), None, lambda: ssm)
-    logged = caplog.text + capsys.readouterr().out + capsys.readouterr().err
+        run(aws.event(kind, physical=NAME, **props))
+    aws.proxy.fail("PutParameter", "InvalidKeyId")
+    run(aws.event("Create", KeyId="alias/does-not-exist", **props))
+    out = capsys.readouterr()
+    logged = caplog.text + out.out + out.err
     assert "Create" in caplog.text and NAME in caplog.text  # the handler does log what it does
     assert marker not in logged
-    assert all(marker not in json.dumps(r) for r in responses)
+    assert all(marker not in json.dumps(r) for r in aws.cfn.received)
+
+
+# ------------------------------------------------------------------ the encoders agree
+
+
+def test_the_writer_and_the_library_encode_alike() -> None:
+    for size in (0, 3000, 4050, 4200, 12000):
+        doc = build_recipe(AgentProject.from_dict({"instructions": "x" * size}, name="sized"), "7.0")
+        expected = encode_recipe(doc)
+        assert index.encode(doc) == (expected.value, expected.encoding, expected.json_bytes)
+    with pytest.raises(index.NotSaved):
+        index.encode(build_recipe(AgentProject.from_dict({"instructions": _noise(9000)}, name="n")))
+

@@ -1,24 +1,51 @@
-"""Custom resource handler: writes the fleet recipe as an SSM SecureString, never logging it.
+"""Custom resource handler: writes the fleet recipe as an SSM SecureString. Never logs the recipe,
+never fails a deploy unless asked to, answers only CloudFormation.
 
-CloudFormation cannot create a SecureString parameter, and the stock ``AwsCustomResource`` handler
-logs the whole request (recipe included). This handler logs only the request type, the parameter
-name, the encoding and the size. It needs nothing but the boto3 of the Lambda runtime.
+CloudFormation cannot create a SecureString parameter, so ``Custom::RayitoRecipe`` resources call
+this function. The recipe is **not** a template property (anyone with
+``cloudformation:GetTemplate`` would read it): the stack ships the recipe document as an S3 asset
+in its deployment bucket, and the resource names the object and its SHA-256. This function reads
+it (its role may read exactly those objects), checks it, sets the image version CloudFormation
+resolved at deploy, encodes it (JSON up to 4,096 bytes, ``rz1:`` + base64 of zlib above that,
+nothing when even that does not fit: the same rules as ``rayito_constructs.recipe``) and puts it.
 
-Properties (all strings): ``ParameterName``, ``Value``, ``Encoding`` (``json``|``compressed``),
-``KeyId`` (optional customer KMS key), ``KeepOnDelete`` (``"true"`` keeps the parameter when the
-resource is deleted). The physical id is the parameter name, so renaming a fleet makes
-CloudFormation delete the old parameter after the new one is written.
+Properties (strings): ``ParameterName``, ``DocumentBucket``, ``DocumentKey``, ``DocumentSha256``,
+``ImageVersion`` (optional: the version the stack built), ``KeyId`` (optional customer key),
+``KeepOnDelete`` (``"true"`` keeps the parameter on delete), ``FailureMode`` (``warn``: a failed save
+is reported and the deploy goes on, the product page's rule; ``fail``: the deploy rolls back).
+
+The outcome is answered as response ``Data`` (``Saved``, ``Outcome``, ``Reason``, ``Encoding``,
+``Bytes``, ``ImageVersion``), logged as one JSON line and emitted as the ``RecipeSaved`` and
+``RecipeNotSaved`` metrics (embedded metric format, namespace ``Rayito/Fleet``, dimension
+``fleet``). Outcomes: ``saved``, ``kept``, ``deleted``, and the page's warning codes
+``recipe_too_large``, ``recipe_access_denied``, ``recipe_not_saved``.
+
+Who may invoke this function may write the fleets' recipes. So it acts only on events for its own
+stack (``StackId``), for one of its own ``Custom::RayitoRecipe`` resources (``LogicalResourceId``,
+mapped to its fleet), sent to itself (``ServiceToken``), and answers only CloudFormation's
+pre-signed response URL (``https://cloudformation-custom-resource-response-<region>.s3...``);
+anything else is refused without a write, and a request that names another URL is never answered.
 """
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
 import logging
 import os
+import re
+import sys
+import time
+import urllib.error
+import urllib.parse
 import urllib.request
-from typing import Any, Callable, Mapping
+import zlib
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Optional
 
 import boto3
+from botocore.config import Config
 
 LOG = logging.getLogger("rayito.recipe_writer")
 LOG.setLevel(os.environ.get("LOG_LEVEL", "INFO"))
@@ -26,99 +53,334 @@ LOG.setLevel(os.environ.get("LOG_LEVEL", "INFO"))
 # loggers quiet whatever log level the function is given.
 for _sdk_logger in ("botocore", "boto3", "urllib3"):
     logging.getLogger(_sdk_logger).setLevel(logging.WARNING)
+
 PARAMETER_PREFIX = "/rayito/agents/"
+RESOURCE_TYPE = "Custom::RayitoRecipe"
+STANDARD_PARAMETER_BYTES = 4096
+COMPRESSED_PREFIX = "rz1:"
+NAMESPACE = "Rayito/Fleet"
+SERVICE = "rayito-recipe-writer"
+#: The SDK's standard retry mode, 3 attempts per call in all (botocore's ``max_attempts`` counts
+#: the retries only: 3 there makes 4 requests; ``total_max_attempts`` counts them all). With these
+#: timeouts one call takes at most about 45 s, and the handler keeps ``RESERVE_MS`` to answer
+#: CloudFormation (an unanswered request makes CloudFormation wait and then fail the deploy).
+RETRIES = {"mode": "standard", "total_max_attempts": 3}
+CONNECT_TIMEOUT = 3
+READ_TIMEOUT = 10
+CALL_BUDGET_MS = 45_000
+RESERVE_MS = 10_000
+RESPONSE_TIMEOUT = 10
+#: S3 answers a pre-signed PUT with a 5xx now and then: the answer is sent up to 3 times.
+RESPONSE_ATTEMPTS = 3
+_VERSION = re.compile(r"^[0-9]{1,9}(\.[0-9]{1,9})?$")
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+_FLEET = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
 
 class BadRequest(ValueError):
     """A request this handler refuses; its message holds no property value."""
 
 
-def _ssm() -> Any:
-    return boto3.client("ssm")
+class NotSaved(Exception):
+    """The recipe could not be saved; ``code`` is the product page's warning code."""
+
+    def __init__(self, code: str, reason: str) -> None:
+        super().__init__(reason)
+        self.code = code
+        self.reason = reason
 
 
-def _put(ssm: Any, props: Mapping[str, Any]) -> None:
+@dataclass
+class Clients:
+    ssm: Any
+    s3: Any
+
+
+def _client(service: str) -> Any:
+    config = Config(retries=dict(RETRIES), connect_timeout=CONNECT_TIMEOUT, read_timeout=READ_TIMEOUT,
+                    user_agent_extra=SERVICE)
+    return boto3.client(service, config=config)
+
+
+def clients() -> Clients:
+    """The production clients (the Lambda's credentials, region and endpoints)."""
+    return Clients(ssm=_client("ssm"), s3=_client("s3"))
+
+
+# ------------------------------------------------------------------ encoding (as recipe.py)
+
+
+def encode(doc: Mapping[str, Any]) -> tuple[str, str, int]:
+    """``(value, encoding, json_bytes)``; raises :class:`NotSaved` (``recipe_too_large``)."""
+    raw = json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+    if len(raw) <= STANDARD_PARAMETER_BYTES:
+        return raw.decode(), "json", len(raw)
+    packed = COMPRESSED_PREFIX + base64.b64encode(zlib.compress(raw, 9)).decode("ascii")
+    if len(packed) <= STANDARD_PARAMETER_BYTES:
+        return packed, "compressed", len(raw)
+    raise NotSaved(
+        "recipe_too_large",
+        f"the recipe is {len(raw)} bytes as JSON and {len(packed)} compressed, above the "
+        f"{STANDARD_PARAMETER_BYTES} bytes of a standard parameter",
+    )
+
+
+# ------------------------------------------------------------------ who may ask
+
+
+def response_url_ok(url: str, region: str) -> bool:
+    """True for CloudFormation's pre-signed response URL of ``region``: an HTTPS URL of an object in
+    the bucket ``cloudformation-custom-resource-response-<region without dashes>`` (virtual-hosted
+    ``<bucket>.s3[.-<region>].amazonaws.com``, or path-style on ``s3[.-<region>].amazonaws.com``)."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+        port = parts.port
+    except ValueError:
+        return False
+    if parts.scheme != "https" or port not in (None, 443) or parts.username or parts.password or not region:
+        return False
+    bucket = re.escape(f"cloudformation-custom-resource-response-{region.replace('-', '')}")
+    s3 = rf"s3(?:[.-]{re.escape(region)})?\.amazonaws\.com" + (r"\.cn" if region.startswith("cn-") else "")
+    host = parts.hostname or ""
+    if re.fullmatch(rf"{bucket}\.{s3}", host):
+        return len(parts.path) > 1
+    return bool(re.fullmatch(s3, host)) and bool(re.match(rf"^/{bucket}/.", parts.path))
+
+
+def _unqualified(arn: str) -> str:
+    """A function ARN without its version or alias."""
+    parts = arn.split(":")
+    return ":".join(parts[:7]) if len(parts) > 7 and parts[5] == "function" else arn
+
+
+def check_identity(event: Mapping[str, Any], context: Any, environ: Mapping[str, str]) -> str:
+    """The fleet the event is for; raises :class:`BadRequest` for an event that is not one of this
+    stack's recipe resources, sent to this function."""
+    if event.get("RequestType") not in ("Create", "Update", "Delete"):
+        raise BadRequest("RequestType must be Create, Update or Delete")
+    if event.get("ResourceType") != RESOURCE_TYPE:
+        raise BadRequest(f"ResourceType must be {RESOURCE_TYPE}")
+    if not environ.get("STACK_ID") or event.get("StackId") != environ["STACK_ID"]:
+        raise BadRequest("StackId is not this writer's stack")
+    resources = json.loads(environ.get("RECIPE_RESOURCES") or "{}")
+    fleet = resources.get(event.get("LogicalResourceId"))
+    if not fleet:
+        raise BadRequest("LogicalResourceId is not one of this stack's recipe resources")
+    own = _unqualified(getattr(context, "invoked_function_arn", "") or "")
+    props = event.get("ResourceProperties") or {}
+    tokens = {props.get("ServiceToken"), event.get("ServiceToken", props.get("ServiceToken"))}
+    if not own or tokens != {own}:
+        raise BadRequest("ServiceToken is not this function")
+    if props.get("ParameterName") != f"{PARAMETER_PREFIX}{fleet}/recipe":
+        raise BadRequest(f"ParameterName must be {PARAMETER_PREFIX}{fleet}/recipe for this resource")
+    return fleet
+
+
+# ------------------------------------------------------------------ what it does
+
+
+class _Deadline:
+    """Skips a call that could outlast the function: a late answer is worse than no recipe."""
+
+    def __init__(self, context: Any) -> None:
+        self._remaining = getattr(context, "get_remaining_time_in_millis", None)
+
+    def check(self, what: str) -> None:
+        if self._remaining is not None and self._remaining() < CALL_BUDGET_MS + RESERVE_MS:
+            raise NotSaved("recipe_not_saved", f"not enough time left for {what} before the function's timeout")
+
+
+def _error_code(exc: Exception) -> str:
+    return str(getattr(exc, "response", {}).get("Error", {}).get("Code", "")) or type(exc).__name__
+
+
+def _not_saved(exc: Exception, what: str) -> NotSaved:
+    code = _error_code(exc)
+    status = getattr(exc, "response", {}).get("ResponseMetadata", {}).get("HTTPStatusCode")
+    denied = code in ("AccessDeniedException", "AccessDenied") or status == 403
+    return NotSaved("recipe_access_denied" if denied else "recipe_not_saved", f"{what}: {code}")
+
+
+def read_document(s3: Any, props: Mapping[str, Any], fleet: str, deadline: _Deadline) -> dict[str, Any]:
+    """The recipe document the stack shipped, checked against its SHA-256 and its fleet."""
+    expected = str(props.get("DocumentSha256", ""))
+    if not _SHA256.match(expected) or not props.get("DocumentBucket") or not props.get("DocumentKey"):
+        raise BadRequest("DocumentBucket, DocumentKey and DocumentSha256 are required")
+    deadline.check("reading the recipe document")
+    try:
+        body = s3.get_object(Bucket=props["DocumentBucket"], Key=props["DocumentKey"])["Body"].read()
+    except Exception as exc:  # noqa: BLE001 - every store error becomes an outcome
+        raise _not_saved(exc, "reading the recipe document") from None
+    if hashlib.sha256(body).hexdigest() != expected:
+        raise NotSaved("recipe_not_saved", "the recipe document does not match its DocumentSha256")
+    try:
+        doc = json.loads(body)
+    except ValueError:
+        raise NotSaved("recipe_not_saved", "the recipe document is not JSON") from None
+    if not isinstance(doc, dict) or doc.get("name") != fleet or not isinstance(doc.get("image"), dict):
+        raise NotSaved("recipe_not_saved", f"the recipe document is not the recipe of fleet {fleet}")
+    version = props.get("ImageVersion")
+    if version:
+        if not _VERSION.match(str(version)):
+            raise BadRequest("ImageVersion must look like 1.0")
+        doc["image"]["version"] = str(version)
+    return doc
+
+
+def _put(ssm: Any, name: str, value: str, encoding: str, key_id: Optional[str], deadline: _Deadline) -> None:
     args = {
-        "Name": props["ParameterName"],
-        "Value": props["Value"],
+        "Name": name,
+        "Value": value,
         "Type": "SecureString",
         "Tier": "Standard",
         "Overwrite": True,
-        "Description": f"Rayito fleet recipe ({props.get('Encoding', 'json')})",
+        "Description": f"Rayito fleet recipe ({encoding})",
     }
-    if props.get("KeyId"):
-        args["KeyId"] = props["KeyId"]
-    ssm.put_parameter(**args)
+    if key_id:
+        args["KeyId"] = key_id
+    deadline.check("PutParameter")
+    try:
+        ssm.put_parameter(**args)
+    except Exception as exc:  # noqa: BLE001
+        raise _not_saved(exc, "PutParameter") from None
 
 
-def _delete(ssm: Any, name: str) -> bool:
+def _delete(ssm: Any, name: str, deadline: _Deadline) -> bool:
     """Delete ``name``; False when it was already gone."""
+    deadline.check("DeleteParameter")
     try:
         ssm.delete_parameter(Name=name)
         return True
-    except ssm.exceptions.ParameterNotFound:
-        return False
+    except Exception as exc:  # noqa: BLE001
+        if _error_code(exc) == "ParameterNotFound":
+            return False
+        raise _not_saved(exc, "DeleteParameter") from None
 
 
-def handle(event: Mapping[str, Any], ssm: Any) -> dict[str, Any]:
-    """Carry out one CloudFormation request; returns the physical id and non-secret data."""
+def handle(event: Mapping[str, Any], fleet: str, aws: Clients, deadline: _Deadline) -> dict[str, str]:
+    """Carry out one CloudFormation request for ``fleet``; returns the outcome (no recipe in it).
+
+    Raises :class:`NotSaved` when the store refuses or the recipe does not fit.
+    """
     kind = event["RequestType"]
-    props = event.get("ResourceProperties", {})
-    name = props.get("ParameterName", "")
-    if not name.startswith(PARAMETER_PREFIX):
-        raise BadRequest(f"ParameterName must start with {PARAMETER_PREFIX}")
-    if kind in ("Create", "Update"):
-        _put(ssm, props)
-        LOG.info(
-            json.dumps(
-                {"action": kind, "parameter": name, "encoding": props.get("Encoding"), "bytes": len(props["Value"])}
-            )
-        )
-        return {"PhysicalResourceId": name, "Data": {"ParameterName": name}}
-    physical = event.get("PhysicalResourceId", "")
-    if not physical.startswith(PARAMETER_PREFIX):
-        # A create that failed before writing anything has no parameter to delete.
-        LOG.info(json.dumps({"action": "Delete", "parameter": None, "skipped": "never created"}))
-        return {"PhysicalResourceId": physical}
-    if str(props.get("KeepOnDelete", "false")).lower() == "true":
-        LOG.info(json.dumps({"action": "Delete", "parameter": physical, "kept": True}))
-        return {"PhysicalResourceId": physical}
-    deleted = _delete(ssm, physical)
-    LOG.info(json.dumps({"action": "Delete", "parameter": physical, "deleted": deleted}))
-    return {"PhysicalResourceId": physical}
+    props = event.get("ResourceProperties") or {}
+    name = f"{PARAMETER_PREFIX}{fleet}/recipe"
+    if kind == "Delete":
+        physical = event.get("PhysicalResourceId", "")
+        if physical != name:
+            # A create that failed before writing anything has no parameter to delete, and a
+            # renamed fleet's old parameter is another resource's: touch nothing.
+            return {"Outcome": "skipped", "Saved": "false", "Reason": "no parameter of this resource to delete"}
+        if str(props.get("KeepOnDelete", "false")).lower() == "true":
+            return {"Outcome": "kept", "Saved": "true", "Reason": "keep_recipe"}
+        deleted = _delete(aws.ssm, name, deadline)
+        return {"Outcome": "deleted", "Saved": "false", "Reason": "deleted" if deleted else "already gone"}
+    doc = read_document(aws.s3, props, fleet, deadline)
+    try:
+        value, encoding, json_bytes = encode(doc)
+    except NotSaved:
+        # The page: when even the compressed recipe does not fit, the previous one is deleted.
+        _delete(aws.ssm, name, deadline)
+        raise
+    _put(aws.ssm, name, value, encoding, props.get("KeyId") or None, deadline)
+    return {
+        "Outcome": "saved",
+        "Saved": "true",
+        "Reason": "saved",
+        "Encoding": encoding,
+        "Bytes": str(len(value.encode())),
+        "JsonBytes": str(json_bytes),
+        "ImageVersion": str(doc["image"].get("version") or ""),
+    }
 
 
-def _respond(event: Mapping[str, Any], context: Any, status: str, result: Mapping[str, Any], reason: str) -> None:
+# ------------------------------------------------------------------ telling
+
+
+def _emit(fleet: str, kind: str, outcome: Mapping[str, str]) -> None:
+    """One JSON log line and the two metrics, in embedded metric format, on stdout."""
+    saved = 1 if outcome.get("Saved") == "true" and outcome.get("Outcome") == "saved" else 0
+    failed = 0 if outcome.get("Outcome") in ("saved", "kept", "deleted", "skipped") else 1
+    record = {
+        "_aws": {"Timestamp": int(time.time() * 1000), "CloudWatchMetrics": [{
+            "Namespace": NAMESPACE, "Dimensions": [["fleet"]],
+            "Metrics": [{"Name": "RecipeSaved", "Unit": "Count"}, {"Name": "RecipeNotSaved", "Unit": "Count"}]}]},
+        "fleet": fleet, "service": SERVICE, "action": kind,
+        "RecipeSaved": saved, "RecipeNotSaved": failed,
+        **{k: v for k, v in outcome.items() if k in ("Outcome", "Reason", "Encoding", "Bytes", "ImageVersion")},
+    }
+    sys.stdout.write(json.dumps(record) + "\n")
+    sys.stdout.flush()
+
+
+def _respond(event: Mapping[str, Any], status: str, physical: str, data: Mapping[str, str], reason: str) -> None:
     body = json.dumps(
         {
             "Status": status,
             "Reason": reason[:1000],
-            "PhysicalResourceId": result.get("PhysicalResourceId")
-            or event.get("PhysicalResourceId")
-            or getattr(context, "log_stream_name", "recipe"),
-            "StackId": event["StackId"],
-            "RequestId": event["RequestId"],
-            "LogicalResourceId": event["LogicalResourceId"],
-            "NoEcho": True,
-            "Data": result.get("Data", {}),
+            "PhysicalResourceId": physical,
+            "StackId": event.get("StackId", ""),
+            "RequestId": event.get("RequestId", ""),
+            "LogicalResourceId": event.get("LogicalResourceId", ""),
+            "NoEcho": False,  # Data holds the outcome only, and outputs read it with Fn::GetAtt
+            "Data": dict(data),
         }
     ).encode()
     request = urllib.request.Request(
         event["ResponseURL"], data=body, method="PUT", headers={"Content-Type": "", "Content-Length": str(len(body))}
     )
-    with urllib.request.urlopen(request, timeout=30) as response:  # noqa: S310 (CloudFormation's URL)
-        response.read()
+    for attempt in range(RESPONSE_ATTEMPTS):
+        try:
+            # A fresh opener per answer: it honours the environment's proxy settings as they are now.
+            with urllib.request.build_opener().open(request, timeout=RESPONSE_TIMEOUT) as response:  # noqa: S310
+                response.read()
+            return
+        except urllib.error.HTTPError as exc:
+            if exc.code < 500 or attempt == RESPONSE_ATTEMPTS - 1:
+                raise
+        except (urllib.error.URLError, TimeoutError, ConnectionError):
+            if attempt == RESPONSE_ATTEMPTS - 1:
+                raise
+        time.sleep(0.5 * 2**attempt)
 
 
-def handler(event: Mapping[str, Any], context: Any, ssm_factory: Callable[[], Any] = _ssm) -> None:
-    """Lambda entry point. Never logs the event: its properties hold the recipe."""
+def handler(event: Mapping[str, Any], context: Any, clients_factory: Callable[[], Clients] = clients) -> None:
+    """Lambda entry point. Never logs the event: its properties name the recipe document."""
+    region = os.environ.get("AWS_REGION", "")
+    url = str(event.get("ResponseURL", ""))
+    if not response_url_ok(url, region):
+        LOG.error(json.dumps({"refused": "ResponseURL is not CloudFormation's response endpoint", "region": region}))
+        return
+    kind = event.get("RequestType")
+    props = event.get("ResourceProperties") or {}
     try:
-        result = handle(event, ssm_factory())
-        status, reason = "SUCCESS", "ok"
+        fleet = check_identity(event, context, os.environ)
+    except (BadRequest, ValueError) as exc:
+        LOG.error(json.dumps({"refused": str(exc), "action": kind}))
+        _respond(event, "FAILED", str(event.get("PhysicalResourceId") or "refused"), {}, f"refused: {exc}")
+        return
+    name = f"{PARAMETER_PREFIX}{fleet}/recipe"
+    strict = str(props.get("FailureMode", "warn")) == "fail"
+    try:
+        outcome = handle(event, fleet, clients_factory(), _Deadline(context))
+    except NotSaved as exc:
+        outcome = {"Outcome": exc.code, "Saved": "false", "Reason": exc.reason}
+    except BadRequest as exc:
+        outcome = {"Outcome": "recipe_not_saved", "Saved": "false", "Reason": f"refused: {exc}"}
     except Exception as exc:  # noqa: BLE001 - every failure must reach CloudFormation
-        # The error names the exception type and the AWS error code only: never the value.
-        code = getattr(exc, "response", {}).get("Error", {}).get("Code", "")
-        reason = f"{type(exc).__name__} {code}".strip() + (f": {exc}" if isinstance(exc, BadRequest) else "")
-        LOG.error(json.dumps({"action": event.get("RequestType"), "error": reason}))
-        result, status = {}, "FAILED"
-    _respond(event, context, status, result, reason)
+        # The error names the exception type and the AWS error code only: never a value.
+        outcome = {"Outcome": "recipe_not_saved", "Saved": "false", "Reason": _error_code(exc)}
+    outcome.setdefault("Encoding", "")
+    outcome.setdefault("Bytes", "0")
+    outcome.setdefault("ImageVersion", "")
+    outcome["ParameterName"] = name
+    _emit(fleet, str(kind), outcome)
+    failed = outcome["Outcome"] not in ("saved", "kept", "deleted", "skipped")
+    LOG.log(logging.WARNING if failed else logging.INFO,
+            json.dumps({"action": kind, "parameter": name, **{k: outcome[k] for k in ("Outcome", "Reason", "Encoding", "Bytes")}}))
+    physical = name if kind != "Delete" else str(event.get("PhysicalResourceId") or name)
+    if failed and strict:
+        _respond(event, "FAILED", physical, outcome, f"{outcome['Outcome']}: {outcome['Reason']} (recipe_failure='fail')")
+        return
+    reason = "ok" if not failed else f"{outcome['Outcome']}: {outcome['Reason']} (the deploy goes on: recipe_failure='warn')"
+    _respond(event, "SUCCESS", physical, outcome, reason)

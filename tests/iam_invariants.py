@@ -1,0 +1,151 @@
+"""IAM invariants checked on every template the tests synthesize (the session gate in conftest.py).
+
+* The launcher never writes the recipe: no action of ``SandboxLauncherPolicy``, of the reconciler's
+  role or of the MicroVMs' execution role matches ``ssm:PutParameter`` the way IAM matches
+  (case-insensitive, ``*`` and ``?`` wildcards: ``ssm:Put*``, ``ssm:*``, ``*``, ``SSM:p?tparameter``),
+  and none of them allows with ``NotAction``.
+* A wildcard resource only where the allow-list below says, and only for the actions it lists
+  (a Sid'd statement must also carry one of the Sids that may hold a wildcard).
+* Every ``iam:PassRole`` names roles (no wildcard; a role ARN or a role of the template) and
+  carries ``iam:PassedToService``.
+* Every KMS grant names the service it goes through (``kms:ViaService``).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import re
+from typing import Any, Iterable
+
+from rayito_constructs._nag import flatten_cfn_reference
+from rayito_constructs.permissions import (
+    CREATE_IMAGE_ACTIONS,
+    IMAGE_ACTIONS,
+    IMAGE_CATALOG_ACTIONS,
+    LIST_ACTIONS,
+    MANAGED_IMAGE_VERSIONS_ACTIONS,
+    MICROVM_ACTIONS,
+    STAR_REASONS,
+)
+
+#: Roles and policies that launch sandboxes: they may read and delete the recipe, never write it.
+LAUNCHER_DESCRIPTIONS = (
+    "Rayito SandboxLauncherPolicy",
+    "Rayito reconciler",
+    "Rayito: the role a fleet's MicroVMs run as",
+)
+RECIPE_WRITE = "ssm:PutParameter"
+NO_RESOURCE = {*LIST_ACTIONS, *CREATE_IMAGE_ACTIONS, *IMAGE_CATALOG_ACTIONS, *MANAGED_IMAGE_VERSIONS_ACTIONS}
+LOG_ACTIONS = {"logs:CreateLogGroup", "logs:CreateLogStream", "logs:PutLogEvents"}
+#: Sids that may hold a wildcard resource (every one with its reason in permissions.STAR_REASONS),
+#: and the statements of the roles the library makes.
+WILDCARD_SIDS = {*STAR_REASONS, "MicrovmLogs", "BuildLogs"}
+#: (flattened resource pattern, actions allowed on it, Sids it is reserved to or None for any).
+ALLOWED_WILDCARDS: tuple[tuple[re.Pattern[str], frozenset[str], frozenset[str] | None], ...] = (
+    (re.compile(r"^\*$"), frozenset(NO_RESOURCE), None),
+    (re.compile(r"^\*$"), frozenset(MICROVM_ACTIONS), frozenset({"MicrovmsOnAnyImage"})),
+    # one image and its versions, or every image account-wide
+    (re.compile(r"^(arn:[^:]+:lambda:[^:]+:[^:]+:microvm-image:[^:*/]+|<[A-Za-z0-9.]+>):\*$"),
+     frozenset({*MICROVM_ACTIONS, *IMAGE_ACTIONS}), None),
+    (re.compile(r"^arn:[^:]+:lambda:[^:]+:[^:]+:microvm-image:\*$"), frozenset({*MICROVM_ACTIONS, *IMAGE_ACTIONS}), None),
+    (re.compile(r"^arn:[^:]+:lambda:[^:]+:aws:network-connector:aws-network-connector:\*$"),
+     frozenset({"lambda:PassNetworkConnector"}), None),
+    (re.compile(r"^arn:[^:]+:logs:[^:]+:[^:]+:log-group:/aws/lambda-microvms/.+:\*$"), frozenset(LOG_ACTIONS), None),
+    (re.compile(r"^arn:[^:]+:ssm:[^:]+:[^:]+:parameter/rayito/agents/\*$"),
+     frozenset({"ssm:GetParameter", "ssm:DeleteParameter", "ssm:PutParameter"}), None),
+    # EventBridge Scheduler invokes one function and its versions (CDK's grant)
+    (re.compile(r"^<[A-Za-z0-9]+\.Arn>:\*$"), frozenset({"lambda:InvokeFunction"}), None),
+    # an image's code artifact objects (given by the caller of ImagePublisherPolicy)
+    (re.compile(r"^arn:[^:]*:s3:::[^/*]+/.+$"), frozenset({"s3:GetObject"}), frozenset({"ReadCodeArtifact"})),
+)
+
+
+def as_list(value: Any) -> list[Any]:
+    if value is None:
+        return []
+    return value if isinstance(value, list) else [value]
+
+
+def iam_matches(pattern: str, action: str) -> bool:
+    """IAM's action matching: case-insensitive, ``*`` and ``?`` wildcards."""
+    return fnmatch.fnmatchcase(action.lower(), pattern.lower())
+
+
+def _role_descriptions(resources: dict[str, Any]) -> dict[str, str]:
+    return {k: str(r.get("Properties", {}).get("Description", "")) for k, r in resources.items() if r["Type"] == "AWS::IAM::Role"}
+
+
+def policy_documents(template: dict[str, Any]) -> Iterable[tuple[str, str, dict[str, Any]]]:
+    """``(name, owner description, document)`` of every identity policy in the template."""
+    resources = template.get("Resources", {})
+    roles = _role_descriptions(resources)
+    for logical, resource in resources.items():
+        props = resource.get("Properties", {})
+        kind = resource["Type"]
+        if kind == "AWS::IAM::ManagedPolicy":
+            yield logical, str(props.get("Description", "")), props["PolicyDocument"]
+        elif kind == "AWS::IAM::Policy":
+            owners = [roles.get(r.get("Ref", ""), "") for r in props.get("Roles", []) if isinstance(r, dict)]
+            yield logical, " | ".join(owners), props["PolicyDocument"]
+        elif kind == "AWS::IAM::Role":
+            for policy in props.get("Policies", []) or []:
+                yield f"{logical}/{policy.get('PolicyName')}", roles[logical], policy["PolicyDocument"]
+
+
+def _is_launcher(description: str) -> bool:
+    return any(part.strip().startswith(LAUNCHER_DESCRIPTIONS) for part in description.split(" | "))
+
+
+def _role_reference_ok(resource: Any, roles: set[str]) -> bool:
+    if isinstance(resource, str):
+        return "*" not in resource and bool(re.match(r"^arn:[^:]+:iam::[0-9]{12}:role/[^*?]+$", resource))
+    if isinstance(resource, dict) and "Fn::GetAtt" in resource:
+        logical, attribute = resource["Fn::GetAtt"]
+        return logical in roles and attribute == "Arn"
+    flat = flatten_cfn_reference(resource)
+    return "*" not in flat and ":role/" in flat
+
+
+def iam_violations(template: dict[str, Any]) -> list[str]:
+    """Every breach of the invariants above, one line each (empty when the template keeps them)."""
+    found: list[str] = []
+    roles = set(_role_descriptions(template.get("Resources", {})))
+    for name, owner, document in policy_documents(template):
+        for number, statement in enumerate(as_list(document.get("Statement"))):
+            if statement.get("Effect") != "Allow":
+                continue
+            where = f"{name} statement {statement.get('Sid', number)}"
+            actions = [str(a) for a in as_list(statement.get("Action"))]
+            if _is_launcher(owner):
+                if "NotAction" in statement:
+                    found.append(f"{where}: a launcher allows with NotAction")
+                for action in actions:
+                    if iam_matches(action, RECIPE_WRITE):
+                        found.append(f"{where}: a launcher may write the recipe ({action} matches {RECIPE_WRITE})")
+            if any(iam_matches(a, "iam:PassRole") for a in actions):
+                condition = statement.get("Condition", {}).get("StringEquals", {})
+                if "iam:PassedToService" not in condition:
+                    found.append(f"{where}: iam:PassRole without iam:PassedToService")
+                for resource in as_list(statement.get("Resource")):
+                    if not _role_reference_ok(resource, roles):
+                        found.append(f"{where}: iam:PassRole on {flatten_cfn_reference(resource)}, not a role")
+            if any(a.lower().startswith("kms:") or a == "*" for a in actions):
+                if "kms:ViaService" not in json.dumps(statement.get("Condition", {})):
+                    found.append(f"{where}: a KMS grant without kms:ViaService")
+            sid = statement.get("Sid")
+            for resource in as_list(statement.get("Resource")):
+                flat = flatten_cfn_reference(resource)
+                if "*" not in flat:
+                    continue
+                if sid is not None and sid not in WILDCARD_SIDS:
+                    found.append(f"{where}: Sid {sid} may not hold a wildcard resource ({flat})")
+                    continue
+                allowed = [
+                    acts for pattern, acts, sids in ALLOWED_WILDCARDS
+                    if pattern.match(flat) and (sids is None or sid in sids)
+                ]
+                bad = [a for a in actions if not any(a in acts for acts in allowed)]
+                if bad or not allowed:
+                    found.append(f"{where}: {bad or actions} on {flat} is outside the wildcard allow-list")
+    return found
