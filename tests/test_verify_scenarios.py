@@ -138,3 +138,15 @@ def test_a_newer_version_than_the_reconciler_runs(fresh: vw.World) -> None:
     version = finding(report, "image.version")
     assert version.status is Status.WARN and "newer active version 2.0" in version.summary
     assert finding(report, "image").data["latest_active"] == "2.0"
+
+
+def test_a_deploy_that_could_not_save_the_recipe(monkeypatch: pytest.MonkeyPatch, example: vw.Assembly) -> None:
+    """The writer never fails a deploy (product page): the stack says what happened, verify says why."""
+    with vw.world(monkeypatch) as world:
+        world.recipe_fault = ("recipe_access_denied", "PutParameter: AccessDeniedException")
+        world.deploy(example)
+        assert world.outputs(STACK)["RecipeOutcome"] == "recipe_access_denied"
+        report = world.verify(FLEET)
+    recipe = finding(report, "recipe")
+    assert recipe.status is Status.FAIL and "recipe_access_denied" in recipe.summary
+    assert "AccessDeniedException" in recipe.summary and "writer's role" in recipe.fix

@@ -157,6 +157,8 @@ class RecipeResource(CloudFormationModel):
             fleet = name.split("/")[3] if name.count("/") == 4 else ""
             clients = writer.Clients(ssm=world.moto("ssm"), s3=world.moto("s3"))
             try:
+                if world.recipe_fault is not None:
+                    raise writer.NotSaved(*world.recipe_fault)
                 outcome = writer.handle(event, fleet, clients, writer._Deadline(None))
             except writer.NotSaved as exc:
                 outcome = {"Outcome": exc.code, "Saved": "false", "Reason": exc.reason}
@@ -306,6 +308,8 @@ class World:
         self.microvms = emulator.client()
         self._hooks: list[Callable[[Any], None]] = []
         self.now = time.time
+        self.recipe_fault: Optional[tuple[str, str]] = None
+        """``(code, reason)``: the recipe writer saves nothing and answers that outcome."""
 
     def moto(self, service: str, region: str = REGION) -> Any:
         return boto3.client(service, endpoint_url=self.endpoint, region_name=region,

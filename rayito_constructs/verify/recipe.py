@@ -124,17 +124,42 @@ def _differences(a: Any, b: Any, path: str = "") -> list[str]:
     return [] if a == b else [path or "(document)"]
 
 
+#: What the writer answers when it saved nothing, and what to do about it (product page codes).
+NOT_SAVED_FIXES = {
+    "recipe_too_large": "shorten instructions or env until the compressed recipe fits 4,096 bytes, then deploy again",
+    "recipe_access_denied": "let the recipe writer's role put the parameter (an SCP, a boundary or the key's policy "
+                            "may deny it), then deploy again",
+}
+SAVED_OUTCOMES = ("saved", "kept")
+
+
+def _deploy_outcome(ctx: Context) -> Optional[tuple[str, str]]:
+    """What the last deploy did with the recipe, when the stack says (``RecipeOutcome``,
+    ``RecipeReason`` outputs): (outcome, reason)."""
+    outcome = ctx.fleet.output("RecipeOutcome")
+    if not outcome:
+        return None
+    return outcome, ctx.fleet.output("RecipeReason") or ""
+
+
 def check(ctx: Context) -> list[Finding]:
     name = ctx.recipe_parameter_name()
     if name is None:
         return [_not_saved(ctx)]
+    outcome = _deploy_outcome(ctx)
+    if outcome is not None and outcome[0] not in SAVED_OUTCOMES:
+        code, reason = outcome
+        return [fail("recipe", f"the last deploy did not save {name}: {code}" + (f" ({reason})" if reason else ""),
+                     NOT_SAVED_FIXES.get(code, "read the recipe writer's log, fix the cause and deploy again "
+                                             "(recipe_failure='fail' makes such a deploy roll back)"),
+                     parameter=name, outcome=code, reason=reason)]
     try:
         read = ctx.recipe()
     except AwsError as error:
         if error.kind == "not_found":
             why = _writer_error(ctx)
             return [fail("recipe", f"{name} is not in Parameter Store although the stack writes it"
-                         + (f": the writer said {why}" if why else ""),
+                         + (f": the writer said {why}" if why else " (deleted since the deploy?)"),
                          "deploy the stack again (after Parameter Store frees a deleted name, about 30 s)",
                          parameter=name, writer_error=why)]
         return [unable("recipe", error, f"read {name} (ssm:GetParameter with decryption)")]
@@ -169,7 +194,7 @@ def _writer_error(ctx: Context) -> Optional[str]:
     for name in dict.fromkeys(groups):
         try:
             events = [e for page in ctx.clients.pages("logs", "filter_log_events", logGroupName=name,
-                                                       filterPattern='"error"', limit_pages=5)
+                                                       filterPattern='?"error" ?"Outcome"', limit_pages=5)
                       for e in page.get("events", [])]
         except AwsError:
             continue
@@ -180,8 +205,14 @@ def _writer_error(ctx: Context) -> Optional[str]:
                 continue
             if isinstance(line, dict):
                 inner = line.get("message") if isinstance(line.get("message"), dict) else line
-                if isinstance(inner, dict) and inner.get("error"):
+                if not isinstance(inner, dict):
+                    continue
+                if inner.get("error"):
                     return str(inner["error"])
+                if inner.get("Outcome") and inner["Outcome"] not in (*SAVED_OUTCOMES, "deleted", "skipped"):
+                    return f"{inner['Outcome']}: {inner.get('Reason', '')}".strip(": ")
+                if inner.get("Outcome") in SAVED_OUTCOMES:
+                    return None  # the newest line says it was saved: deleted since
     return None
 
 
