@@ -282,3 +282,23 @@ def test_no_network_is_a_finding_not_a_traceback(monkeypatch: pytest.MonkeyPatch
     assert [f.check for f in report.findings] == ["account"]
     assert report.findings[0].status is Status.FAIL and "unreachable" in report.findings[0].summary
     assert report.exit_code == 1
+
+
+def test_a_profile_that_does_not_exist(monkeypatch: pytest.MonkeyPatch) -> None:
+    from rayito_constructs.verify import BadInput, Options, verify
+
+    monkeypatch.setenv("AWS_PROFILE", "no-such-profile")
+    with pytest.raises(BadInput) as caught:
+        verify(Options("mi-agente", region="us-east-1"))
+    assert "no-such-profile" in str(caught.value)
+
+
+def test_a_config_file_that_does_not_parse(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+    from rayito_constructs.verify import BadInput, Options, verify
+
+    config = tmp_path / "config"
+    config.write_text("[default\nregion = us-east-1\n")
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(config))
+    with pytest.raises(BadInput) as caught:
+        verify(Options("mi-agente", region="us-east-1"), attempts=1)
+    assert "Unable to parse config file" in str(caught.value) and "\n" not in str(caught.value)

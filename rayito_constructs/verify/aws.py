@@ -128,8 +128,8 @@ class Clients:
     def call(self, service: str, operation: str, *, region: Optional[str] = None, **params: Any) -> dict[str, Any]:
         """One API call (``operation`` in boto3's snake_case); raises :class:`AwsError`."""
         op_name = _camel(operation)
-        client = self.client(service, region)
         try:
+            client = self.client(service, region)
             return getattr(client, operation)(**params)
         except Exception as exc:  # noqa: BLE001 - anything the SDK raises is an AWS error for a check
             raise classify(service, op_name, exc) from None
@@ -137,8 +137,10 @@ class Clients:
     def pages(self, service: str, operation: str, *, limit_pages: int = 50, **params: Any) -> Iterator[dict[str, Any]]:
         """The pages of a paginated call, at most ``limit_pages``; raises :class:`AwsError`."""
         op_name = _camel(operation)
-        paginator = self.client(service).get_paginator(operation)
-        pages = iter(paginator.paginate(**params))
+        try:
+            pages = iter(self.client(service).get_paginator(operation).paginate(**params))
+        except Exception as exc:  # noqa: BLE001
+            raise classify(service, op_name, exc) from None
         for number in range(limit_pages):
             try:
                 page = next(pages)

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 import boto3
+from botocore.exceptions import BotoCoreError
 
 from . import basics, egress, iam, image, quotas, recipe, reconciler
 from . import launch as launching
@@ -60,8 +61,11 @@ def verify(options: Options, *, session: Optional[boto3.Session] = None, attempt
            probe: Optional[launching.Probe] = None, on_note: Optional[Callable[[str], None]] = None) -> Report:
     """Check one deployed fleet. Raises :class:`TargetNotFound` or :class:`BadInput` for input that
     names nothing verify can check (exit status 2); every AWS error becomes a finding."""
-    session = session or boto3.Session()
-    region = options.region or session.region_name
+    try:
+        session = session or boto3.Session()
+        region = options.region or session.region_name
+    except BotoCoreError as exc:  # a profile that does not exist, a config file that does not parse
+        raise BadInput(f"verify: {exc}") from None
     if not region:
         raise BadInput("verify: no region: pass --region or set AWS_REGION")
     if not REGION_NAME.match(region):
