@@ -488,16 +488,18 @@ def test_egress_envelopes_in_use(deployed: vw.World) -> None:
     for _ in range(3):
         client.acquire("https://api.example.com/items")
     client.acquire("https://api.example.com/v1/search?region=eu")
-    then = time.time()
+    before = time.time()
     library = client.remaining(["https://api.example.com"])["https://api.example.com"]
+    then = time.time()
     report = deployed.verify(FLEET, clock=lambda: then)
     egress = [f for f in report.findings if f.check == "egress"]
     assert [f.status for f in egress] == [Status.OK, Status.OK]
     host = egress[0].data["envelopes"][0]
-    # 3 of 5 taken (4 where a class request also pays its host); verify reads with this machine's
-    # clock, the library with the store's (its Date headers, to the second): within one token.
-    assert host["bucket"] == "https://api.example.com" and host["remaining"] < 3.0
-    assert library is not None and abs(host["remaining"] - library) <= 1.05
+    # Tokens were taken; verify reads with this machine's clock, the library with the store's (its
+    # Date headers, to the second): within one token, and the refill of the time between the two
+    # readings (rate 1/s). No bound on the value itself: a slow machine refills while it acquires.
+    assert host["bucket"] == "https://api.example.com" and host["remaining"] < 5
+    assert library is not None and abs(host["remaining"] - library) <= 1.05 + (then - before)
     assert egress[1].data["envelopes"][0]["bucket"] == "https://api.example.com/v1/search?region=eu"
     client.backoff("https://api.example.com", 120, "throttled by the target")
     report = deployed.verify(FLEET)
