@@ -14,6 +14,8 @@ from constructs import Construct
 
 from ._tables import state_table
 
+from .egress.client import LIMITER_UNAVAILABLE, REASONS
+from .egress.targets import declared_target
 from .egress.telemetry import NAMESPACE
 from .options import EgressBudgetOptions
 from .permissions import table_key_statement
@@ -23,7 +25,9 @@ class EgressBudget(Construct):
     """A table of token buckets, one per external target, and its alarms.
 
     :param fleet_name: the fleet whose agents use it (the metrics' ``fleet`` dimension).
-    :param envelopes: the declared envelopes; each gets an exhaustion and a deferral-rate alarm.
+    :param envelopes: the declared envelopes; each gets an exhaustion and a deferral-rate alarm
+        (on the ``target`` dimension ``EmfRecorder`` emits: the envelope's key), and the fleet one
+        alarm for a store that does not answer.
     :param encryption_key: Default: an AWS managed key.
     :param removal_policy: Default: ``DESTROY``: buckets are seconds-long state; the envelope
         history goes with them (keep it with ``RETAIN``).
@@ -53,6 +57,14 @@ class EgressBudget(Construct):
         if alarms:
             for envelope in self.envelopes:
                 self.alarms.extend(self._alarms_for(envelope.target))
+            # Failing closed means a store outage stops every agent's egress: say so, apart from
+            # any target being exhausted.
+            self.alarms.append(self.metric_deferrals(LIMITER_UNAVAILABLE).create_alarm(
+                self, "StoreUnavailable", threshold=1, evaluation_periods=3,
+                comparison_operator=cloudwatch.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
+                alarm_description=f"{self.fleet_name}: the egress budget store did not answer for 3 minutes; "
+                                  "requests are deferred (fail closed)",
+                treat_missing_data=cloudwatch.TreatMissingData.NOT_BREACHING))
 
     @property
     def table_name(self) -> str:
@@ -70,11 +82,23 @@ class EgressBudget(Construct):
         return grant
 
     def metric(self, name: str, target: str, **props: object) -> cloudwatch.Metric:
-        """``Granted``, ``Deferrals``, ``DeferralRate``, ``RemainingAtDecision`` or
-        ``EnvelopeVersion`` of one target."""
+        """``Requests``, ``Granted``, ``Deferrals``, ``DeferralRate``, ``RemainingAtDecision``,
+        ``EnvelopeVersion``, ``EnvelopeRate`` or ``EnvelopeBurst`` of one envelope: an origin or a
+        declared class, written as declared (``https://api.example.com/v1/search?region``: the
+        value ``EmfRecorder`` emits for every region of that class)."""
         props.setdefault("period", cdk.Duration.minutes(1))
         return cloudwatch.Metric(namespace=NAMESPACE, metric_name=name,
-                                 dimensions_map={"fleet": self.fleet_name, "target": target}, **props)
+                                 dimensions_map={"fleet": self.fleet_name, "target": declared_target(target)}, **props)
+
+    def metric_deferrals(self, reason: str, **props: object) -> cloudwatch.Metric:
+        """Deferrals of the whole fleet for one reason (``budget_empty``, ``backoff``,
+        ``limiter_unavailable``, ``invalid_target``, ``invalid_cost``), summed per period."""
+        if reason not in REASONS:
+            raise ValueError(f"reason: {reason!r} is not one of {', '.join(REASONS)}")
+        props.setdefault("period", cdk.Duration.minutes(1))
+        props.setdefault("statistic", "Sum")
+        return cloudwatch.Metric(namespace=NAMESPACE, metric_name="Deferrals",
+                                 dimensions_map={"fleet": self.fleet_name, "reason": reason}, **props)
 
     def metric_deferral_rate(self, target: str, **props: object) -> cloudwatch.Metric:
         return self.metric("DeferralRate", target, statistic="Average", **props)

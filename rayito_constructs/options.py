@@ -21,6 +21,8 @@ from pydantic_core import PydanticCustomError
 
 from .errors import Problem, ProjectError, did_you_mean, show
 
+from .rates import MAX_BURST, RateError, parse_rate
+
 #: The documented MicroVM size classes (``resources[0].minimumMemoryInMiB`` of an image).
 MEMORY_CLASSES_MIB = (512, 1024, 2048, 4096, 8192)
 DEFAULT_MEMORY_MIB = 2048
@@ -434,7 +436,7 @@ class EgressBudgetOptions(_Options):
     (``?model``)."""
     rate: Union[str, int, float]
     """``"60/minute"``, ``"10/second"``..., or a number per second."""
-    burst: int = Field(1, ge=1, le=10_000)
+    burst: int = Field(1, ge=1, le=MAX_BURST)
 
     @field_validator("target")
     @classmethod
@@ -446,19 +448,14 @@ class EgressBudgetOptions(_Options):
     @field_validator("rate")
     @classmethod
     def _rate(cls, value: Union[str, int, float]) -> Union[str, int, float]:
-        from .egress.client import parse_rate
-
-        if isinstance(value, bool):
-            raise ValueError("is not a rate such as 60/minute or 10/second")
-        per_second = parse_rate(value)
-        if per_second <= 0:
-            raise ValueError("is not above 0")
+        try:
+            parse_rate(value)
+        except RateError as exc:  # the report puts the value in front of the reason
+            raise ValueError(exc.reason) from None
         return value
 
     @property
     def rate_per_second(self) -> float:
-        from .egress.client import parse_rate
-
         return parse_rate(self.rate)
 
 
@@ -474,7 +471,7 @@ class EgressOptions(_Options):
     """Per-target rate envelopes (``[[egress.budgets]]``). Default: none (no EgressBudget)."""
     default_rate: Union[str, int, float] = "60/minute"
     """Envelope of a target no budget declares. Default: 60/minute."""
-    default_burst: int = Field(5, ge=1, le=10_000)
+    default_burst: int = Field(5, ge=1, le=MAX_BURST)
 
     @field_validator("allow", mode="before")
     @classmethod

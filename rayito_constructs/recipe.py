@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Mapping, Optional
 
 from .errors import FleetWarning
+from .rates import parse_rate, recipe_rate
 
 if TYPE_CHECKING:
     from .project import AgentProject
@@ -129,10 +130,10 @@ def build_recipe(project: "AgentProject", image_version: Optional[str] = None) -
         "egress": {
             "allow": list(project.egress.allow),
             "budgets": [
-                {"target": b.target, "rate_per_second": round(b.rate_per_second, 6), "burst": b.burst}
+                {"target": b.target, "rate_per_second": recipe_rate(b.rate_per_second), "burst": b.burst}
                 for b in project.egress.budgets
             ],
-            "default": {"rate_per_second": round(_rate(project.egress.default_rate), 6),
+            "default": {"rate_per_second": _rate(project.egress.default_rate),
                         "burst": project.egress.default_burst},
         },
         "gateways": [g.model_dump(exclude_none=True, mode="json") for g in project.gateways],
@@ -150,9 +151,7 @@ def build_recipe(project: "AgentProject", image_version: Optional[str] = None) -
 
 
 def _rate(value: Any) -> float:
-    from .egress.client import parse_rate
-
-    return parse_rate(value)
+    return recipe_rate(parse_rate(value))
 
 
 def canonical_json(doc: Mapping[str, Any]) -> bytes:

@@ -480,7 +480,7 @@ def test_egress_budget_of_the_example(example) -> None:
         "dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:Query", "dynamodb:UpdateItem"]
     alarms = template.find_resources("AWS::CloudWatch::Alarm", {"Properties": {"Namespace": "Rayito/Egress"}})
     assert sorted(a["Properties"]["MetricName"] for a in alarms.values()) == [
-        "DeferralRate", "DeferralRate", "RemainingAtDecision", "RemainingAtDecision"]
+        "DeferralRate", "DeferralRate", "Deferrals", "RemainingAtDecision", "RemainingAtDecision"]
 
 
 def test_no_egress_budget_without_declared_budgets(agent_folder) -> None:

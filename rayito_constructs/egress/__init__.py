@@ -2,12 +2,30 @@
 at the egress chokepoint (docs/egress-budgets.md). Plain Python and boto3: an agent imports it
 without aws-cdk-lib."""
 
-from .adapters import BudgetAdapter, BudgetTransport, EgressDeferred
-from .client import BudgetClient, Deferral, Envelope, Granted, parse_rate
-from .targets import TargetError, declared_target, normalize, origin
+from ..rates import RateError, parse_rate
+from .adapters import (
+    AsyncBudgetTransport,
+    BudgetAdapter,
+    BudgetTransport,
+    EgressDeferred,
+    budget_session,
+    retry_after_seconds,
+)
+from .client import (
+    REASONS,
+    BudgetClient,
+    Deferral,
+    Envelope,
+    Granted,
+    StoreTime,
+    store_client,
+)
+from .targets import TargetError, canonical_host, declared_target, normalize, origin
 from .telemetry import EmfRecorder
 
 __all__ = [
+    "REASONS",
+    "AsyncBudgetTransport",
     "BudgetAdapter",
     "BudgetClient",
     "BudgetTransport",
@@ -16,9 +34,15 @@ __all__ = [
     "EmfRecorder",
     "Envelope",
     "Granted",
+    "RateError",
+    "StoreTime",
     "TargetError",
+    "budget_session",
+    "canonical_host",
     "declared_target",
     "normalize",
     "origin",
     "parse_rate",
+    "retry_after_seconds",
+    "store_client",
 ]

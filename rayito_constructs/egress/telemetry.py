@@ -1,27 +1,63 @@
-"""What the egress budget tells: per target per window, in CloudWatch embedded metric format
-(namespace ``Rayito/Egress``, dimensions ``fleet`` and ``target``), and one log line per decision
-with the trajectory ``step`` that asked, so a count joins the reasoning step that produced it."""
+"""What the egress budget tells: per envelope per window, in CloudWatch embedded metric format
+(namespace ``Rayito/Egress``), and one log line per decision with the trajectory ``step`` that
+asked, so a count joins the reasoning step that produced it.
+
+Per window and envelope (dimensions ``fleet`` and ``target``, the envelope's key: an origin or a
+declared class, the same value ``EgressBudget``'s alarms watch): ``Requests`` (requests that
+belong to it), ``Granted``, ``Deferrals`` (refused by it, or not decided because the store did not
+answer), ``DeferralRate``, ``RemainingAtDecision`` (only from decisions the store answered: an
+outage is not an exhausted envelope), and the envelope in force: ``EnvelopeVersion``,
+``EnvelopeRate`` (per second), ``EnvelopeBurst``. Per reason (dimensions ``fleet, target,
+reason`` and ``fleet, reason``): ``Deferrals``, so ``limiter_unavailable`` (the store) is told
+apart from ``budget_empty`` and ``backoff`` (the target).
+"""
 
 from __future__ import annotations
 
+import atexit
 import json
 import sys
 import threading
 import time
-from collections import defaultdict
-from typing import Any, Callable, TextIO
+import weakref
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional, TextIO
 
-from .client import Decision, Deferral
+from .client import BUDGET_EMPTY, BACKOFF, Decision, Deferral
+from .targets import envelope_of
 
 NAMESPACE = "Rayito/Egress"
+#: Reasons that belong to one envelope (the one that refused); the others are the whole request's.
+_ENVELOPE_REASONS = (BUDGET_EMPTY, BACKOFF)
+
+
+@dataclass
+class _Counts:
+    requests: int = 0
+    granted: int = 0
+    deferrals: dict[str, int] = field(default_factory=dict)
+    remaining: Optional[float] = None
+    version: Optional[int] = None
+    rate: Optional[float] = None
+    burst: Optional[int] = None
 
 
 class EmfRecorder:
-    """Pass ``recorder`` as ``BudgetClient(on_decision=recorder)``; call ``flush()`` each window
-    (or let ``window_seconds`` do it on the next decision)."""
+    """Pass ``recorder`` as ``BudgetClient(on_decision=recorder)``.
+
+    A window is written when it is over: on the next decision, by a background thread that wakes
+    once a window (``background=True``), and at ``close()``/process exit, so the last window is
+    not lost.
+
+    :param fleet: the ``fleet`` dimension.
+    :param window_seconds: Default: 60.
+    :param out: where EMF records and log lines go. Default: standard output.
+    :param log_decisions: one JSON line per decision. Default: True.
+    :param background: flush from a daemon thread once a window. Default: True.
+    """
 
     def __init__(self, fleet: str, *, window_seconds: float = 60.0, out: TextIO = sys.stdout,
-                 log_decisions: bool = True, clock: Callable[[], float] = time.time) -> None:
+                 log_decisions: bool = True, clock: Callable[[], float] = time.time, background: bool = True) -> None:
         self.fleet = fleet
         self.window = window_seconds
         self.out = out
@@ -29,45 +65,117 @@ class EmfRecorder:
         self.clock = clock
         self._lock = threading.Lock()
         self._start = clock()
-        self._counts: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+        self._counts: dict[str, _Counts] = {}
+        self._closed = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+        self._background = background
+        ref = weakref.ref(self)
+        self._atexit = lambda: (lambda r: r.close() if r is not None else None)(ref())
+        atexit.register(self._atexit)
 
     def __call__(self, decision: Decision) -> None:
         deferred = isinstance(decision, Deferral)
+        own = envelope_of(decision.target)
+        belongs = decision.belongs if isinstance(decision, Deferral) else decision.charged
+        envelopes = list(dict.fromkeys([envelope_of(t) for t in belongs] or [own]))
         with self._lock:
-            c = self._counts[decision.target]
-            c["Requests"] += 1
-            c["Deferrals" if deferred else "Granted"] += 1
-            c["RemainingAtDecision"] = decision.remaining
-            c["EnvelopeVersion"] = decision.envelope_version
+            for key in envelopes:
+                c = self._counts.setdefault(key, _Counts())
+                c.requests += 1
+                if not deferred:
+                    c.granted += 1
+                elif decision.reason not in _ENVELOPE_REASONS or key == own:
+                    c.deferrals[decision.reason] = c.deferrals.get(decision.reason, 0) + 1
+                if decision.remaining is not None and (not deferred or key == own):
+                    c.remaining = decision.remaining if c.remaining is None else min(c.remaining, decision.remaining)
+                if key == own and decision.rate_per_second is not None:
+                    c.version, c.rate, c.burst = decision.envelope_version, decision.rate_per_second, decision.burst
         if self.log_decisions:
             line: dict[str, Any] = {"event": "egress_deferred" if deferred else "egress_granted", "fleet": self.fleet,
-                                    "target": decision.target, "step": decision.step, "remaining": decision.remaining,
-                                    "envelope_version": decision.envelope_version}
-            if deferred:
-                line.update(reason=decision.reason, retry_after=round(decision.retry_after_seconds, 3))
-            self.out.write(json.dumps(line) + "\n")
+                                    "target": decision.target, "envelope": own, "step": decision.step,
+                                    "remaining": decision.remaining, "envelope_version": decision.envelope_version}
+            if isinstance(decision, Deferral):
+                line.update(reason=decision.reason, detail=decision.detail,
+                            retry_after=round(decision.retry_after_seconds, 3), belongs=list(decision.belongs))
+            else:
+                line.update(charged=list(decision.charged))
+            self._write(json.dumps(line))
         if self.clock() - self._start >= self.window:
             self.flush()
+        elif self._background and self._thread is None and not self._closed.is_set():
+            self._start_thread()
+
+    def _start_thread(self) -> None:
+        ref = weakref.ref(self)
+        closed = self._closed
+        window = self.window
+
+        def run() -> None:
+            while not closed.wait(window):
+                recorder = ref()
+                if recorder is None:  # pragma: no cover - the recorder was collected while the thread slept
+                    return
+                if recorder.clock() - recorder._start >= recorder.window:  # pragma: no branch - a decision flushed first
+                    recorder.flush()
+                del recorder
+
+        self._thread = threading.Thread(target=run, name="egress-emf", daemon=True)
+        self._thread.start()
+
+    def _write(self, text: str) -> None:
+        try:
+            self.out.write(text + "\n")
+            self.out.flush()
+        except (ValueError, OSError):  # a closed stream at interpreter exit: nothing left to tell it
+            pass
 
     def flush(self) -> list[dict[str, Any]]:
-        """Write one EMF record per target for the window; returns them."""
+        """Write the window's EMF records (one per envelope, one per envelope and reason); returns
+        them. An empty window writes nothing."""
         with self._lock:
-            counts, self._counts = self._counts, defaultdict(lambda: defaultdict(float))
+            counts, self._counts = self._counts, {}
             self._start = self.clock()
-        records = []
+        records: list[dict[str, Any]] = []
+        stamp = int(self.clock() * 1000)
         for target, c in sorted(counts.items()):
-            requests = c["Requests"] or 1
-            record = {
-                "_aws": {"Timestamp": int(self.clock() * 1000), "CloudWatchMetrics": [{
+            deferrals = sum(c.deferrals.values())
+            metrics = [("Requests", "Count", c.requests), ("Granted", "Count", c.granted),
+                       ("Deferrals", "Count", deferrals),
+                       ("DeferralRate", "Percent", round(100.0 * deferrals / c.requests, 3) if c.requests else 0.0)]
+            if c.remaining is not None:
+                metrics.append(("RemainingAtDecision", "Count", c.remaining))
+            if c.rate is not None:
+                metrics += [("EnvelopeVersion", "None", c.version), ("EnvelopeRate", "Count/Second", c.rate),
+                            ("EnvelopeBurst", "Count", c.burst)]
+            record: dict[str, Any] = {
+                "_aws": {"Timestamp": stamp, "CloudWatchMetrics": [{
                     "Namespace": NAMESPACE, "Dimensions": [["fleet", "target"]],
-                    "Metrics": [{"Name": "Granted", "Unit": "Count"}, {"Name": "Deferrals", "Unit": "Count"},
-                                {"Name": "DeferralRate", "Unit": "Percent"},
-                                {"Name": "RemainingAtDecision", "Unit": "Count"},
-                                {"Name": "EnvelopeVersion", "Unit": "None"}]}]},
-                "fleet": self.fleet, "target": target, "Granted": c["Granted"], "Deferrals": c["Deferrals"],
-                "DeferralRate": round(100.0 * c["Deferrals"] / requests, 3),
-                "RemainingAtDecision": c["RemainingAtDecision"], "EnvelopeVersion": c["EnvelopeVersion"],
+                    "Metrics": [{"Name": name, "Unit": unit} for name, unit, _ in metrics]}]},
+                "fleet": self.fleet, "target": target, **{name: value for name, _, value in metrics},
             }
-            self.out.write(json.dumps(record) + "\n")
             records.append(record)
+            for reason, count in sorted(c.deferrals.items()):
+                records.append({
+                    "_aws": {"Timestamp": stamp, "CloudWatchMetrics": [{
+                        "Namespace": NAMESPACE, "Dimensions": [["fleet", "target", "reason"], ["fleet", "reason"]],
+                        "Metrics": [{"Name": "Deferrals", "Unit": "Count"}]}]},
+                    "fleet": self.fleet, "target": target, "reason": reason, "Deferrals": count,
+                })
+        for record in records:
+            self._write(json.dumps(record))
         return records
+
+    def close(self) -> list[dict[str, Any]]:
+        """Write the last window and stop the background thread."""
+        self._closed.set()
+        try:
+            atexit.unregister(self._atexit)
+        except Exception:  # pragma: no cover - interpreter shutdown
+            pass
+        return self.flush()
+
+    def __enter__(self) -> "EmfRecorder":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()

@@ -17,6 +17,15 @@ from ..emulator_helpers import microvms_client
 from .helpers import error, run
 
 
+class _StillClock(VirtualClock):
+    """Virtual time that a held request does not move: the whole burst happens at one instant,
+    so what is served, held and refused cannot depend on how fast the threads reach the server
+    (on the real clock a slow machine refills a token mid-burst)."""
+
+    def sleep_until(self, when: float) -> None:
+        return None
+
+
 def _burst(emulator: MicrovmsEmulator, image: str, n: int) -> list[Any]:
     """``n`` RunMicrovm at once from ``n`` threads (each its own client and connection)."""
     clients = [microvms_client(emulator.endpoint_url) for _ in range(n)]
@@ -41,7 +50,7 @@ def _burst(emulator: MicrovmsEmulator, image: str, n: int) -> list[Any]:
 def test_twenty_simultaneous_runs_are_all_served_some_held_about_a_second() -> None:
     """[M 2026-09-15/16] 20 simultaneous RunMicrovm from a client with no retries: 20/20 OK, 0
     ThrottlingException; the API slowed down instead (ten at 0.20-0.25 s, ten at 1.16-1.20 s)."""
-    with MicrovmsEmulator(clock=RealClock(), seed=1) as emu:
+    with MicrovmsEmulator(clock=_StillClock(), seed=1) as emu:
         image = emu.create_image("rafaga")
         outcomes = _burst(emu, image, 20)
         assert all(isinstance(o, str) for o in outcomes), outcomes
@@ -53,7 +62,7 @@ def test_twenty_simultaneous_runs_are_all_served_some_held_about_a_second() -> N
 
 def test_past_the_surge_a_429_with_retry_after() -> None:
     """Only past a bounded wait: a burst of 40 is 5 served, 15 held, 20 answered 429."""
-    with MicrovmsEmulator(clock=RealClock(), seed=1) as emu:
+    with MicrovmsEmulator(clock=_StillClock(), seed=1) as emu:
         image = emu.create_image("rafaga")
         outcomes = _burst(emu, image, 40)
         refused = [o for o in outcomes if isinstance(o, dict)]
@@ -164,14 +173,16 @@ def test_a_real_clock_refills(clock=None) -> None:
     with MicrovmsEmulator(clock=RealClock(), profile="documented", pending_seconds=0.05) as emu:
         client = microvms_client(emu.endpoint_url)
         image = emu.create_image("real")
+        # A slow quota (1 every 2 s, burst 2): the calls outrun it on any machine, however loaded.
+        emu.set_rate_limit("RunMicrovm", 0.5, 2)
         throttled = 0
-        for _ in range(12):
+        for _ in range(4):
             try:
                 run(client, image)
             except client.exceptions.ThrottlingException:
                 throttled += 1
         assert throttled >= 1
-        time.sleep(1.1)
+        time.sleep(2.1)
         run(client, image)  # refilled
 
 
