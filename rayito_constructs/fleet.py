@@ -139,6 +139,11 @@ class AgentFleet(_FleetGrants):
         region. Default: one per stack (``ControlPlaneBudget.of``).
     :param control_plane_budgets: ``{operation: (rate, burst)}`` over the documented quotas.
     :param reconciler_alarms: create the reconciler's alarms. Default: True.
+    :param share_image: let other fleets of the app run this fleet's image (every fleet on it
+        must say so; see ``FleetReconciler``). Default: False.
+    :param terminate_strays: let the reconciler end idle foreign VMs of the image. Default: False.
+    :param reconciler_reserved_concurrency: Default: 1 (``None`` where the account's concurrency
+        quota leaves no room to reserve).
     """
 
     def __init__(
@@ -169,6 +174,9 @@ class AgentFleet(_FleetGrants):
         control_plane_budget: Optional[dynamodb.ITable] = None,
         control_plane_budgets: Optional[Mapping[str, tuple[float, float]]] = None,
         reconciler_alarms: bool = True,
+        share_image: bool = False,
+        terminate_strays: bool = False,
+        reconciler_reserved_concurrency: Optional[int] = 1,
     ) -> None:
         if not project.has_fleet:
             raise ValueError(
@@ -316,6 +324,9 @@ class AgentFleet(_FleetGrants):
                 base_rollout=base_rollout,
                 budgets=control_plane_budgets,
                 control_plane_budget=control_plane_budget,
+                share_image=share_image,
+                terminate_strays=terminate_strays,
+                reserved_concurrency=reconciler_reserved_concurrency,
                 encryption_key=recipe_key,
             )
             if reconciler_alarms:

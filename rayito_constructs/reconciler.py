@@ -8,7 +8,10 @@ model bundled (the runtime's botocore may predate it); Powertools comes from its
 from __future__ import annotations
 
 import json
-from typing import Mapping, Optional
+import weakref
+from typing import Callable, Mapping, Optional
+
+import jsii
 
 import aws_cdk as cdk
 from aws_cdk import aws_cloudwatch as cloudwatch
@@ -30,9 +33,29 @@ from .permissions import FleetAccess, Statement, microvm_statements, table_key_s
 from .project import AgentProject
 
 NAMESPACE = "Rayito/Fleet"
+#: Fleets per image, per app: ``{app root: {image key: [FleetReconciler, ...]}}``.
+_IMAGE_USERS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 #: Powertools for AWS Lambda (Python) v3 public layer, pinned (override with powertools_layer_arn).
 POWERTOOLS_LAYER_VERSION = 27
 POWERTOOLS_ACCOUNT = "017000801446"
+
+
+@jsii.implements(cdk.IStableStringProducer)
+class _LazyString:
+    def __init__(self, produce: Callable[[], str]) -> None:
+        self._produce = produce
+
+    def produce(self) -> str:
+        return self._produce()
+
+
+@jsii.implements(cdk.IStableListProducer)
+class _LazyList:
+    def __init__(self, produce: Callable[[], list[str]]) -> None:
+        self._produce = produce
+
+    def produce(self) -> list[str]:
+        return self._produce()
 
 
 class FleetReconciler(Construct):
@@ -55,6 +78,18 @@ class FleetReconciler(Construct):
         python3.14 on arm64 in the stack's region.
     :param image_version: the image version new VMs run; VMs on another are rolled. Default: none.
     :param base_rollout: ``on_expiry`` (default) or ``rolling`` (see docs/image.md).
+    :param share_image: let other fleets of the app run the same image. Every fleet on it must say
+        so, and all of them must use one ledger table (the stack's, by default): each then counts
+        only the VMs its own ledger started, and none reports the others' as strays. Default:
+        False (a second fleet on an image is a synth error).
+    :param terminate_strays: end foreign VMs of the image that show no sign of serving: SUSPENDED,
+        unowned, at every observation for ``stray_grace_seconds`` (docs/reconciler.md "Strays").
+        RUNNING and PENDING ones are never ended. Default: False (strays are only reported).
+    :param stray_grace_seconds: Default: 3,600.
+    :param reserved_concurrency: reserved concurrent executions of the function: 1 keeps two ticks
+        of the fleet from ever running at once (a second delivery waits in Lambda's async queue).
+        ``None`` for accounts whose concurrency quota leaves no room to reserve (new accounts
+        start at 10, and Lambda keeps 100 unreserved). Default: 1.
     :param encryption_key: customer key of the stack's ledger and control-plane budget (made with
         it on first use); the role may use it through DynamoDB only. Default: AWS managed keys.
     """
@@ -79,10 +114,18 @@ class FleetReconciler(Construct):
         powertools_layer_arn: Optional[str] = None,
         image_version: Optional[str] = None,
         base_rollout: str = "on_expiry",
+        share_image: bool = False,
+        terminate_strays: bool = False,
+        stray_grace_seconds: int = 3600,
+        reserved_concurrency: Optional[int] = 1,
         encryption_key: Optional[kms.IKey] = None,
     ) -> None:
         super().__init__(scope, id)
         stack = cdk.Stack.of(self)
+        if reserved_concurrency is not None and reserved_concurrency < 1:
+            raise ValueError(f"reserved_concurrency: {reserved_concurrency} is not at least 1 (None: no reservation)")
+        if not 60 <= stray_grace_seconds <= 28_800:
+            raise ValueError(f"stray_grace_seconds: {stray_grace_seconds} is not within 60 to 28800")
         if not 1 <= max_lifetime_seconds <= 28_800:
             raise ValueError(f"max_lifetime_seconds: {max_lifetime_seconds} is not within 1 to 28800 (8 hours)")
         if tick_seconds >= schedule.to_seconds():
@@ -90,6 +133,10 @@ class FleetReconciler(Construct):
         self.fleet_name = project.name
         budget_table = control_plane_budget or ControlPlaneBudget.of(self, encryption_key=encryption_key).table
         ledger_table = ledger or FleetLedger.of(self, encryption_key=encryption_key).table
+        self.share_image = share_image
+        self.siblings: list["FleetReconciler"] = []
+        """The other fleets of the app on this fleet's image (``share_image``)."""
+        self._claim_image(access.image_arns[0], ledger_table)
         self.ledger_table = ledger_table
         """The slot ledger."""
         self.budget_table = budget_table
@@ -136,6 +183,13 @@ class FleetReconciler(Construct):
             environment["BASE_ROLLOUT"] = base_rollout
         if execution_role_arn:
             environment["EXECUTION_ROLE_ARN"] = execution_role_arn
+        if share_image:
+            # Lazy: a fleet added later to the app on the same image is a sibling too.
+            environment["SHARED_WITH"] = cdk.Lazy.string(_LazyString(
+                lambda: json.dumps(sorted(s.fleet_name for s in self.siblings), separators=(",", ":"))))
+        if terminate_strays:
+            environment["TERMINATE_STRAYS"] = "1"
+            environment["STRAY_GRACE_SECONDS"] = str(stray_grace_seconds)
         statements = [
             *microvm_statements(access),
             Statement("Ledger",
@@ -145,6 +199,12 @@ class FleetReconciler(Construct):
             Statement("ControlPlaneBudget", ("dynamodb:UpdateItem", "dynamodb:GetItem"), (budget_table.table_arn,)),
             Statement("DeadLetters", ("sqs:SendMessage",), (self.dead_letter_queue.queue_arn,)),
         ]
+        if share_image:
+            # Which VMs the other fleets on the image hold: their slot items, read only.
+            statements.append(Statement(
+                "SiblingLedgers", ("dynamodb:Query",), (ledger_table.table_arn,),
+                {"ForAllValues:StringEquals": {"dynamodb:LeadingKeys": cdk.Lazy.list(_LazyList(
+                    lambda: sorted(s.fleet_name for s in self.siblings) or [project.name]))}}))
         keys: dict[str, str] = {}  # the tables' customer keys, each once
         for table in (ledger_table, budget_table):
             if table.encryption_key is not None:
@@ -167,6 +227,9 @@ class FleetReconciler(Construct):
             retry_attempts=0,
             max_event_age=cdk.Duration.seconds(60),
             on_failure=destinations.SqsDestination(self.dead_letter_queue),
+            # One tick of a fleet at a time: a second delivery (the scheduler delivers at least
+            # once, a deploy invokes on demand) waits in Lambda's async queue, up to the 60 s above.
+            reserved_concurrency=reserved_concurrency,
         )
         self.function = made.function
         """The reconciler function (invoke it on demand; ``{"action": "redrive"}`` retries dead slots)."""
@@ -197,6 +260,28 @@ class FleetReconciler(Construct):
                 role=schedule_role,
             ),
         )
+
+    def _claim_image(self, image_arn: str, ledger_table: dynamodb.ITable) -> None:
+        """One fleet per image in an app, unless every fleet on it shares it explicitly."""
+        stack = cdk.Stack.of(self)
+        # The same ARN text in another account or region (or a default image named after the fleet,
+        # built from the stack's pseudo parameters) is another image.
+        key = json.dumps([stack.resolve(stack.account), stack.resolve(stack.region), stack.resolve(image_arn)],
+                         sort_keys=True)
+        users = _IMAGE_USERS.setdefault(self.node.root, {}).setdefault(key, [])
+        for other in users:
+            if not (self.share_image and other.share_image):
+                raise ValueError(
+                    f"image_arn: fleet {self.fleet_name!r} would run the image fleet {other.fleet_name!r} already "
+                    "runs; two fleets on one image count each other's VMs. Give each fleet its own image, or pass "
+                    "share_image=True to every fleet on it")
+            if other.ledger_table is not ledger_table:
+                raise ValueError(
+                    f"ledger: fleets {other.fleet_name!r} and {self.fleet_name!r} share an image but not a ledger "
+                    "table; put them in one stack (its ledger) or pass them the same ledger")
+            other.siblings.append(self)
+            self.siblings.append(other)
+        users.append(self)
 
     # ------------------------------------------------------------------ metrics and alarms
 
@@ -235,8 +320,18 @@ class FleetReconciler(Construct):
     def metric_throttles(self, operation: str = "RunMicrovm", **props: object) -> cloudwatch.Metric:
         return self.metric("Throttles", operation=operation, statistic="Sum", **props)
 
-    def add_alarms(self, *, amplification_threshold: float = 1.5, deficit_minutes: int = 10) -> list[cloudwatch.Alarm]:
-        """Alarms on retry amplification, a sustained deficit, dead-lettered slots and DLQ depth."""
+    def metric_stray_vms(self, **props: object) -> cloudwatch.Metric:
+        """Foreign VMs of the image (no slot of the ledger started them)."""
+        return self.metric("StrayVMs", statistic="Maximum", **props)
+
+    def metric_oldest_stray_age(self, **props: object) -> cloudwatch.Metric:
+        """Seconds the oldest foreign VM has been seen unowned."""
+        return self.metric("OldestStrayAge", statistic="Maximum", **props)
+
+    def add_alarms(self, *, amplification_threshold: float = 1.5, deficit_minutes: int = 10,
+                   stray_seconds: int = 3600) -> list[cloudwatch.Alarm]:
+        """Alarms on retry amplification, a sustained deficit, dead-lettered slots, DLQ depth, and
+        a foreign VM of the image unowned for ``stray_seconds`` (Default: 3,600)."""
         missing = cloudwatch.TreatMissingData.NOT_BREACHING
         alarms = [
             self.metric_retry_amplification(period=cdk.Duration.minutes(5)).create_alarm(
@@ -257,6 +352,11 @@ class FleetReconciler(Construct):
                 self, "DeadLetterQueueAlarm", threshold=1, evaluation_periods=1,
                 comparison_operator=cloudwatch.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
                 alarm_description=f"{self.fleet_name}: reconciler dead letters waiting",
+                treat_missing_data=missing),
+            self.metric_oldest_stray_age(period=cdk.Duration.minutes(5)).create_alarm(
+                self, "StrayVMsAlarm", threshold=stray_seconds, evaluation_periods=1,
+                comparison_operator=cloudwatch.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
+                alarm_description=f"{self.fleet_name}: a VM of the fleet's image no slot owns, for {stray_seconds} s or more",
                 treat_missing_data=missing),
         ]
         return alarms

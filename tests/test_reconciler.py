@@ -143,7 +143,10 @@ def test_clients_take_warm_slots_and_the_pool_refills(emulator, tables, clock) -
     client.run_microvm(imageIdentifier=r.spec.image_arn, clientToken="client-1")
     clock.advance(60)
     tick(r, clock)
-    assert len(events(r, "vm_adopted")) == 1 and len(events(r, "member_released")) == 1
+    # The client's own VM is foreign: told as a stray, counted toward max_vms, never adopted.
+    assert len(events(r, "stray_vm")) >= 1 and len(events(r, "member_released")) == 1
+    assert not any(s.microvm_id == e["microvm_id"] for e in events(r, "stray_vm")
+                   for s in r.ledger.load("mi-agente")[0].values())
     assert len(live(emulator)) == 4
 
 
@@ -186,7 +189,7 @@ def test_crash_loop_goes_to_the_dead_letter_path(emulator, tables, clock) -> Non
     assert runs == 3
     slots, _ = r.ledger.load("mi-agente")
     assert slots["base-0"].phase == "dead" and "3 times" in slots["base-0"].reason
-    reasons = [e["reason"] for e in events(r, "vm_end_reason")]
+    reasons = [e["end_reason"] for e in events(r, "vm_ended_unexpectedly")]
     assert reasons and set(reasons) == {"app_crashloop"}
     messages = tables["sqs"].receive_message(QueueUrl=tables["queue"], MaxNumberOfMessages=10)["Messages"]
     assert [json.loads(m["Body"])["event"] for m in messages] == ["slot_dead_lettered"]
@@ -200,15 +203,13 @@ def test_crash_loop_goes_to_the_dead_letter_path(emulator, tables, clock) -> Non
 def test_two_ticks_at_once(emulator, tables, clock) -> None:
     first = reconciler(emulator, tables, clock, min_vms=3, max_vms=6, warm_vms=0)
     second = reconciler(emulator, tables, clock, min_vms=3, max_vms=6, warm_vms=0)
-    assert first.ledger.acquire_tick("mi-agente", first.holder, clock.now(), 120)
-    assert tick(second, clock) == {"fleet": "mi-agente", "skipped": "tick_in_progress"}
-    first.ledger.release_tick("mi-agente", first.holder)
     results: list[dict[str, Any]] = []
     threads = [threading.Thread(target=lambda r=r: results.append(r.tick(deadline_seconds=0))) for r in (first, second)]
     for t in threads:
         t.start()
     for t in threads:
-        t.join()
+        t.join(timeout=60)
+    assert len(results) == 2
     assert len(live(emulator)) <= 3
     clock.advance(60)
     tick(first, clock)
@@ -233,14 +234,12 @@ def test_a_tick_killed_halfway_is_finished_by_the_next(emulator, tables, clock) 
     slots, _ = r.ledger.load("mi-agente")
     assert slots["base-0"].phase == "starting" and slots["base-0"].microvm_id is None
     r.microvms.run_microvm = real_run
-    other = reconciler(emulator, tables, clock, min_vms=2, max_vms=4, warm_vms=0)
-    assert tick(other, clock)["skipped"] == "tick_in_progress"  # the dead tick's lease holds
-    clock.advance(91)
+    clock.advance(5)  # the dead tick's lease does not hold the fleet back: the next tick takes it
     fresh = reconciler(emulator, tables, clock, min_vms=2, max_vms=4, warm_vms=0)
     tick(fresh, clock)
     assert len(live(emulator)) == 2
     slots, _ = fresh.ledger.load("mi-agente")
-    assert {s.generation for s in slots.values()} == {0}
+    assert {s.generation for s in slots.values()} == {0}  # the same tokens: the VM made is the slot's
     assert_one_vm_per_slot_generation(emulator)
 
 
@@ -315,6 +314,8 @@ def test_spec_shrinks_without_terminating_busy_vms(emulator, tables, clock) -> N
     smaller = reconciler(emulator, tables, clock, min_vms=1, max_vms=6, warm_vms=1)
     clock.advance(60)
     tick(smaller, clock)
+    clock.advance(60)
+    tick(smaller, clock)  # the drained parked slot is gone once its VM ended
     states = Counter(vm["state"] for vm in live(emulator))
     assert states["RUNNING"] == 3  # the two base VMs above min_vms are members now, not killed
     assert states["SUSPENDED"] == 1 and len(events(smaller, "vm_terminated")) == 1

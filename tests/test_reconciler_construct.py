@@ -100,7 +100,10 @@ def test_alarms(synth) -> None:
     _, _, template, _ = synth
     alarms = {k: a for k, a in template.find_resources("AWS::CloudWatch::Alarm").items() if k.startswith("FleetReconciler")}
     names = sorted(a["Properties"].get("MetricName", "ApproximateNumberOfMessagesVisible") for a in alarms.values())
-    assert names == ["ApproximateNumberOfMessagesVisible", "DeadLetteredSlots", "Deficit", "RetryAmplification"]
+    assert names == ["ApproximateNumberOfMessagesVisible", "DeadLetteredSlots", "Deficit", "OldestStrayAge",
+                     "RetryAmplification"]
+    stray = [a for a in alarms.values() if a["Properties"].get("MetricName") == "OldestStrayAge"][0]["Properties"]
+    assert stray["Threshold"] == 3600 and stray["ComparisonOperator"] == "GreaterThanOrEqualToThreshold"
     deficit = [a for a in alarms.values() if a["Properties"].get("MetricName") == "Deficit"][0]["Properties"]
     assert deficit["EvaluationPeriods"] == 10 and deficit["Namespace"] == "Rayito/Fleet"
     assert {"Name": "fleet", "Value": "mi-agente"} in deficit["Dimensions"]
@@ -164,3 +167,61 @@ def test_validation() -> None:
     stack = new_stack(app)
     with pytest.raises(ValueError, match="max_lifetime_seconds: 30000 is not within 1 to 28800"):
         AgentFleet(stack, "Fleet", project=AgentProject.load(EXAMPLE), max_lifetime_seconds=30000)
+
+
+def test_one_tick_at_a_time_by_reserved_concurrency(synth) -> None:
+    _, _, template, _ = synth
+    assert reconciler_function(template)["ReservedConcurrentExecutions"] == 1
+    app = new_app()
+    stack = new_stack(app)
+    AgentFleet(stack, "Fleet", project=AgentProject.load(EXAMPLE), reconciler_reserved_concurrency=None)
+    assert "ReservedConcurrentExecutions" not in reconciler_function(Template.from_stack(stack))
+    with pytest.raises(ValueError, match="reserved_concurrency: 0 is not at least 1"):
+        AgentFleet(new_stack(new_app()), "Fleet", project=AgentProject.load(EXAMPLE), reconciler_reserved_concurrency=0)
+
+
+IMAGE = "arn:aws:lambda:us-east-1:123456789012:microvm-image:compartida"
+
+
+def test_a_second_fleet_on_an_image_is_refused_unless_shared() -> None:
+    app = new_app()
+    stack = new_stack(app)
+    AgentFleet(stack, "Uno", project=AgentProject.load(EXAMPLE, name="uno"), image_arn=IMAGE)
+    with pytest.raises(ValueError, match="fleet 'dos' would run the image fleet 'uno' already runs"):
+        AgentFleet(stack, "Dos", project=AgentProject.load(EXAMPLE, name="dos"), image_arn=IMAGE)
+    other = new_stack(app, "Otra")
+    with pytest.raises(ValueError, match="share_image=True"):
+        AgentFleet(other, "Tres", project=AgentProject.load(EXAMPLE, name="tres"), image_arn=IMAGE, share_image=True)
+    # Another app is another world.
+    AgentFleet(new_stack(new_app()), "Dos", project=AgentProject.load(EXAMPLE, name="dos"), image_arn=IMAGE)
+
+
+def test_shared_fleets_read_each_other_ledgers_only() -> None:
+    app = new_app()
+    stack = new_stack(app)
+    for name in ("uno", "dos", "tres"):
+        AgentFleet(stack, name.title(), project=AgentProject.load(EXAMPLE, name=name), image_arn=IMAGE, share_image=True)
+    template = Template.from_stack(stack)
+    functions = template.find_resources("AWS::Lambda::Function", {"Properties": {"Handler": "reconciler.index.handler"}})
+    shared = sorted(f["Properties"]["Environment"]["Variables"]["SHARED_WITH"] for f in functions.values())
+    assert shared == ['["dos","tres"]', '["tres","uno"]', '["dos","uno"]'] or sorted(shared) == sorted(
+        ['["dos","tres"]', '["tres","uno"]', '["dos","uno"]'])
+    policies = template.find_resources("AWS::IAM::Policy")
+    siblings = [st for p in policies.values() for st in p["Properties"]["PolicyDocument"]["Statement"]
+                if st.get("Sid") == "SiblingLedgers"]
+    assert len(siblings) == 3 and all(st["Action"] == "dynamodb:Query" for st in siblings)
+    keys = sorted(tuple(st["Condition"]["ForAllValues:StringEquals"]["dynamodb:LeadingKeys"]) for st in siblings)
+    assert keys == [("dos", "tres"), ("dos", "uno"), ("tres", "uno")]
+    unshared_app = new_app()
+    unshared_stack = new_stack(unshared_app)
+    AgentFleet(unshared_stack, "Solo", project=AgentProject.load(EXAMPLE), image_arn=IMAGE)
+    env = reconciler_function(Template.from_stack(unshared_stack))["Environment"]["Variables"]
+    assert "SHARED_WITH" not in env and "TERMINATE_STRAYS" not in env
+
+
+def test_stray_termination_is_opt_in() -> None:
+    app = new_app()
+    stack = new_stack(app)
+    AgentFleet(stack, "Fleet", project=AgentProject.load(EXAMPLE), terminate_strays=True)
+    env = reconciler_function(Template.from_stack(stack))["Environment"]["Variables"]
+    assert env["TERMINATE_STRAYS"] == "1" and env["STRAY_GRACE_SECONDS"] == "3600"

@@ -28,6 +28,16 @@ DEFAULT_BUDGETS: dict[str, tuple[float, float]] = {
 
 
 EPSILON = 1e-6  # float sums of 1/rate must not lose a token at the edge of the burst
+#: A stored arrival time further ahead than a reservation can reach (burst, the reservation
+#: horizon and this slack) was written by a clock that runs ahead: it is treated as idle, so one
+#: skewed reconciler cannot stall every other one for the length of its skew.
+SKEW_SLACK_SECONDS = 5.0
+MAX_HORIZON_SECONDS = 2.0
+
+
+def implausible(now: float, interval: float, burst: float) -> float:
+    """The arrival time past which the bucket's state comes from a skewed clock."""
+    return now + burst * interval + MAX_HORIZON_SECONDS + SKEW_SLACK_SECONDS
 
 
 @dataclass(frozen=True)
@@ -85,6 +95,8 @@ class MemoryBudget(_Gcra):
             if until > now:
                 return Deferral(operation, until - now, f"backoff:{why}")
             tat = max(self._tat.get(operation, now), now)
+            if tat > implausible(now, interval, burst):
+                tat = now
             limit = now + horizon + (burst - cost) * interval + EPSILON
             if tat > limit:
                 return Deferral(operation, tat - limit, "budget_empty")
@@ -135,8 +147,9 @@ class DynamoDBBudget(_Gcra):
             values = {":now": _n(now)}
             if attempt == "idle":
                 update = "SET tat = :new"
-                condition = f"(attribute_not_exists(tat) OR tat <= :now) AND {not_in_backoff}"
+                condition = f"(attribute_not_exists(tat) OR tat <= :now OR tat > :skewed) AND {not_in_backoff}"
                 values[":new"] = _n(now + cost * interval)
+                values[":skewed"] = _n(implausible(now, interval, burst))
                 if cost > burst:
                     continue
             else:
@@ -166,6 +179,8 @@ class DynamoDBBudget(_Gcra):
                     return Deferral(operation, until - now, f"backoff:{old.get('backoff_reason', {}).get('S', '')}")
                 tat = float(old.get("tat", {}).get("N", now))
                 self._last_tat[operation] = tat
+                if tat > implausible(now, interval, burst) and attempt == "busy":
+                    continue  # the idle attempt (next) resets a bucket a skewed clock wrote
                 limit = now + horizon + (burst - cost) * interval + EPSILON
                 if tat > limit:
                     return Deferral(operation, tat - limit, "budget_empty")

@@ -1,30 +1,70 @@
 """What the reconciler decides: a pure function of the fleet spec, the slot ledger, what
-ListMicrovms shows, and the clock. No AWS call happens here; :mod:`.tick` wires the I/O.
+ListMicrovms (and GetMicrovm, for VMs a list missed) shows, and the clock. No AWS call happens
+here; :mod:`.tick` wires the I/O.
 
 Vocabulary (docs/reconciler.md):
 
 * a **slot** is a lease in the ledger: a role (``base``, ``warm`` or ``member``), a generation,
-  a phase, the MicroVM that fills it, attempts and timestamps. The ledger, not tags, says which VM
+  a phase, the MicroVM that fills it, counters and timestamps. The ledger, not tags, says which VM
   fills which slot: MicroVMs cannot be tagged.
 * ``base`` slots keep ``min_vms`` VMs live; ``warm`` slots keep ``warm_vms`` VMs parked
-  (run, then suspended once RUNNING); ``member`` slots record VMs the reconciler did not start for
-  a base or warm slot (a client's, or a parked slot a client resumed): they count toward
-  ``max_vms`` and are never terminated by the reconciler, since they may serve a session.
-* every RunMicrovm carries ``client_token(epoch, fleet, slot, generation)``: a retried,
-  duplicated or concurrent step never makes a second VM for one slot generation.
+  (run, then suspended once RUNNING); ``member`` slots record VMs a slot of ours started that
+  left their slot (a parked VM a client resumed, a base VM above a lowered ``min_vms``): they
+  count toward ``max_vms`` and are never touched again, since they may serve a session.
+* **Ownership comes from the client token only.** Every RunMicrovm of a slot generation carries
+  ``client_token(epoch, fleet, slot, generation)`` and the parameters pinned for that generation;
+  the VM ID in its answer is the only way a VM enters a slot. A VM the ledger did not start (a
+  client's, a killed deploy's, another fleet's) is *foreign*: never suspended, resumed,
+  terminated or put in a slot (unless the opt-in stray policy ends a provably idle one).
+* **Absence is not an end.** Lists and gets are eventually consistent: a slot's VM missing from
+  a list stays live until GetMicrovm shows it ended (or says it does not exist once it is older
+  than :data:`CONSISTENCY_SECONDS`); a RunMicrovm whose answer was lost (an ambiguous error)
+  leaves the slot *in doubt*: counted live and retried with the same token, which returns the
+  VM it made, if any.
 """
 
 from __future__ import annotations
 
 import copy
 import hashlib
-from dataclasses import asdict, dataclass
+import json
+from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable, Mapping, Optional
 
 LIVE = ("PENDING", "RUNNING", "SUSPENDING", "SUSPENDED")
 ENDED = ("TERMINATING", "TERMINATED")
+GONE = "GONE"
+"""Pseudo-state: GetMicrovm says the VM does not exist, and it is older than the consistency
+window (a VM listed TERMINATED for its linger and then forgotten)."""
 BASE, WARM, MEMBER = "base", "warm", "member"
 QUEUED, STARTING, RUNNING, PARKING, PARKED, DEAD = "queued", "starting", "running", "parking", "parked", "dead"
+
+#: How long after its start a VM may be missing from lists and gets without that meaning
+#: anything (measured: GetMicrovm said PENDING 0.5 s after a resume; lists lag new VMs).
+CONSISTENCY_SECONDS = 60.0
+#: After the service accepted a SuspendMicrovm, a VM still seen RUNNING this much later was
+#: resumed by a client (it took the parked slot), not merely slow to suspend or slow to list.
+PARK_GRACE_SECONDS = 30.0
+#: A VM that ends within this much of its ``maximumDurationInSeconds`` ended normally (clock skew
+#: between the function and the service included); earlier, it ended early (a crash).
+EXPIRY_MARGIN_SECONDS = 90.0
+#: How soon a step looks again at a parked slot's PENDING VM (measured PENDING: about 2 s).
+PENDING_POLL_SECONDS = 2.0
+#: A base successor without headroom takes a parked VM this long before the old VM's end.
+HANDOVER_LEAD_SECONDS = 120.0
+#: A base VM that cannot have a successor before its end is replaced this soon after it.
+EXPIRY_WAKE_SECONDS = 1.0
+#: Backoff of a slot after a failed RunMicrovm: base * 4^(errors-1), at most the cap.
+RETRY_BASE_SECONDS = 2.0
+RETRY_CAP_SECONDS = 900.0
+#: A dead-lettered slot whose failures were the service's (500s, capacity, quota) is probed
+#: once per this long; failures of the request or of the app wait for redrive or a new spec.
+DEAD_PROBE_SECONDS = 900.0
+#: Words of the ``stateReason`` of ends that are no crash: a TerminateMicrovm (measured:
+#: "Success."), the end of the lifetime ("MicroVM exceeded maximum lifetime.") or of an idle
+#: policy's suspended duration ("MicroVM exceeded suspended duration.").
+REQUESTED_END_REASONS = ("success", "exceeded maximum lifetime", "exceeded suspended duration",
+                         "terminated_by_request", "idle_timeout", "maximum_duration")
 
 
 @dataclass(frozen=True)
@@ -41,7 +81,6 @@ class FleetSpec:
     execution_role_arn: Optional[str] = None
     successor_lead_seconds: float = 900.0
     max_start_attempts: int = 3
-    crash_window_seconds: float = 600.0
     max_starts_per_step: int = 10
     admission_deadline_seconds: float = 300.0
     image_version: Optional[str] = None
@@ -49,10 +88,20 @@ class FleetSpec:
     base_rollout: str = "on_expiry"
     """``on_expiry``: base VMs move to a new image version when they reach their end (no extra
     VMs); ``rolling``: a successor starts now (within ``max_vms`` headroom)."""
+    stagger: bool = True
+    """First VMs of a fleet get lifetimes spread over half a lifetime, so their successors never
+    all need headroom at the same moment."""
+    shared_image: bool = False
+    """Other fleets run this image too: VMs their ledgers own are neither counted nor strays."""
+    terminate_strays: bool = False
+    """End foreign VMs that show no sign of serving (see :func:`stray_is_idle`)."""
+    stray_grace_seconds: float = 3600.0
+    """How long a foreign VM must stay SUSPENDED, unowned, before it may be ended."""
 
-    def run_parameters(self, role: str) -> dict[str, Any]:
+    def run_parameters(self, role: str, lifetime: Optional[int] = None) -> dict[str, Any]:
         """RunMicrovm parameters for a slot of ``role`` (the client token aside)."""
-        params: dict[str, Any] = {"imageIdentifier": self.image_arn, "maximumDurationInSeconds": self.max_lifetime_seconds}
+        life = int(lifetime or self.max_lifetime_seconds)
+        params: dict[str, Any] = {"imageIdentifier": self.image_arn, "maximumDurationInSeconds": life}
         if self.image_version:
             params["imageVersion"] = self.image_version
         if self.execution_role_arn:
@@ -61,10 +110,15 @@ class FleetSpec:
             # A base VM the service suspends when idle is still a live base VM: it resumes when called.
             params["idlePolicy"] = {
                 "maxIdleDurationSeconds": self.idle_seconds,
-                "suspendedDurationSeconds": self.max_lifetime_seconds,
+                "suspendedDurationSeconds": life,
                 "autoResumeEnabled": True,
             }
         return params
+
+    def fingerprint(self) -> str:
+        """Changes when a deploy changes what the fleet runs (dead slots are then tried again)."""
+        data = {k: v for k, v in asdict(self).items() if k not in ("max_starts_per_step", "admission_deadline_seconds")}
+        return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 @dataclass
@@ -80,10 +134,20 @@ class Slot:
     queued_at: Optional[float] = None
     requested_at: Optional[float] = None
     vm_started_at: Optional[float] = None
-    attempts: int = 0
+    lifetime: Optional[int] = None  # maximumDurationInSeconds of the slot's current VM
+    request: Optional[dict[str, Any]] = None  # RunMicrovm parameters pinned for this generation
+    in_doubt_since: Optional[float] = None  # an ambiguous RunMicrovm: a VM may exist
+    errors: int = 0  # failed RunMicrovm attempts in a row
+    crashes: int = 0  # early ends in a row
+    retry_at: Optional[float] = None
+    dead_kind: Optional[str] = None  # service | request | crash
     reason: Optional[str] = None
     noted: Optional[str] = None
     parking_since: Optional[float] = None  # when the service accepted our SuspendMicrovm
+    ending: Optional[str] = None  # a VM of this slot we asked to end (not a crash when it ends)
+    draining: bool = False  # a parked slot above warm_vms or max_vms: end its VM once parked
+    handover_from: Optional[str] = None  # the warm slot whose parked VM a base slot took
+    end_requested_at: Optional[float] = None  # when the service accepted our TerminateMicrovm
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -95,25 +159,28 @@ class Slot:
 
 @dataclass(frozen=True)
 class Observed:
-    """One item of ListMicrovms."""
+    """One VM as ListMicrovms (or GetMicrovm) shows it."""
 
     microvm_id: str
     state: str
     started_at: float
     image_version: Optional[str] = None
+    reason: Optional[str] = None
 
 
 @dataclass(frozen=True)
 class Intent:
     """A control-plane call the step wants to make, in priority order."""
 
-    kind: str  # run | suspend | terminate | describe
+    kind: str  # run | suspend | terminate | resume
     slot_id: str
     microvm_id: Optional[str] = None
     role: Optional[str] = None
     successor: bool = False
     reason: Optional[str] = None
     priority: int = 0
+    retry: bool = False  # a RunMicrovm with a token already sent (in doubt): needs no headroom
+    donor: Optional[str] = None  # resume: the warm slot giving its parked VM
 
 
 @dataclass
@@ -124,11 +191,9 @@ class Plan:
     gauges: dict[str, float]
     live_vms: int
     wake_soon: bool = False
-
-
-#: After the service accepted a SuspendMicrovm, a VM still seen RUNNING this much later was
-#: resumed by a client (it took the parked slot), not merely slow to suspend.
-PARK_GRACE_SECONDS = 30.0
+    strays: dict[str, dict[str, Any]] = field(default_factory=dict)
+    wake_at: Optional[float] = None  # the soonest a slot's backoff ends
+    pending_warm: list[str] = field(default_factory=list)  # parked slots' VMs still PENDING
 
 
 def client_token(epoch: str, fleet: str, slot_id: str, generation: int) -> str:
@@ -137,8 +202,8 @@ def client_token(epoch: str, fleet: str, slot_id: str, generation: int) -> str:
     return f"rz1-{digest[:48]}"
 
 
-def _event(kind: str, slot: Optional[Slot] = None, **fields: Any) -> dict[str, Any]:
-    event: dict[str, Any] = {"event": kind}
+def _event(name: str, slot: Optional[Slot] = None, **fields: Any) -> dict[str, Any]:
+    event: dict[str, Any] = {"event": name}
     if slot is not None:
         event.update(slot=slot.slot_id, role=slot.role, generation=slot.generation, microvm_id=slot.microvm_id)
     event.update({k: v for k, v in fields.items() if v is not None})
@@ -149,85 +214,175 @@ def desired_slot_ids(spec: FleetSpec) -> list[tuple[str, str]]:
     return [(f"base-{i}", BASE) for i in range(spec.min_vms)] + [(f"warm-{i}", WARM) for i in range(spec.warm_vms)]
 
 
-def plan(spec: FleetSpec, ledger: Mapping[str, Slot], observed: Iterable[Observed], now: float) -> Plan:
-    """Reconcile the ledger with what the service shows; return the new ledger and the intents."""
+def slot_order(slot_id: str, role: str) -> tuple[int, int, str]:
+    """base-0, warm-0, base-1, warm-1...: every fleet gets its first parked slot early, so parking
+    (SuspendMicrovm, the tightest quota) overlaps with the runs instead of trailing."""
+    tail = slot_id.rsplit("-", 1)[-1]
+    return (int(tail) if tail.isdigit() else 0, role != BASE, slot_id)
+
+
+def first_lifetime(spec: FleetSpec, slot_id: str, role: str) -> int:
+    """The lifetime of a slot's first VM: spread over half a lifetime by the slot's rank, so
+    VMs started together (a fleet from empty) do not all expire together."""
+    life = spec.max_lifetime_seconds
+    order = sorted(desired_slot_ids(spec), key=lambda s: slot_order(*s))
+    ids = [s for s, _ in order]
+    if not spec.stagger or slot_id not in ids or len(ids) < 2:
+        return life
+    if life / 2 < 2 * spec.successor_lead_seconds + HANDOVER_LEAD_SECONDS:
+        return life  # too short a lifetime to spread without replacing VMs all the time
+    rank = ids.index(slot_id)
+    return int(life - rank * (life / 2) / len(ids))
+
+
+def own_vm_ids(slots: Mapping[str, Slot]) -> set[str]:
+    """Every VM a slot of this ledger holds (current, retiring, members)."""
+    return {i for s in slots.values() for i in (s.microvm_id, s.retiring_id) if i}
+
+
+def to_confirm(slots: Mapping[str, Slot], observed: Mapping[str, Observed], now: float) -> list[str]:
+    """VMs of ours GetMicrovm should be asked about before the plan: those a list did not show
+    that are old enough for the answer to mean something (a younger one is live until seen:
+    lists lag new VMs), and those that ended before their time (the answer has the reason)."""
+    out = []
+    for slot in slots.values():
+        for vm_id in (slot.microvm_id, slot.retiring_id):
+            if not vm_id:
+                continue
+            vm = observed.get(vm_id)
+            current = vm_id == slot.microvm_id
+            started = slot.vm_started_at if current else None
+            if vm is None and (started is None or now - started >= CONSISTENCY_SECONDS):
+                out.append(vm_id)
+            elif (vm is not None and vm.state in ENDED and vm.reason is None and current and slot.role != MEMBER
+                  and not slot.ending and (started or vm.started_at) + (slot.lifetime or 0) > now + EXPIRY_MARGIN_SECONDS):
+                out.append(vm_id)
+    return sorted(set(out))
+
+
+def stray_is_idle(entry: Mapping[str, Any], vm: Observed, now: float, grace: float) -> bool:
+    """The sign that a foreign VM serves nobody: SUSPENDED at every observation for at least
+    ``grace`` seconds (a client's session resumes it; a suspended VM nobody resumed for that long
+    has no client), and never seen RUNNING or PENDING since it was first seen unowned."""
+    return (vm.state == "SUSPENDED" and entry.get("suspended_since") is not None
+            and now - float(entry["suspended_since"]) >= grace and int(entry.get("seen", 0)) >= 2)
+
+
+def plan(spec: FleetSpec, ledger: Mapping[str, Slot], observed: Iterable[Observed], now: float, *,
+         others: Iterable[str] = (), strays: Optional[Mapping[str, Mapping[str, Any]]] = None,
+         redrive: bool = False) -> Plan:
+    """Reconcile the ledger with what the service shows; return the new ledger and the intents.
+
+    :param observed: ListMicrovms items of the image, and GetMicrovm answers for VMs of ours the
+        list missed (``state=GONE`` when the VM provably no longer exists).
+    :param others: VM IDs the ledgers of other fleets sharing the image hold.
+    :param strays: what the ledger remembers of foreign VMs (``first_seen``, ``suspended_since``).
+    :param redrive: the spec changed since the last step: dead-lettered slots are tried again.
+    """
     slots = {k: copy.copy(v) for k, v in ledger.items()}
     seen = {o.microvm_id: o for o in observed}
+    others = set(others)
     events: list[dict[str, Any]] = []
     intents: list[Intent] = []
-    describes: list[Intent] = []
-    wake_soon = False  # a warm slot's VM is PENDING: it must be suspended as soon as it runs
+    wake_soon = False
+    pending_since: list[float] = []  # warm VMs still PENDING: parked as soon as they run
+    pending_ids: list[str] = []
 
     def requeue(slot: Slot, reason: str) -> None:
-        slot.generation += 1
-        slot.phase, slot.microvm_id, slot.queued_at, slot.requested_at = QUEUED, None, now, None
-        slot.vm_started_at, slot.reason, slot.noted, slot.parking_since = None, reason, None, None
+        _requeue(slot, reason, now)
+
+    def member_of(vm_id: str, started: Optional[float], reason: str, origin: Slot) -> None:
+        member = Slot(f"member-{vm_id}", MEMBER, phase=RUNNING, microvm_id=vm_id, vm_started_at=started, queued_at=now)
+        slots[member.slot_id] = member
+        events.append(_event(reason, origin, taken_id=vm_id))
+
+    def ended(vm: Optional[Observed]) -> bool:
+        return vm is not None and (vm.state in ENDED or vm.state == GONE)
 
     # 1. Each slot against what the service shows.
-    for slot in list(slots.values()):
+    for slot in sorted(list(slots.values()), key=lambda s: s.slot_id):
         if slot.retiring_id:
             retiring = seen.get(slot.retiring_id)
-            if retiring is None or retiring.state in ENDED:
+            if ended(retiring):
                 events.append(_event("vm_retired", slot, retired_id=slot.retiring_id))
                 slot.retiring_id = None
-            elif slot.role == WARM and retiring.state in ("PENDING", "RUNNING"):
+            elif (slot.role == WARM and retiring is not None and retiring.state in ("PENDING", "RUNNING")
+                  and now - (slot.queued_at or now) > PARK_GRACE_SECONDS):
                 # A client resumed the parked VM being replaced: it is a member now.
-                member = Slot(f"member-{retiring.microvm_id}", MEMBER, phase=RUNNING, microvm_id=retiring.microvm_id,
-                              vm_started_at=retiring.started_at, queued_at=now)
-                slots[member.slot_id] = member
-                events.append(_event("warm_slot_taken", slot, taken_id=retiring.microvm_id))
+                member_of(retiring.microvm_id, retiring.started_at, "warm_slot_taken", slot)
                 slot.retiring_id = None
         if slot.role == MEMBER:
             member = seen.get(slot.microvm_id or "")
-            if member is None or member.state in ENDED:
-                events.append(_event("member_released", slot, state=member.state if member else "vanished"))
+            if ended(member):
+                events.append(_event("member_released", slot, state=member.state if member else None))
                 del slots[slot.slot_id]
             continue
-        if slot.phase == DEAD or slot.microvm_id is None:
+        if slot.phase == DEAD:
+            if redrive:
+                slot.phase, slot.errors, slot.crashes, slot.dead_kind, slot.retry_at = QUEUED, 0, 0, None, None
+                slot.noted, slot.queued_at = None, now
+                if slot.in_doubt_since is None:
+                    slot.generation += 1
+                    slot.request = None
+                events.append(_event("slot_redriven", slot, reason="spec_changed"))
+            elif slot.dead_kind == "service" and (slot.retry_at or 0) <= now:
+                slot.phase = QUEUED  # one probe; a failure dead-letters it again
+                events.append(_event("dead_slot_probed", slot))
+            continue
+        if slot.microvm_id is None:
             continue
         vm = seen.get(slot.microvm_id)
-        if vm is None or vm.state in ENDED:
-            started = slot.vm_started_at if slot.vm_started_at is not None else (vm.started_at if vm else now)
-            if started + spec.max_lifetime_seconds <= now + 1:
-                events.append(_event("vm_expired", slot))
-                requeue(slot, "expired")
+        if vm is None:
+            continue  # not shown and not provably gone: live, state unknown
+        if ended(vm):
+            started = slot.vm_started_at if slot.vm_started_at is not None else vm.started_at
+            life = slot.lifetime or spec.max_lifetime_seconds
+            reason = (vm.reason or "").strip().lower()
+            if started + life <= now + EXPIRY_MARGIN_SECONDS or slot.ending or any(w in reason for w in REQUESTED_END_REASONS):
+                slot.crashes = 0
+                events.append(_event("vm_expired" if not slot.ending else "vm_ended", slot, state=vm.state,
+                                     end_reason=vm.reason))
+                requeue(slot, "expired" if not slot.ending else slot.ending)
                 continue
-            young = now - started < spec.crash_window_seconds
-            slot.attempts = slot.attempts + 1 if young else 1
-            events.append(_event("vm_ended_unexpectedly", slot, state=vm.state if vm else "vanished", attempts=slot.attempts))
-            if vm is not None:
-                describes.append(Intent("describe", slot.slot_id, slot.microvm_id))
-            if slot.attempts >= spec.max_start_attempts:
-                slot.phase, slot.reason = DEAD, f"ended unexpectedly {slot.attempts} times in a row"
-                events.append(_event("slot_dead_lettered", slot, reason=slot.reason))
+            slot.crashes += 1
+            events.append(_event("vm_ended_unexpectedly", slot, state=vm.state, crashes=slot.crashes,
+                                 end_reason=vm.reason, lived=round(now - started, 3)))
+            if slot.crashes >= spec.max_start_attempts:
+                vm_id = slot.microvm_id
+                requeue(slot, "crash_loop")
+                slot.phase, slot.dead_kind = DEAD, "crash"
+                slot.reason = f"ended early {slot.crashes} times in a row (last: {vm.reason or vm.state})"
+                events.append(_event("slot_dead_lettered", slot, reason=slot.reason, kind="crash",
+                                     errors=slot.crashes, last_vm=vm_id))
             else:
-                requeue(slot, "replaced_after_unexpected_end")
+                requeue(slot, "replaced_after_early_end")
             continue
         slot.vm_started_at = vm.started_at
-        if slot.attempts and now - vm.started_at >= spec.crash_window_seconds:
-            slot.attempts = 0
         if slot.role == BASE:
-            ready = vm.state == "RUNNING" or (vm.state in ("SUSPENDING", "SUSPENDED") and spec.idle_seconds)
-            if ready and slot.phase == STARTING:
+            idle_suspended = vm.state in ("SUSPENDING", "SUSPENDED") and spec.idle_seconds and not slot.handover_from
+            ready = vm.state == "RUNNING" or idle_suspended
+            if ready and slot.phase in (STARTING, QUEUED):
                 slot.phase = RUNNING
+                slot.handover_from = None
                 events.append(_event("vm_running", slot, claim_to_complete=_since(slot.requested_at, now)))
-            # A PENDING base VM needs nothing from us: it serves as soon as it runs. No polling.
+            elif vm.state == "SUSPENDED" and not idle_suspended:
+                # A parked VM handed to this base slot, not yet running (a resume waits for the VM's
+                # /resume hook; a step may have died after the handover): ask again after a grace.
+                if slot.parking_since is None or now - slot.parking_since > PARK_GRACE_SECONDS:
+                    intents.append(Intent("resume", slot.slot_id, vm.microvm_id, role=BASE))
+                wake_soon = True
         else:  # WARM
-            suspended_then_resumed = (
-                slot.phase == PARKING and slot.parking_since is not None and now - slot.parking_since > PARK_GRACE_SECONDS
-            )
-            if vm.state == "RUNNING" and slot.phase == PARKING and slot.parking_since is not None and not suspended_then_resumed:
+            since = slot.parking_since
+            if vm.state in ("PENDING", "RUNNING") and slot.phase == PARKING and since is not None and now - since <= PARK_GRACE_SECONDS:
                 wake_soon = True  # our suspend was accepted; the list has not caught up yet
-            elif vm.state == "RUNNING" and (slot.phase == PARKED or suspended_then_resumed):
+            elif vm.state in ("PENDING", "RUNNING") and (slot.phase == PARKED or (slot.phase == PARKING and since is not None)):
                 # A client resumed the parked slot: the VM is a member now; refill the pool.
-                member = Slot(f"member-{vm.microvm_id}", MEMBER, phase=RUNNING, microvm_id=vm.microvm_id,
-                              vm_started_at=vm.started_at, queued_at=now)
-                slots[member.slot_id] = member
-                events.append(_event("warm_slot_taken", slot))
+                member_of(vm.microvm_id, vm.started_at, "warm_slot_taken", slot)
                 requeue(slot, "taken_by_client")
             elif vm.state == "RUNNING":
                 intents.append(Intent("suspend", slot.slot_id, vm.microvm_id))
-                slot.phase = PARKING
+                if slot.phase != PARKING:
+                    slot.phase, slot.parking_since = PARKING, None  # set when the service accepts it
             elif vm.state == "SUSPENDING":
                 slot.phase = PARKING
             elif vm.state == "SUSPENDED" and slot.phase != PARKED:
@@ -235,26 +390,30 @@ def plan(spec: FleetSpec, ledger: Mapping[str, Slot], observed: Iterable[Observe
                 events.append(_event("vm_parked", slot, claim_to_complete=_since(slot.requested_at, now)))
             elif vm.state == "PENDING":
                 wake_soon = True
+                pending_since.append(vm.started_at)
+                pending_ids.append(vm.microvm_id)
 
-    # 2. VMs of the image the ledger does not know: attach or adopt.
-    known = {s.microvm_id for s in slots.values() if s.microvm_id} | {s.retiring_id for s in slots.values() if s.retiring_id}
-    for vm in sorted(seen.values(), key=lambda v: (v.started_at, v.microvm_id)):
-        if vm.microvm_id in known or vm.state not in LIVE:
-            continue
-        waiting = [
-            s for s in slots.values()
-            if s.phase == STARTING and s.microvm_id is None and s.requested_at is not None and s.requested_at <= vm.started_at + 1
-        ]
-        if waiting:
-            slot = min(waiting, key=lambda s: s.requested_at or 0)
-            slot.microvm_id, slot.vm_started_at = vm.microvm_id, vm.started_at
-            events.append(_event("vm_attached", slot))
+    # 2. VMs of the image no slot of ours holds: foreign. Never touched, never put in a slot.
+    own = own_vm_ids(slots)
+    foreign = {i: o for i, o in seen.items() if o.state in LIVE and i not in own and i not in others}
+    tracked: dict[str, dict[str, Any]] = {}
+    for vm_id, vm in sorted(foreign.items()):
+        entry = dict((strays or {}).get(vm_id) or {})
+        if not entry:
+            entry = {"first_seen": now, "seen": 0, "started_at": vm.started_at}
+            events.append({"event": "stray_vm", "microvm_id": vm_id, "state": vm.state,
+                           "age": round(now - vm.started_at, 3), "first_seen": now})
+        entry["seen"] = int(entry.get("seen", 0)) + 1
+        if vm.state == "SUSPENDED":
+            entry.setdefault("suspended_since", now)
+            if entry["suspended_since"] is None:
+                entry["suspended_since"] = now
         else:
-            member = Slot(f"member-{vm.microvm_id}", MEMBER, phase=RUNNING, microvm_id=vm.microvm_id,
-                          vm_started_at=vm.started_at, queued_at=now)
-            slots[member.slot_id] = member
-            events.append(_event("vm_adopted", member, state=vm.state))
-        known.add(vm.microvm_id)
+            entry["suspended_since"] = None
+        entry["state"] = vm.state
+        tracked[vm_id] = entry
+        if spec.terminate_strays and stray_is_idle(entry, vm, now, spec.stray_grace_seconds):
+            intents.append(Intent("terminate", f"stray-{vm_id}", vm_id, reason="idle_stray"))
 
     # 3. The slot set the spec asks for.
     wanted = dict(desired_slot_ids(spec))
@@ -262,43 +421,69 @@ def plan(spec: FleetSpec, ledger: Mapping[str, Slot], observed: Iterable[Observe
         if slot_id not in slots:
             slots[slot_id] = Slot(slot_id, role, queued_at=now)
             events.append(_event("slot_queued", slots[slot_id]))
+        elif slots[slot_id].draining:
+            slots[slot_id].draining = False
     for slot in list(slots.values()):
         if slot.role == MEMBER or slot.slot_id in wanted:
             continue
+        vm = seen.get(slot.microvm_id or "")
+        if slot.role == WARM and slot.microvm_id and not ended(vm) and slot.phase != DEAD:
+            if not slot.draining:
+                slot.draining = True
+                events.append(_event("slot_draining", slot, reason="spec_shrank"))
+            continue  # parked first, then ended (below)
+        if slot.microvm_id is None and _in_doubt(slot):
+            continue  # a VM may exist for it: the same token must still be asked before forgetting it
         del slots[slot.slot_id]
         for vm_id in (slot.microvm_id, slot.retiring_id):
-            vm = seen.get(vm_id or "")
-            if vm is None or vm.state not in LIVE:
-                continue
-            if slot.role == WARM and vm.state in ("SUSPENDING", "SUSPENDED"):
-                intents.append(Intent("terminate", slot.slot_id, vm_id, reason="surplus_parked_slot"))
-            else:
+            if vm_id and not ended(seen.get(vm_id)):
                 # A VM that may be serving a session ends by itself (scale-in); never terminated here.
-                member = Slot(f"member-{vm_id}", MEMBER, phase=RUNNING, microvm_id=vm_id, vm_started_at=vm.started_at)
-                slots[member.slot_id] = member
-                events.append(_event("slot_released_to_member", member, reason="spec_shrank"))
+                other = seen.get(vm_id)
+                member_of(vm_id, other.started_at if other else None, "slot_released_to_member", slot)
 
-    # 4. Rolling replacement, and retiring parked VMs once their successor is parked.
+    # 4. How many VMs count toward max_vms: ours that are not provably ended (in-doubt runs
+    # included), and foreign ones (a client's VM of the fleet's image is part of the fleet).
+    live_ids = {i for i in own_vm_ids(slots) if not ended(seen.get(i))} | set(foreign)
+    in_doubt = [s for s in slots.values() if s.microvm_id is None and _in_doubt(s)]
+    live = len(live_ids) + len(in_doubt)
+
+    # 5. Parked slots are ended first when there are more VMs than max_vms or more parked slots
+    # than warm_vms; never a VM that may serve.
+    excess = live - spec.max_vms
+    parked = sorted((s for s in slots.values() if s.role == WARM and s.phase == PARKED and s.microvm_id
+                     and (seen.get(s.microvm_id) or Observed("", "", 0)).state == "SUSPENDED"),
+                    key=lambda s: (not s.draining, -(s.vm_started_at or 0)))
+    for slot in parked:
+        if slot.ending and slot.end_requested_at is not None and now - slot.end_requested_at < CONSISTENCY_SECONDS:
+            excess -= 0 if slot.draining else 1  # asked already; the list has not caught up
+            continue
+        if slot.draining or excess > 0:
+            reason = "surplus_parked_slot" if slot.draining else "above_max_vms"
+            slot.ending = reason
+            intents.append(Intent("terminate", slot.slot_id, slot.microvm_id, reason=reason))
+            if not slot.draining:
+                excess -= 1
+
+    # 6. Runs: slots without a VM, successors before expiry, rollouts.
     runs: list[Intent] = []
     successors: list[Intent] = []
-    def order(slot: Slot) -> tuple[int, int, str]:
-        # base-0, warm-0, base-1, warm-1...: every fleet gets its first parked slot early, so
-        # parking (SuspendMicrovm, the tightest quota) overlaps with the runs instead of trailing.
-        index = int(slot.slot_id.rsplit("-", 1)[-1]) if slot.slot_id.rsplit("-", 1)[-1].isdigit() else 0
-        return (index, slot.role != BASE, slot.slot_id)
-
-    for slot in sorted(slots.values(), key=order):
-        if slot.role == MEMBER or slot.phase == DEAD:
+    wake_at: Optional[float] = None
+    ordered = sorted(slots.values(), key=lambda s: slot_order(s.slot_id, s.role))
+    for slot in ordered:
+        if slot.role == MEMBER or slot.phase == DEAD or slot.draining:
             continue
-        if slot.phase in (QUEUED, STARTING) and slot.microvm_id is None:
-            runs.append(Intent("run", slot.slot_id, role=slot.role))
+        if slot.microvm_id is None:
+            if slot.retry_at is not None and slot.retry_at > now:
+                wake_at = slot.retry_at if wake_at is None else min(wake_at, slot.retry_at)
+                continue
+            runs.append(Intent("run", slot.slot_id, role=slot.role, retry=_in_doubt(slot)))
             if slot.queued_at is not None and now - slot.queued_at > spec.admission_deadline_seconds and not noted(slot, "deadline"):
                 events.append(_event("admission_deadline_exceeded", slot, waited=round(now - slot.queued_at, 3)))
                 note(slot, "deadline")
             continue
-        expires = (slot.vm_started_at or now) + spec.max_lifetime_seconds
-        ready = slot.phase in (RUNNING, PARKED)
         current = seen.get(slot.microvm_id or "")
+        expires = (slot.vm_started_at if slot.vm_started_at is not None else now) + (slot.lifetime or spec.max_lifetime_seconds)
+        ready = slot.phase in (RUNNING, PARKED)
         outdated = bool(spec.image_version and current and current.image_version
                         and current.image_version != spec.image_version)
         if ready and slot.retiring_id is None:
@@ -311,30 +496,115 @@ def plan(spec: FleetSpec, ledger: Mapping[str, Slot], observed: Iterable[Observe
                 successors.append(Intent("run", slot.slot_id, slot.microvm_id, role=slot.role, successor=True,
                                          reason="image_version", priority=2 if slot.role == WARM else 3))
                 if not noted(slot, "outdated"):
-                    events.append(_event("vm_outdated", slot, version=current.image_version,
-                                         wanted=spec.image_version))
+                    events.append(_event("vm_outdated", slot, version=current.image_version, wanted=spec.image_version))
                     note(slot, "outdated")
         if slot.role == WARM and slot.retiring_id and slot.phase == PARKED:
             retiring = seen.get(slot.retiring_id)
             if retiring is not None and retiring.state in ("SUSPENDING", "SUSPENDED"):
                 intents.append(Intent("terminate", slot.slot_id, slot.retiring_id, reason="replaced_parked_slot"))
     successors.sort(key=lambda i: i.priority)
-    intents = describes + intents + runs + successors
 
-    live = sum(1 for o in seen.values() if o.state in LIVE)
+    # 7. Base slots before parked ones when there is not room for every run; a base slot with no
+    # room at all takes a parked VM (its own VM ended, or shortly before its VM ends): min_vms
+    # never dips because the parked pool does, for a moment, instead.
+    headroom = spec.max_vms - live
+    handovers: list[Intent] = []
+    donors = [s for s in parked if not s.ending and not s.draining and s.retiring_id is None]
+    new_runs = [r for r in runs if not r.retry]
+    if len(new_runs) > headroom:
+        runs.sort(key=lambda r: (r.retry is False, r.role != BASE))
+        for intent in [r for r in runs if not r.retry and r.role == BASE][max(0, headroom):]:
+            slot = slots[intent.slot_id]
+            if not donors or slot.phase == STARTING:
+                break
+            donor = max(donors, key=lambda d: (d.vm_started_at or 0) + (d.lifetime or spec.max_lifetime_seconds))
+            donors.remove(donor)
+            runs.remove(intent)
+            handovers.append(Intent("resume", slot.slot_id, donor.microvm_id, role=BASE, reason="handover",
+                                    donor=donor.slot_id))
+    headroom -= len([r for r in runs if not r.retry])
+    for intent in list(successors):
+        if headroom > 0:
+            headroom -= 1  # this successor runs a VM of its own (budget permitting)
+            continue
+        slot = slots[intent.slot_id]
+        expires = (slot.vm_started_at or now) + (slot.lifetime or spec.max_lifetime_seconds)
+        if intent.role != BASE or intent.reason != "expiring":
+            continue
+        if expires - now > HANDOVER_LEAD_SECONDS:
+            at = expires - HANDOVER_LEAD_SECONDS
+            wake_at = at if wake_at is None else min(wake_at, at)
+            continue
+        life = spec.max_lifetime_seconds
+        usable = [d for d in donors if (d.vm_started_at or now) + (d.lifetime or life) - now > spec.successor_lead_seconds]
+        if not usable:
+            # No headroom, nothing parked (max_vms == min_vms, say): replace it the moment it ends.
+            at = expires + EXPIRY_WAKE_SECONDS
+            wake_at = at if wake_at is None else min(wake_at, at)
+            continue
+        donor = max(usable, key=lambda d: (d.vm_started_at or 0) + (d.lifetime or life))
+        donors.remove(donor)
+        successors.remove(intent)
+        handovers.append(Intent("resume", slot.slot_id, donor.microvm_id, role=BASE, successor=True,
+                                reason="handover", donor=donor.slot_id))
+
+    intents = handovers + intents + runs + successors
+
     base = [s for s in slots.values() if s.role == BASE]
     warm = [s for s in slots.values() if s.role == WARM]
+    dead = sum(1 for s in slots.values() if s.phase == DEAD)
+    stray_ages = [now - float(e["first_seen"]) for e in tracked.values()]
     gauges = {
         "DesiredBaseVMs": spec.min_vms,
         "LiveBaseVMs": sum(1 for s in base if _base_live(s, seen)),
         "DesiredParkedSlots": spec.warm_vms,
-        "ParkedSlots": sum(1 for s in warm if s.phase == PARKED),
+        "ParkedSlots": sum(1 for s in warm if s.phase == PARKED and not s.draining),
         "Members": sum(1 for s in slots.values() if s.role == MEMBER),
         "LiveVMs": live,
-        "Deficit": len(runs) + sum(1 for s in slots.values() if s.phase == DEAD),
-        "DeadLetteredSlots": sum(1 for s in slots.values() if s.phase == DEAD),
+        "InDoubtRuns": len(in_doubt),
+        "Deficit": sum(1 for r in runs if not r.retry) + dead,
+        "DeadLetteredSlots": dead,
+        "StrayVMs": len(tracked),
+        "OldestStrayAge": round(max(stray_ages), 3) if stray_ages else 0.0,
     }
-    return Plan(slots, intents, events, gauges, live, wake_soon)
+    if pending_since:
+        # Poll as PENDING usually ends (measured: about 2 s), then less often for slow starts
+        # (a fresh image version's first launches take up to a minute).
+        poll = now + max(PENDING_POLL_SECONDS, (now - max(pending_since)) / 2)
+        wake_at = poll if wake_at is None else min(wake_at, poll)
+    return Plan(slots, intents, events, gauges, live, wake_soon, tracked, wake_at, pending_ids)
+
+
+def _requeue(slot: Slot, reason: str, now: float) -> None:
+    """The slot wants a new VM: a new generation (a new client token), nothing pinned."""
+    slot.generation += 1
+    slot.phase, slot.microvm_id, slot.queued_at, slot.requested_at = QUEUED, None, now, None
+    slot.vm_started_at, slot.reason, slot.noted, slot.parking_since = None, reason, None, None
+    slot.request, slot.lifetime, slot.in_doubt_since, slot.ending, slot.handover_from = None, None, None, None, None
+    slot.end_requested_at = None
+
+
+def handover(base: Slot, donor: Slot, now: float) -> tuple[Slot, Slot]:
+    """A base slot takes a warm slot's parked VM (written before ResumeMicrovm is called): the
+    only way a VM changes slots, and always between two slots of this ledger, explicitly."""
+    base, donor = copy.copy(base), copy.copy(donor)
+    if base.microvm_id:
+        base.retiring_id = base.microvm_id
+    base.microvm_id = donor.microvm_id
+    base.generation += 1
+    base.request, base.in_doubt_since, base.errors = None, None, 0
+    base.vm_started_at, base.lifetime = donor.vm_started_at, donor.lifetime
+    base.phase, base.requested_at, base.handover_from, base.parking_since = STARTING, now, donor.slot_id, None
+    _requeue(donor, "handed_to_" + base.slot_id, now)
+    return base, donor
+
+
+def _in_doubt(slot: Slot) -> bool:
+    """A RunMicrovm of the slot's generation may have made a VM nobody has the ID of: its answer
+    was lost (an ambiguous error), or the tick that sent it died or lost its lease before writing
+    the answer down (the slot is still STARTING). Such a slot counts as live and asks again with
+    the same token, which returns that VM if it exists."""
+    return slot.in_doubt_since is not None or (slot.phase == STARTING and slot.requested_at is not None)
 
 
 def noted(slot: Slot, reason: str) -> bool:
@@ -351,23 +621,39 @@ def _base_live(slot: Slot, seen: Mapping[str, Observed]) -> bool:
     replacing still runs."""
     current = seen.get(slot.microvm_id or "")
     retiring = seen.get(slot.retiring_id or "")
-    return (slot.phase == RUNNING and current is not None and current.state in LIVE) or (
+    return (slot.phase == RUNNING and (current is None or current.state in LIVE)) or (
         retiring is not None and retiring.state in LIVE
     )
 
 
-def admit_run(slot: Slot, intent: Intent, now: float) -> Slot:
+def admit_run(spec: FleetSpec, slot: Slot, intent: Intent, now: float) -> Slot:
     """The ledger change written *before* RunMicrovm is called, so a step killed right after the
-    call leaves a slot the next step finishes with the same client token."""
+    call leaves a slot the next step finishes with the same client token and parameters."""
     slot = copy.copy(slot)
     if intent.successor:
         slot.retiring_id, slot.microvm_id = slot.microvm_id, None
         slot.generation += 1
         slot.queued_at = now
+        slot.request = None
+        slot.in_doubt_since = None
+    if slot.request is None:
+        # Pinned for the generation: a retry with the token must send the same parameters, or the
+        # service answers Conflict and the VM the first call made belongs to nobody.
+        first = slot.generation == 0 and not intent.successor
+        lifetime = first_lifetime(spec, slot.slot_id, slot.role) if first else spec.max_lifetime_seconds
+        slot.request = spec.run_parameters(slot.role, lifetime)
+    slot.lifetime = int(slot.request.get("maximumDurationInSeconds") or spec.max_lifetime_seconds)
     slot.phase = STARTING
     slot.requested_at = now
     slot.noted = None
+    slot.retry_at = None
+    slot.parking_since = None  # of the previous VM: never of this one
     return slot
+
+
+def retry_delay(errors: int) -> float:
+    """Backoff of a slot after ``errors`` failed RunMicrovm calls in a row."""
+    return min(RETRY_CAP_SECONDS, RETRY_BASE_SECONDS * 4 ** max(0, errors - 1))
 
 
 def _since(start: Optional[float], now: float) -> Optional[float]:

@@ -6,10 +6,15 @@ Configuration comes from the environment the construct sets:
 ``IDLE_SECONDS`` (optional), ``EXECUTION_ROLE_ARN`` (optional), ``LEDGER_TABLE``,
 ``BUDGET_TABLE``, ``BUDGETS`` (JSON ``{operation: [rate, burst]}``), ``DEAD_LETTER_QUEUE_URL``,
 ``SUCCESSOR_LEAD_SECONDS``, ``MAX_START_ATTEMPTS``, ``MAX_STARTS_PER_STEP``, ``TICK_SECONDS``,
-``IMAGE_VERSION`` (the version to roll onto), ``BASE_ROLLOUT`` (``on_expiry`` or ``rolling``).
+``IMAGE_VERSION`` (the version to roll onto), ``BASE_ROLLOUT`` (``on_expiry`` or ``rolling``),
+``SHARED_WITH`` (JSON list of the other fleets on the image, whose ledger items in the same table
+say which VMs are theirs), ``TERMINATE_STRAYS`` (``1``: end idle foreign VMs),
+``STRAY_GRACE_SECONDS``.
 
 The Lambda Python runtime's bundled botocore may predate ``lambda-microvms`` (botocore 1.43.35):
 the service model ships with this function (``data/``) and is put first on botocore's search path.
+Clients make one attempt per call: the reconciler's own budget and backoff decide retries, and
+every call it makes is one the budget admitted and the metrics count.
 
 Events: the scheduler's ``{"source": "schedule", ...}`` runs a tick; ``{"action": "redrive"}``
 resets dead-lettered slots to queued; anything else runs a tick on demand.
@@ -24,13 +29,22 @@ from typing import Any, Optional
 
 import boto3
 import botocore.session
+from botocore.config import Config
 
 from .budget import DynamoDBBudget
 from .core import DEAD, QUEUED, FleetSpec
-from .ledger import DynamoDBLedger
+from .ledger import DynamoDBLedger, FencedOut
 from .tick import Reconciler
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
+#: One attempt per MicroVMs call (botocore's ``total_max_attempts`` counts the first one):
+#: a 429 or 500 comes back to the reconciler, which decides, under the shared budget.
+MICROVMS_CONFIG = Config(retries={"total_max_attempts": 1, "mode": "standard"}, connect_timeout=5, read_timeout=15)
+#: The stores: a few quick attempts (throttling of the tables is rare and retrying it is safe:
+#: every write is conditional), and timeouts so a hung store cannot hold the tick.
+STORE_CONFIG = Config(retries={"total_max_attempts": 3, "mode": "standard"}, connect_timeout=3, read_timeout=5)
+#: Seconds a tick leaves before the invocation's own timeout.
+DEADLINE_MARGIN_SECONDS = 8.0
 
 
 def session() -> boto3.Session:
@@ -64,29 +78,36 @@ def spec_from_env(env: Optional[dict[str, str]] = None) -> FleetSpec:
         max_starts_per_step=int(number("MAX_STARTS_PER_STEP", 10)),
         image_version=env.get("IMAGE_VERSION") or None,
         base_rollout=env.get("BASE_ROLLOUT") or "on_expiry",
+        shared_image=bool(json.loads(env.get("SHARED_WITH") or "[]")),
+        terminate_strays=env.get("TERMINATE_STRAYS") == "1",
+        stray_grace_seconds=number("STRAY_GRACE_SECONDS", 3600.0),
     )
+
+
+def telemetry_for(fleet: str) -> Any:
+    """Powertools when its layer is there; otherwise EMF and JSON lines of our own, same format."""
+    try:
+        from .telemetry import PowertoolsTelemetry
+
+        return PowertoolsTelemetry(fleet)
+    except ImportError:
+        # The Powertools layer is missing (a wrong ARN, a region without it): keep ticking and
+        # keep telling, in the same format.
+        from .telemetry import EmfTelemetry
+
+        return EmfTelemetry(fleet)
 
 
 def build(env: Optional[dict[str, str]] = None, telemetry: Any = None) -> Reconciler:
     """A reconciler for the fleet the environment names."""
     env = dict(os.environ if env is None else env)
     aws = session()
-    dynamodb = aws.client("dynamodb")
+    dynamodb = aws.client("dynamodb", config=STORE_CONFIG)
     budgets = {k: tuple(v) for k, v in json.loads(env.get("BUDGETS") or "{}").items()}
     spec = spec_from_env(env)
-    if telemetry is None:
-        try:
-            from .telemetry import PowertoolsTelemetry
-
-            telemetry = PowertoolsTelemetry(spec.fleet)
-        except ImportError:
-            # The Powertools layer is missing (a wrong ARN, a region without it): keep ticking and
-            # keep telling, in the same format.
-            from .telemetry import EmfTelemetry
-
-            telemetry = EmfTelemetry(spec.fleet)
+    telemetry = telemetry if telemetry is not None else telemetry_for(spec.fleet)
     queue_url = env.get("DEAD_LETTER_QUEUE_URL")
-    sqs = aws.client("sqs") if queue_url else None
+    sqs = aws.client("sqs", config=STORE_CONFIG) if queue_url else None
 
     def dead_letter(record: dict[str, Any]) -> None:
         if sqs is not None:
@@ -94,26 +115,40 @@ def build(env: Optional[dict[str, str]] = None, telemetry: Any = None) -> Reconc
 
     return Reconciler(
         spec=spec,
-        microvms=aws.client("lambda-microvms"),
+        microvms=aws.client("lambda-microvms", config=MICROVMS_CONFIG),
         ledger=DynamoDBLedger(dynamodb, env["LEDGER_TABLE"]),
         budget=DynamoDBBudget(dynamodb, env["BUDGET_TABLE"], budgets),
         telemetry=telemetry,
         dead_letters=dead_letter,
+        siblings=tuple(json.loads(env.get("SHARED_WITH") or "[]")),
     )
 
 
-def redrive(reconciler: Reconciler) -> dict[str, Any]:
-    """Reset dead-lettered slots so the next step tries them again."""
-    slots, _ = reconciler.ledger.load(reconciler.spec.fleet)
+def redrive(reconciler: Reconciler, lease_seconds: float = 60.0) -> dict[str, Any]:
+    """Reset dead-lettered slots so the next step tries them again (under the tick lease)."""
+    fleet = reconciler.spec.fleet
+    if not reconciler.begin_tick(lease_seconds, lease_seconds):
+        return {"fleet": fleet, "skipped": "tick_in_progress"}
     reset = []
-    for slot in slots.values():
-        if slot.phase == DEAD:
-            slot.phase, slot.attempts, slot.reason, slot.noted = QUEUED, 0, "redriven", None
-            slot.generation += 1
-            reconciler.ledger.save(reconciler.spec.fleet, slot)
-            reset.append(slot.slot_id)
-    reconciler.telemetry.event(reconciler.spec.fleet, {"event": "slots_redriven", "slots": reset})
-    return {"fleet": reconciler.spec.fleet, "redriven": reset}
+    try:
+        slots, _ = reconciler.ledger.load(fleet)
+        changed = []
+        for slot in slots.values():
+            if slot.phase == DEAD:
+                slot.phase, slot.errors, slot.crashes, slot.reason, slot.noted = QUEUED, 0, 0, "redriven", None
+                slot.dead_kind, slot.retry_at = None, None
+                if slot.in_doubt_since is None:
+                    slot.generation += 1  # in doubt, the same token first: it may have made a VM
+                    slot.request = None
+                changed.append(slot)
+                reset.append(slot.slot_id)
+        reconciler.ledger.write(fleet, reconciler.fence, puts=changed)
+        reconciler.telemetry.event(fleet, {"event": "slots_redriven", "slots": reset})
+    except FencedOut:
+        return {"fleet": fleet, "skipped": "lease_lost"}
+    finally:
+        reconciler.end_tick()
+    return {"fleet": fleet, "redriven": reset}
 
 
 _RECONCILER: Optional[Reconciler] = None
@@ -129,5 +164,7 @@ def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
     if isinstance(event, dict) and event.get("action") == "redrive":
         return redrive(reconciler)
     remaining = context.get_remaining_time_in_millis() / 1000 if context is not None else 60.0
-    deadline = min(float(os.environ.get("TICK_SECONDS", "50")), max(1.0, remaining - 5))
-    return reconciler.tick(deadline_seconds=deadline, lease_seconds=remaining + 30)
+    deadline = min(float(os.environ.get("TICK_SECONDS", "50")), max(1.0, remaining - DEADLINE_MARGIN_SECONDS))
+    # The lease covers the whole invocation; past it, the fence (not the clock) keeps a late
+    # tick from writing or calling.
+    return reconciler.tick(deadline_seconds=deadline, lease_seconds=remaining + 5)

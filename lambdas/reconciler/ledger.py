@@ -1,11 +1,17 @@
-"""The slot ledger: one item per slot, a tick lease, and cumulative counters, per fleet.
+"""The slot ledger: one item per slot, a fenced tick lease, and the fleet's counters, per fleet.
 
 DynamoDB layout (partition key ``fleet``, sort key ``key``):
 
 * ``slot#<slot id>``: ``doc`` = the slot as JSON (see :class:`.core.Slot`);
-* ``#tick``: the tick lease (``holder``, ``expires_at``): one tick of a fleet at a time;
+* ``#tick``: the tick lease: ``holder``, ``expires_at`` and ``fence``, a counter every
+  acquisition increments. The newest tick always takes the lease (it has the latest deadline; a
+  killed tick's lease must not hold the fleet back), and every ledger write of a tick is a
+  transaction conditioned on the ``fence`` it acquired: an older tick (a duplicate delivery, a
+  hung or skewed one) fails its next write with :class:`FencedOut` and stops, before its next
+  RunMicrovm, resume or terminate (each is written down first). No clock is compared.
 * ``#stats``: ``epoch`` (part of every client token, so a re-created ledger never reuses a token
-  of an earlier one), ``run_attempts`` and ``slots_filled`` (retry amplification).
+  of an earlier one), ``run_attempts`` and ``slots_filled`` (retry amplification), ``spec`` (the
+  fingerprint of the spec the last tick ran) and ``strays`` (foreign VMs seen, as JSON).
 """
 
 from __future__ import annotations
@@ -13,50 +19,79 @@ from __future__ import annotations
 import json
 import secrets
 import threading
-from typing import Any, Optional
+from typing import Any, Iterable, Optional
 
 from .core import Slot
 
 
+class FencedOut(Exception):
+    """Another tick took the fleet's lease: this one must stop writing and calling."""
+
+
+def _new_stats() -> dict[str, Any]:
+    return {"epoch": secrets.token_hex(4), "run_attempts": 0, "slots_filled": 0, "spec": None, "strays": {}}
+
+
 class MemoryLedger:
-    """The ledger in one process (tests and the benchmark)."""
+    """The ledger in one process (tests and the benchmark), with the same fencing."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._slots: dict[str, dict[str, dict[str, Any]]] = {}
-        self._leases: dict[str, tuple[str, float]] = {}
+        self._leases: dict[str, dict[str, Any]] = {}
         self._stats: dict[str, dict[str, Any]] = {}
 
-    def acquire_tick(self, fleet: str, holder: str, now: float, lease_seconds: float) -> bool:
+    def acquire_tick(self, fleet: str, holder: str, now: float, lease_seconds: float) -> Optional[int]:
+        """The lease and its new fence token (taken over from any earlier holder)."""
         with self._lock:
-            current = self._leases.get(fleet)
-            if current and current[0] != holder and current[1] > now:
-                return False
-            self._leases[fleet] = (holder, now + lease_seconds)
-            return True
+            lease = self._leases.setdefault(fleet, {"holder": None, "expires_at": 0.0, "fence": 0})
+            lease.update(holder=holder, expires_at=now + lease_seconds, fence=lease["fence"] + 1)
+            return lease["fence"]
 
     def release_tick(self, fleet: str, holder: str) -> None:
         with self._lock:
-            if self._leases.get(fleet, ("",))[0] == holder:
-                del self._leases[fleet]
+            lease = self._leases.get(fleet)
+            if lease and lease["holder"] == holder:
+                lease.update(holder=None, expires_at=0.0)
+
+    def _check(self, fleet: str, fence: Optional[int]) -> None:
+        if fence is not None and self._leases.get(fleet, {}).get("fence") != fence:
+            raise FencedOut(fleet)
 
     def load(self, fleet: str) -> tuple[dict[str, Slot], dict[str, Any]]:
         with self._lock:
             slots = {k: Slot.from_dict(v) for k, v in self._slots.get(fleet, {}).items()}
-            stats = self._stats.setdefault(fleet, {"epoch": secrets.token_hex(4), "run_attempts": 0, "slots_filled": 0})
-            return slots, dict(stats)
+            stats = self._stats.setdefault(fleet, _new_stats())
+            return slots, json.loads(json.dumps(stats))
 
-    def save(self, fleet: str, slot: Slot) -> None:
+    def load_vm_ids(self, fleets: Iterable[str]) -> set[str]:
+        """VM IDs the slots of other fleets hold (fleets sharing an image)."""
         with self._lock:
-            self._slots.setdefault(fleet, {})[slot.slot_id] = slot.to_dict()
+            return {i for f in fleets for d in self._slots.get(f, {}).values()
+                    for i in (d.get("microvm_id"), d.get("retiring_id")) if i}
 
-    def delete(self, fleet: str, slot_id: str) -> None:
+    def write(self, fleet: str, fence: Optional[int], puts: Iterable[Slot] = (), deletes: Iterable[str] = (),
+              meta: Optional[dict[str, Any]] = None) -> None:
+        """Slots and metadata in one write, only while ``fence`` is the lease's."""
         with self._lock:
-            self._slots.get(fleet, {}).pop(slot_id, None)
+            self._check(fleet, fence)
+            table = self._slots.setdefault(fleet, {})
+            for slot in puts:
+                table[slot.slot_id] = slot.to_dict()
+            for slot_id in deletes:
+                table.pop(slot_id, None)
+            if meta:
+                self._stats.setdefault(fleet, _new_stats()).update(json.loads(json.dumps(meta)))
+
+    def save(self, fleet: str, slot: Slot, fence: Optional[int] = None) -> None:
+        self.write(fleet, fence, puts=[slot])
+
+    def delete(self, fleet: str, slot_id: str, fence: Optional[int] = None) -> None:
+        self.write(fleet, fence, deletes=[slot_id])
 
     def add_stats(self, fleet: str, **deltas: int) -> None:
         with self._lock:
-            stats = self._stats.setdefault(fleet, {"epoch": secrets.token_hex(4), "run_attempts": 0, "slots_filled": 0})
+            stats = self._stats.setdefault(fleet, _new_stats())
             for key, value in deltas.items():
                 stats[key] = stats.get(key, 0) + value
 
@@ -84,75 +119,125 @@ class DynamoDBLedger:
     def _key(self, fleet: str, key: str) -> dict[str, Any]:
         return {"fleet": {"S": fleet}, "key": {"S": key}}
 
-    def acquire_tick(self, fleet: str, holder: str, now: float, lease_seconds: float) -> bool:
-        try:
-            self._ddb.put_item(
-                TableName=self._table,
-                Item={**self._key(fleet, "#tick"), "holder": {"S": holder}, "expires_at": {"N": repr(now + lease_seconds)}},
-                ConditionExpression="attribute_not_exists(fleet) OR expires_at < :now OR holder = :holder",
-                ExpressionAttributeValues={":now": {"N": repr(now)}, ":holder": {"S": holder}},
-            )
-            return True
-        except self._ddb.exceptions.ConditionalCheckFailedException:
-            return False
+    def acquire_tick(self, fleet: str, holder: str, now: float, lease_seconds: float) -> Optional[int]:
+        """The lease and its new fence token (one UpdateItem), taken over from any earlier
+        holder: the fence, not the clock, decides who may write (``expires_at`` only informs)."""
+        result = self._ddb.update_item(
+            TableName=self._table,
+            Key=self._key(fleet, "#tick"),
+            UpdateExpression="SET holder = :holder, expires_at = :expires ADD fence :one",
+            ExpressionAttributeValues={":holder": {"S": holder}, ":expires": {"N": repr(now + lease_seconds)},
+                                       ":one": {"N": "1"}},
+            ReturnValues="UPDATED_NEW",
+        )
+        return int(result["Attributes"]["fence"]["N"])
 
     def release_tick(self, fleet: str, holder: str) -> None:
         try:
-            self._ddb.delete_item(
+            self._ddb.update_item(
                 TableName=self._table,
                 Key=self._key(fleet, "#tick"),
+                UpdateExpression="REMOVE holder SET expires_at = :zero",
                 ConditionExpression="holder = :holder",
-                ExpressionAttributeValues={":holder": {"S": holder}},
+                ExpressionAttributeValues={":holder": {"S": holder}, ":zero": {"N": "0"}},
             )
         except self._ddb.exceptions.ConditionalCheckFailedException:
-            pass
+            pass  # taken over already: the fence keeps the other tick safe
+
+    def _query(self, fleet: str, prefix: Optional[str] = None) -> list[dict[str, Any]]:
+        kwargs: dict[str, Any] = {
+            "TableName": self._table,
+            "KeyConditionExpression": "fleet = :fleet" + (" AND begins_with(#k, :prefix)" if prefix else ""),
+            "ExpressionAttributeValues": {":fleet": {"S": fleet}, **({":prefix": {"S": prefix}} if prefix else {})},
+            "ConsistentRead": True,
+        }
+        if prefix:
+            kwargs["ExpressionAttributeNames"] = {"#k": "key"}
+        items: list[dict[str, Any]] = []
+        while True:
+            page = self._ddb.query(**kwargs)
+            items += page.get("Items", [])
+            if "LastEvaluatedKey" not in page:
+                return items
+            kwargs["ExclusiveStartKey"] = page["LastEvaluatedKey"]
 
     def load(self, fleet: str) -> tuple[dict[str, Slot], dict[str, Any]]:
         slots: dict[str, Slot] = {}
         stats: Optional[dict[str, Any]] = None
-        kwargs: dict[str, Any] = {
-            "TableName": self._table,
-            "KeyConditionExpression": "fleet = :fleet",
-            "ExpressionAttributeValues": {":fleet": {"S": fleet}},
-            "ConsistentRead": True,
-        }
-        while True:
-            page = self._ddb.query(**kwargs)
-            for item in page.get("Items", []):
-                key = item["key"]["S"]
-                if key.startswith("slot#"):
-                    slot = Slot.from_dict(json.loads(item["doc"]["S"]))
-                    slots[slot.slot_id] = slot
-                elif key == "#stats":
-                    stats = {
-                        "epoch": item["epoch"]["S"],
-                        "run_attempts": int(item.get("run_attempts", {}).get("N", 0)),
-                        "slots_filled": int(item.get("slots_filled", {}).get("N", 0)),
-                    }
-            if "LastEvaluatedKey" not in page:
-                break
-            kwargs["ExclusiveStartKey"] = page["LastEvaluatedKey"]
+        for item in self._query(fleet):
+            key = item["key"]["S"]
+            if key.startswith("slot#"):
+                slot = Slot.from_dict(json.loads(item["doc"]["S"]))
+                slots[slot.slot_id] = slot
+            elif key == "#stats":
+                stats = {
+                    "epoch": item["epoch"]["S"],
+                    "run_attempts": int(item.get("run_attempts", {}).get("N", 0)),
+                    "slots_filled": int(item.get("slots_filled", {}).get("N", 0)),
+                    "spec": item.get("spec", {}).get("S"),
+                    "strays": json.loads(item.get("strays", {}).get("S", "{}")),
+                }
         if stats is None:
-            epoch = secrets.token_hex(4)
+            stats = _new_stats()
             try:
                 self._ddb.put_item(
                     TableName=self._table,
-                    Item={**self._key(fleet, "#stats"), "epoch": {"S": epoch}},
+                    Item={**self._key(fleet, "#stats"), "epoch": {"S": stats["epoch"]}},
                     ConditionExpression="attribute_not_exists(fleet)",
                 )
             except self._ddb.exceptions.ConditionalCheckFailedException:
                 return self.load(fleet)
-            stats = {"epoch": epoch, "run_attempts": 0, "slots_filled": 0}
         return slots, stats
 
-    def save(self, fleet: str, slot: Slot) -> None:
-        self._ddb.put_item(
-            TableName=self._table,
-            Item={**self._key(fleet, f"slot#{slot.slot_id}"), "doc": {"S": json.dumps(slot.to_dict(), sort_keys=True)}},
-        )
+    def load_vm_ids(self, fleets: Iterable[str]) -> set[str]:
+        """VM IDs the slots of other fleets hold (fleets sharing an image; read only)."""
+        out: set[str] = set()
+        for fleet in fleets:
+            for item in self._query(fleet, "slot#"):
+                doc = json.loads(item["doc"]["S"])
+                out |= {i for i in (doc.get("microvm_id"), doc.get("retiring_id")) if i}
+        return out
 
-    def delete(self, fleet: str, slot_id: str) -> None:
-        self._ddb.delete_item(TableName=self._table, Key=self._key(fleet, f"slot#{slot_id}"))
+    def write(self, fleet: str, fence: Optional[int], puts: Iterable[Slot] = (), deletes: Iterable[str] = (),
+              meta: Optional[dict[str, Any]] = None) -> None:
+        """Slots and metadata in one transaction, conditioned on the tick's fence."""
+        actions: list[dict[str, Any]] = []
+        for slot in puts:
+            actions.append({"Put": {"TableName": self._table, "Item": {
+                **self._key(fleet, f"slot#{slot.slot_id}"), "doc": {"S": json.dumps(slot.to_dict(), sort_keys=True)}}}})
+        for slot_id in deletes:
+            actions.append({"Delete": {"TableName": self._table, "Key": self._key(fleet, f"slot#{slot_id}")}})
+        if meta:
+            names = {f"#m{i}": k for i, k in enumerate(meta)}
+            values = {f":m{i}": {"S": v if isinstance(v, str) else json.dumps(v, sort_keys=True)}
+                      for i, v in enumerate(meta.values())}
+            actions.append({"Update": {"TableName": self._table, "Key": self._key(fleet, "#stats"),
+                                       "UpdateExpression": "SET " + ", ".join(f"#m{i} = :m{i}" for i in range(len(meta))),
+                                       "ExpressionAttributeNames": names, "ExpressionAttributeValues": values}})
+        if not actions:
+            return
+        if fence is None:
+            for action in actions:
+                kind, body = next(iter(action.items()))
+                {"Put": self._ddb.put_item, "Delete": self._ddb.delete_item, "Update": self._ddb.update_item}[kind](**body)
+            return
+        check = {"ConditionCheck": {"TableName": self._table, "Key": self._key(fleet, "#tick"),
+                                    "ConditionExpression": "fence = :fence",
+                                    "ExpressionAttributeValues": {":fence": {"N": str(fence)}}}}
+        for start in range(0, len(actions), 99):  # 100 items per transaction, the check included
+            try:
+                self._ddb.transact_write_items(TransactItems=[check, *actions[start:start + 99]])
+            except self._ddb.exceptions.TransactionCanceledException as exc:
+                reasons = [r.get("Code") for r in exc.response.get("CancellationReasons", [])]
+                if reasons and reasons[0] == "ConditionalCheckFailed":
+                    raise FencedOut(fleet) from exc
+                raise
+
+    def save(self, fleet: str, slot: Slot, fence: Optional[int] = None) -> None:
+        self.write(fleet, fence, puts=[slot])
+
+    def delete(self, fleet: str, slot_id: str, fence: Optional[int] = None) -> None:
+        self.write(fleet, fence, deletes=[slot_id])
 
     def add_stats(self, fleet: str, **deltas: int) -> None:
         if not deltas:

@@ -1,11 +1,17 @@
 """What the reconciler tells: a timeline of decisions (one structured log line each) and metrics in
 CloudWatch embedded metric format, namespace ``Rayito/Fleet``, dimension ``fleet`` (and
 ``operation`` for deferrals and throttles).
+
+Event fields never use a name ``logging.LogRecord`` reserves (``message``, ``name``, ``msg``,
+``args``, ...): Python's logging raises ``KeyError: "Attempt to overwrite 'message' in LogRecord"``
+on them, which under Powertools crashed the tick on its first API error. :func:`safe_fields`
+renames any such key (``message`` -> ``message_``) as a last line of defence.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import sys
 from collections import defaultdict
 from typing import Any, Optional
@@ -30,7 +36,24 @@ METRICS = {
     "RetryAmplification": "None",
     "Deferrals": "Count",
     "Throttles": "Count",
+    "InDoubtRuns": "Count",
+    "StrayVMs": "Count",
+    "OldestStrayAge": "Seconds",
+    "StraysTerminated": "Count",
 }
+
+#: Attributes of every ``logging.LogRecord`` (and what ``Logger.makeRecord`` refuses in ``extra``).
+RESERVED = frozenset(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {"message", "asctime"}
+
+
+def safe_fields(event: dict) -> dict:
+    """The event's fields, with any name logging reserves renamed (``message`` -> ``message_``)."""
+    return {(f"{k}_" if k in RESERVED else k): v for k, v in event.items()}
+
+
+def unit_of(name: str) -> str:
+    """The CloudWatch unit of a metric (``Seconds``, ``Count`` or ``None``)."""
+    return METRICS.get(name, "Count")
 
 
 class MemoryTelemetry:
@@ -42,6 +65,9 @@ class MemoryTelemetry:
         self.by_operation: dict[tuple[str, str], float] = defaultdict(float)
 
     def event(self, fleet: str, event: dict[str, Any]) -> None:
+        clash = RESERVED & (event.keys() - {"event"})
+        if clash:  # as strict as logging is under Powertools: a test sees the crash production would
+            raise KeyError(f"Attempt to overwrite {sorted(clash)!r} in LogRecord")
         self.events.append({"fleet": fleet, **event})
 
     def metric(self, fleet: str, name: str, value: float, operation: Optional[str] = None) -> None:
@@ -68,12 +94,10 @@ class PowertoolsTelemetry:
         self._fleet = fleet
 
     def event(self, fleet: str, event: dict[str, Any]) -> None:
-        self.logger.info(event["event"], extra={k: v for k, v in event.items() if k != "event"})
+        self.logger.info(event["event"], extra=safe_fields({k: v for k, v in event.items() if k != "event"}))
 
     def metric(self, fleet: str, name: str, value: float, operation: Optional[str] = None) -> None:
-        unit = getattr(self._unit, METRICS.get(name, "Count").upper().replace("NONE", "NoUnit"), self._unit.Count)
-        if name == "RetryAmplification":
-            unit = self._unit.NoUnit
+        unit = self._unit(unit_of(name))  # by value: MetricUnit("Seconds"), MetricUnit("None") = NoUnit
         if operation is None:
             self.metrics.add_metric(name=name, unit=unit, value=value)
             return
@@ -96,9 +120,9 @@ class EmfTelemetry:
         self._metrics: list[tuple[str, float, Optional[str]]] = []
 
     def event(self, fleet: str, event: dict[str, Any]) -> None:
+        fields = safe_fields({k: v for k, v in event.items() if k != "event"})
         self.out.write(json.dumps({"level": "INFO", "service": SERVICE, "fleet": fleet,
-                                   "message": event["event"], **{k: v for k, v in event.items() if k != "event"}},
-                                  default=str) + "\n")
+                                   "message": event["event"], **fields}, default=str) + "\n")
 
     def metric(self, fleet: str, name: str, value: float, operation: Optional[str] = None) -> None:
         self._metrics.append((name, value, operation))
@@ -112,7 +136,7 @@ class EmfTelemetry:
             record: dict[str, Any] = {
                 "_aws": {"Timestamp": int(_time.time() * 1000), "CloudWatchMetrics": [{
                     "Namespace": NAMESPACE, "Dimensions": [dimensions],
-                    "Metrics": [{"Name": name, "Unit": METRICS.get(name, "Count")}]}]},
+                    "Metrics": [{"Name": name, "Unit": unit_of(name)}]}]},
                 "fleet": self.fleet, "service": SERVICE, name: value,
             }
             if operation:

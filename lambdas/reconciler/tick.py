@@ -1,9 +1,25 @@
 """The reconciler's shell: observe, plan (pure, :mod:`.core`), then act under the shared budget.
 
-A *step* lists the fleet's VMs, reconciles the ledger, and makes the calls the plan asks for, each
-one admitted by the control-plane budget. A *tick* (one scheduled invocation) holds the fleet's
-tick lease and runs steps until nothing is left to do or its deadline comes, sleeping between
-steps for exactly as long as the budget or a pending VM asks.
+A *step* lists the fleet's VMs, asks GetMicrovm about VMs of ours the list missed, reconciles the
+ledger, and makes the calls the plan asks for, each one admitted by the control-plane budget. A
+*tick* (one scheduled invocation) holds the fleet's fenced tick lease and runs steps until nothing
+is left to do or its deadline comes, sleeping between steps for exactly as long as the budget, a
+slot's backoff or a pending VM asks.
+
+Errors of a RunMicrovm, by what they prove (docs/reconciler.md "Ownership"):
+
+* *definite* (the call made no VM): ``ThrottlingException`` (shared backoff, not the slot's fault),
+  ``ServiceQuotaExceededException`` and ``InsufficientCapacityException`` (shared backoff, a slot
+  error of kind ``service``), ``ValidationException``, ``ResourceNotFoundException``,
+  ``AccessDeniedException`` (a slot error of kind ``request``). The slot goes back to the queue.
+* ``ConflictException``: the token was used with other parameters, so it made a VM: when the
+  error names it (``resourceId``), that VM is the slot's; otherwise a new generation.
+* *ambiguous* (``InternalServerException``, any other 5xx, a timeout or a dropped connection):
+  the VM may exist. The slot is *in doubt*: it counts as live and retries with the same token
+  and parameters, which returns the VM the first call made, if it made one.
+
+Every slot error backs the slot off (2, 8, 32 s ...); ``max_start_attempts`` errors in a row
+dead-letter it, with the reason, in the dead-letter queue.
 """
 
 from __future__ import annotations
@@ -13,21 +29,37 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-from botocore.exceptions import ClientError
+from botocore.exceptions import BotoCoreError, ClientError
 
 from . import core
 from .budget import Deferral, Granted
+from .ledger import FencedOut
 
-PENDING_POLL_SECONDS = 5.0
+#: A step waiting for our own suspend or resume to show looks again after this long.
+TRANSITION_POLL_SECONDS = 5.0
 MIN_WAIT_SECONDS = 0.05
 #: A step that wakes for tokens it reserved acts on the list its reservation was made with, if
 #: that list is at most this old (with the VMs it started since): reserved calls then go out on
 #: time instead of waiting for a list of their own, which would bunch them up behind others'.
 OBSERVATION_TTL_SECONDS = 2.0
+#: GetMicrovm answers are reused within a tick for this long (a VM a list missed is asked once).
+CONFIRM_TTL_SECONDS = 20.0
+#: A step may look at the last list plus GetMicrovm answers this long after the list was made.
+PEEK_TTL_SECONDS = 12.0
+#: At most this many GetMicrovm peeks replace one ListMicrovms.
+MAX_PEEKS = 2
+#: At most this many GetMicrovm confirmations per step.
+MAX_CONFIRMS_PER_STEP = 25
+#: A ListMicrovms that failed on the service's side is asked again after this long in a tick.
+LIST_RETRY_SECONDS = 5.0
 QUOTA_BACKOFF_SECONDS = 60.0
-CAPACITY_BACKOFF_SECONDS = 30.0
+#: An offset between our clock and the service's Date beyond this is not believed.
+MAX_CLOCK_OFFSET_SECONDS = 300.0
+#: InsufficientCapacity is not measured; it is retried soon, by every reconciler together.
+CAPACITY_BACKOFF_SECONDS = 5.0
 BACKOFF_CODES = {"ThrottlingException", "ServiceQuotaExceededException", "InsufficientCapacityException"}
-SLOT_FAILURES = {"ValidationException", "ResourceNotFoundException", "AccessDeniedException"}
+REQUEST_FAILURES = {"ValidationException", "ResourceNotFoundException", "AccessDeniedException"}
+SERVICE_FAILURES = {"ServiceQuotaExceededException", "InsufficientCapacityException"}
 
 
 @dataclass
@@ -40,7 +72,9 @@ class StepResult:
 @dataclass
 class Reconciler:
     """One fleet's reconciler. ``microvms`` is a boto3 ``lambda-microvms`` client (or the
-    emulator's direct client); ``ledger`` and ``budget`` are the stores; ``clock`` returns now."""
+    emulator's direct client); ``ledger`` and ``budget`` are the stores; ``clock`` returns now.
+
+    ``siblings``: the other fleets whose ledgers (same table) hold VMs of a shared image."""
 
     spec: core.FleetSpec
     microvms: Any
@@ -48,24 +82,34 @@ class Reconciler:
     budget: Any
     telemetry: Any
     clock: Callable[[], float] = time.time
+    sleep: Callable[[float], None] = time.sleep
     dead_letters: Optional[Callable[[dict[str, Any]], None]] = None
     holder: str = field(default_factory=lambda: uuid.uuid4().hex)
+    siblings: tuple[str, ...] = ()
     api_calls: int = 0
+    fence: Optional[int] = None
     reserve_horizon: float = OBSERVATION_TTL_SECONDS
     _observation: Optional[tuple[float, list]] = None
     _demand: dict[str, int] = field(default_factory=dict)  # calls the last step had no token for
     _deadline: float = float("inf")
     _held: dict[str, list[float]] = field(default_factory=dict)  # operation -> [ready_at, tokens]
+    _confirmed: dict[str, tuple[float, Optional[core.Observed]]] = field(default_factory=dict)
+    _told: set = field(default_factory=set)  # strays told in this tick
+    _offset: float = 0.0  # the service's clock minus ours, from the Date of its answers
+    _peek_ids: list = field(default_factory=list)  # VMs the next step asks GetMicrovm about
 
     # ------------------------------------------------------------------ ticks and steps
 
-    def tick(self, deadline_seconds: float = 50.0, sleep: Callable[[float], None] = time.sleep,
+    def tick(self, deadline_seconds: float = 50.0, sleep: Optional[Callable[[float], None]] = None,
              lease_seconds: float = 120.0) -> dict[str, Any]:
         """One scheduled run: take the tick lease, step until done or the deadline, release."""
+        sleep = sleep or self.sleep
         start = self.clock()
         if not self.begin_tick(lease_seconds, deadline_seconds):
             return {"fleet": self.spec.fleet, "skipped": "tick_in_progress"}
         steps = 0
+        calls = self.api_calls
+        outcome: dict[str, Any] = {}
         try:
             while True:
                 result = self.step()
@@ -75,24 +119,34 @@ class Reconciler:
                 if self.clock() + result.wake_after > start + deadline_seconds:
                     break
                 sleep(result.wake_after)
+        except FencedOut:
+            outcome["lease_lost"] = True
+            self._emit({"event": "lease_lost", "reason": "another tick took the lease; this one stops"})
         finally:
             self.end_tick()
-        return {"fleet": self.spec.fleet, "steps": steps, "api_calls": self.api_calls}
+        return {"fleet": self.spec.fleet, "steps": steps, "api_calls": self.api_calls - calls, **outcome}
 
     def begin_tick(self, lease_seconds: float = 120.0, deadline_seconds: float = 50.0) -> bool:
-        """Take the fleet's tick lease; False (and a timeline line) when another tick holds it."""
+        """Take the fleet's tick lease, from a tick still holding it too: the newest invocation
+        has the latest deadline (and a killed one's lease must not hold the fleet back). The
+        older tick's next ledger write fails on the fence and it stops (``lease_lost``)."""
         holder = uuid.uuid4().hex  # each tick its own holder: a second tick of this object waits too
-        if self.ledger.acquire_tick(self.spec.fleet, holder, self.clock(), lease_seconds):
-            self.holder = holder
+        fence = self.ledger.acquire_tick(self.spec.fleet, holder, self.clock(), lease_seconds)
+        if fence:
+            self.holder, self.fence = holder, fence
             self._deadline = self.clock() + deadline_seconds
+            self._told = set()
+            self._confirmed = {}
             return True
         self._emit({"event": "tick_skipped", "reason": "another tick holds the lease"})
+        self.telemetry.flush()
         return False
 
     def end_tick(self) -> None:
         """Release the lease; reservations not used are given up with it."""
         self._held.clear()
         self._demand.clear()
+        self._peek_ids = []
         self._observation = None
         self._deadline = float("inf")
         self.ledger.release_tick(self.spec.fleet, self.holder)
@@ -100,7 +154,7 @@ class Reconciler:
 
     def step(self) -> StepResult:
         """Observe, plan, act. Returns when the next step is worth taking (None: not this tick)."""
-        now = self.clock()
+        now = self._now()
         fleet = self.spec.fleet
         # Calls the last step had no token for: reserve them before listing again, so a fleet
         # waiting for the shared budget does not spend a ListMicrovms on every try.
@@ -117,30 +171,52 @@ class Reconciler:
         ready = any(ready_at <= now + 1e-6 and n >= 1 for ready_at, n in self._held.values())
         if demand_waits and not ready:
             wait = min(demand_waits + [at - now for at, n in self._held.values() if n >= 1])
-            if now + wait >= self._deadline:
+            if self.clock() + wait >= self._deadline:
                 return StepResult(None)
             return StepResult(max(MIN_WAIT_SECONDS, wait))
         self._demand.clear()
         if ready and self._observation is not None and now - self._observation[0] <= OBSERVATION_TTL_SECONDS:
             observed = list(self._observation[1])
+        elif not ready and (peeked := self._peek(now)) is not None:
+            observed = peeked
         else:
             observed = self._list(now)
             if not isinstance(observed, Deferral):
                 self._observation = (now, list(observed))
         if isinstance(observed, Deferral):
             self._drop_due(now)  # reserved calls cannot wait for a list: given up, never sent late
-            if now + observed.retry_after_seconds >= self._deadline:
+            if self.clock() + observed.retry_after_seconds >= self._deadline:
                 return StepResult(None)  # no list before the deadline: the next tick
             return StepResult(max(MIN_WAIT_SECONDS, observed.retry_after_seconds))
         slots, stats = self.ledger.load(fleet)
-        plan = core.plan(self.spec, slots, observed, now)
-        self._persist(slots, plan.slots)
+        confirmed = self._confirm(slots, observed, now)
+        if confirmed:  # a get's answer is newer than the list's line about the same VM
+            known = {o.microvm_id for o in confirmed}
+            observed = [o for o in observed if o.microvm_id not in known] + confirmed
+        others = self.ledger.load_vm_ids(self.siblings) if self.siblings else set()
+        fingerprint = self.spec.fingerprint()
+        plan = core.plan(self.spec, slots, observed, now, others=others, strays=stats.get("strays") or {},
+                         redrive=stats.get("spec") not in (None, fingerprint))
+        meta: dict[str, Any] = {}
+        if stats.get("spec") != fingerprint:
+            meta["spec"] = fingerprint
+        if _stray_keys(plan.strays) != _stray_keys(stats.get("strays") or {}):
+            meta["strays"] = plan.strays
+        self._persist(slots, plan.slots, meta)
         for event in plan.events:
+            if event["event"] == "stray_vm" or event["event"] == "slot_dead_lettered":
+                self._told.add(event.get("microvm_id"))
             self._emit(event)
             if event.get("claim_to_complete") is not None:
                 self.telemetry.metric(fleet, "ClaimToComplete", event["claim_to_complete"])
-            if event["event"] == "slot_dead_lettered" and self.dead_letters:
-                self.dead_letters({"fleet": fleet, **event})
+            if event["event"] == "slot_dead_lettered":
+                self._dead_letter(event)
+        for vm_id, entry in sorted(plan.strays.items()):
+            if vm_id not in self._told:  # once per tick per stray: its id and age
+                self._told.add(vm_id)
+                self._emit({"event": "stray_vm", "microvm_id": vm_id, "state": entry.get("state"),
+                            "age": round(now - float(entry.get("started_at") or now), 3),
+                            "unowned_for": round(now - float(entry["first_seen"]), 3)})
         for name, value in plan.gauges.items():
             self.telemetry.metric(fleet, name, value)
         waits: list[float] = []
@@ -149,53 +225,71 @@ class Reconciler:
         runs = attempts = filled = 0
         runs_planned = sum(1 for i in plan.intents if i.kind == "run")
         slots = plan.slots
+        budget_out: set[str] = set()
         for intent in plan.intents:
             if intent.kind == "run":
                 slot = slots.get(intent.slot_id)
-                if slot is None:
+                if slot is None or "RunMicrovm" in budget_out:
                     continue
-                if live >= self.spec.max_vms:
+                if live >= self.spec.max_vms and not intent.retry:
                     self._note(slot, "max_vms_reached", intent)
                     continue
                 if runs >= width:
                     waits.append(0.0)
                     continue
-                want = max(1, min(runs_planned - runs, width - runs, self.spec.max_vms - live))
+                want = max(1, min(runs_planned - runs, width - runs, max(1, self.spec.max_vms - live)))
                 calls_before = self.api_calls
-                outcome = self._run(slot, intent, stats["epoch"], now, want)
+                outcome = self._run(slot, intent, stats["epoch"], now, want, slots)
                 attempts += self.api_calls - calls_before  # every RunMicrovm sent, failed ones too
                 if isinstance(outcome, Deferral):
                     waits.append(outcome.retry_after_seconds)
                     if outcome.reason == "budget_empty":
                         self._demand["RunMicrovm"] = want
-                    break  # the bucket is empty (or the service said no) for every run after this one
+                    budget_out.add("RunMicrovm")  # empty (or the service said no) for every run after this
+                    continue
                 runs += 1
                 if outcome == "started":
-                    live += 1
+                    if not intent.retry:
+                        live += 1
                     filled += 1
                     if slot.role == core.WARM:
-                        waits.append(PENDING_POLL_SECONDS)  # to park it once it runs
-                elif outcome == "retry":
-                    live += 1  # the VM may exist (a lost response): count it until a list says otherwise
-                    waits.append(1.0)
+                        waits.append(core.PENDING_POLL_SECONDS)  # to park it once it runs
+                elif outcome == "in_doubt":
+                    if not intent.retry:
+                        live += 1  # the VM may exist (a lost response): counted until proven
+                    waits.append(core.retry_delay(slots[intent.slot_id].errors))
+                elif outcome == "retry_later":
+                    waits.append(core.retry_delay(max(1, slots[intent.slot_id].errors)))
             else:
+                operation = _OPERATIONS[intent.kind][0]
+                if operation in budget_out:
+                    continue
                 want = sum(1 for i in plan.intents if i.kind == intent.kind)
                 decision = self._call(intent, now, want, slots)
                 if isinstance(decision, Deferral):
                     waits.append(decision.retry_after_seconds)
-                    if decision.reason == "budget_empty" and intent.kind == "suspend":
-                        self._demand["SuspendMicrovm"] = want
+                    budget_out.add(operation)
+                    if decision.reason == "budget_empty" and intent.kind in ("suspend", "terminate", "resume"):
+                        self._demand[operation] = want
         if attempts or filled:
             self.ledger.add_stats(fleet, run_attempts=attempts, slots_filled=filled)
             total_attempts = stats["run_attempts"] + attempts
             total_filled = stats["slots_filled"] + filled
             self.telemetry.metric(fleet, "RunMicrovmAttempts", attempts)
             self.telemetry.metric(fleet, "SlotsFilled", filled)
-            if total_filled:
-                self.telemetry.metric(fleet, "RetryAmplification", round(total_attempts / total_filled, 4))
+            # Attempts per slot filled since the ledger began; with nothing filled yet, the
+            # attempts themselves (30 minutes of 500s must show, not divide by zero).
+            self.telemetry.metric(fleet, "RetryAmplification", round(total_attempts / max(1, total_filled), 4))
         self._drop_due(now)
+        # Waking only for parked slots' PENDING VMs: the next step asks GetMicrovm about them (its
+        # own quota, 100/s) on top of this list, instead of listing again (ListMicrovms, 10/s,
+        # shared by every fleet, is what a fleet count of dozens waits on while converging).
+        only_pending = plan.pending_warm and not any(w != core.PENDING_POLL_SECONDS for w in waits)
+        self._peek_ids = list(plan.pending_warm) if only_pending and len(plan.pending_warm) <= MAX_PEEKS else []
         if plan.wake_soon:
-            waits.append(PENDING_POLL_SECONDS)
+            waits.append(TRANSITION_POLL_SECONDS)
+        if plan.wake_at is not None:
+            waits.append(max(0.0, plan.wake_at - now))
         # A floor on waits: float edges of the buckets must not turn into a busy loop.
         return StepResult(max(MIN_WAIT_SECONDS, min(waits)) if waits else None)
 
@@ -204,6 +298,89 @@ class Reconciler:
         would land on top of other reconcilers' on-time calls, a burst above the service quota."""
         for operation in [op for op, (ready, _) in self._held.items() if ready <= now + 1e-6]:
             del self._held[operation]
+
+    # ------------------------------------------------------------------ observing
+
+    def _confirm(self, slots: dict[str, core.Slot], observed: list[core.Observed], now: float) -> list[core.Observed]:
+        """GetMicrovm for VMs of ours the list did not show (old enough for the answer to mean
+        something): their state, ``GONE`` when the service no longer knows them, nothing (live,
+        unknown) when the get fails or the budget says wait."""
+        out: list[core.Observed] = []
+        asked = 0
+        for vm_id in core.to_confirm(slots, {o.microvm_id: o for o in observed}, now):
+            cached = self._confirmed.get(vm_id)
+            if cached is not None and now - cached[0] <= CONFIRM_TTL_SECONDS:
+                if cached[1] is not None:
+                    out.append(cached[1])
+                continue
+            if asked >= MAX_CONFIRMS_PER_STEP or isinstance(self._admit("GetMicrovm", now), Deferral):
+                continue
+            asked += 1
+            seen: Optional[core.Observed] = None
+            try:
+                vm = self._api("get_microvm", microvmIdentifier=vm_id)
+                seen = core.Observed(vm_id, vm["state"], _epoch(vm["startedAt"]), vm.get("imageVersion"),
+                                     vm.get("stateReason"))
+            except ClientError as exc:
+                if _code(exc) == "ResourceNotFoundException":
+                    seen = core.Observed(vm_id, core.GONE, 0.0, reason="not_found")
+                else:
+                    self._failed("GetMicrovm", exc, now)
+            except BotoCoreError as exc:
+                self._emit({"event": "api_error", "operation": "GetMicrovm", "code": type(exc).__name__})
+            self._confirmed[vm_id] = (now, seen)
+            if seen is not None:
+                out.append(seen)
+                self._emit({"event": "vm_confirmed", "microvm_id": vm_id, "state": seen.state, "end_reason": seen.reason})
+        return out
+
+    def _peek(self, now: float) -> Optional[list[core.Observed]]:
+        """The last list, with GetMicrovm's word on the VMs the last step waited for (None: list)."""
+        ids, self._peek_ids = self._peek_ids, []
+        if not ids or self._observation is None or now - self._observation[0] > PEEK_TTL_SECONDS:
+            return None
+        fresh: dict[str, core.Observed] = {}
+        for vm_id in ids:
+            if isinstance(self._admit("GetMicrovm", now), Deferral):
+                return None
+            try:
+                vm = self._api("get_microvm", microvmIdentifier=vm_id)
+            except (ClientError, BotoCoreError):
+                return None
+            fresh[vm_id] = core.Observed(vm_id, vm["state"], _epoch(vm["startedAt"]), vm.get("imageVersion"),
+                                         vm.get("stateReason"))
+        return [fresh.get(o.microvm_id, o) for o in self._observation[1]]
+
+    def _list(self, now: float) -> list[core.Observed] | Deferral:
+        observed: list[core.Observed] = []
+        token: Optional[str] = None
+        while True:
+            decision = self._admit("ListMicrovms", now)
+            if isinstance(decision, Deferral):
+                return decision
+            kwargs: dict[str, Any] = {"imageIdentifier": self.spec.image_arn, "maxResults": 50}
+            if token:
+                kwargs["nextToken"] = token
+            try:
+                page = self._api("list_microvms", **kwargs)
+            except ClientError as exc:
+                deferral = self._failed("ListMicrovms", exc, now)
+                status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 500)
+                if _code(exc) not in BACKOFF_CODES and 400 <= status < 500:
+                    return Deferral("ListMicrovms", float("inf"), deferral.reason)  # asking again will not help
+                if _code(exc) not in BACKOFF_CODES:
+                    return Deferral("ListMicrovms", LIST_RETRY_SECONDS, deferral.reason)
+                return deferral
+            except BotoCoreError as exc:
+                self._emit({"event": "api_error", "operation": "ListMicrovms", "code": type(exc).__name__})
+                return Deferral("ListMicrovms", 1.0, "error:" + type(exc).__name__)
+            self._learn_offset(page)
+            for item in page.get("items") or []:
+                observed.append(core.Observed(item["microvmId"], item["state"], _epoch(item["startedAt"]),
+                                              item.get("imageVersion")))
+            token = page.get("nextToken")
+            if not token:
+                return observed
 
     # ------------------------------------------------------------------ calls
 
@@ -219,7 +396,7 @@ class Reconciler:
             return Deferral(operation, held[0] - now, "reserved")
         burst = int(self.budget.shape(operation)[1])
         # Never reserve past the tick's deadline: the tick would end holding tokens nobody uses.
-        horizon = max(0.0, min(self.reserve_horizon, self._deadline - now - 1))
+        horizon = max(0.0, min(self.reserve_horizon, self._deadline - self.clock() - 1))
         decision = self.budget.acquire(operation, now, cost=max(1, min(want, burst)), horizon=horizon)
         if isinstance(decision, Deferral):
             self._deferred(decision)
@@ -231,100 +408,160 @@ class Reconciler:
         self._held[operation] = [now + decision.wait_seconds, decision.cost]
         return Deferral(operation, decision.wait_seconds, "reserved")
 
-    def _list(self, now: float) -> list[core.Observed] | Deferral:
-        observed: list[core.Observed] = []
-        token: Optional[str] = None
-        while True:
-            decision = self._admit("ListMicrovms", now)
-            if isinstance(decision, Deferral):
-                return decision
-            kwargs: dict[str, Any] = {"imageIdentifier": self.spec.image_arn, "maxResults": 50}
-            if token:
-                kwargs["nextToken"] = token
-            try:
-                page = self._api("list_microvms", **kwargs)
-            except ClientError as exc:
-                return self._failed("ListMicrovms", exc, now)
-            for item in page["items"]:
-                started = item["startedAt"]
-                observed.append(core.Observed(item["microvmId"], item["state"], _epoch(started), item.get("imageVersion")))
-            token = page.get("nextToken")
-            if not token:
-                return observed
-
-    def _run(self, slot: core.Slot, intent: core.Intent, epoch: str, now: float, want: int = 1) -> str | Deferral:
+    def _run(self, slot: core.Slot, intent: core.Intent, epoch: str, now: float, want: int,
+             slots: dict[str, core.Slot]) -> str | Deferral:
         decision = self._admit("RunMicrovm", now, want)
         if isinstance(decision, Deferral):
             self._note(slot, decision.reason, intent)
             return decision
-        slot = core.admit_run(slot, intent, now)
-        # Written before the call: a step killed after it leaves a slot the next step finishes.
-        self.ledger.save(self.spec.fleet, slot)
+        slot = core.admit_run(self.spec, slot, intent, now)
+        # Written before the call (fenced): a step killed after it leaves a slot the next step
+        # finishes with the same token and parameters.
+        self._save(slot, slots)
         token = core.client_token(epoch, self.spec.fleet, slot.slot_id, slot.generation)
         self._emit(core._event("run_requested", slot, successor=intent.successor or None,
-                               reason=intent.reason if intent.successor else None,
-                               image_version=self.spec.image_version, wait_time=core._since(slot.queued_at, now)))
-        if slot.queued_at is not None:
+                               reason=intent.reason if intent.successor else None, retry=intent.retry or None,
+                               image_version=self.spec.image_version, wait_time=core._since(slot.queued_at, now),
+                               lifetime=slot.lifetime))
+        if slot.queued_at is not None and not intent.retry:
             self.telemetry.metric(self.spec.fleet, "WaitTime", round(now - slot.queued_at, 3))
         try:
-            vm = self._api("run_microvm", clientToken=token, **self.spec.run_parameters(slot.role))
-        except ClientError as exc:
-            code = exc.response.get("Error", {}).get("Code", "")
-            self._failed("RunMicrovm", exc, now)
-            if code in SLOT_FAILURES or code == "ConflictException":
-                slot.attempts += 1
-                slot.reason = f"{code}: {exc.response.get('Error', {}).get('Message', '')}"[:500]
-                if slot.attempts >= self.spec.max_start_attempts:
-                    slot.phase = core.DEAD
-                    self._emit(core._event("slot_dead_lettered", slot, reason=slot.reason))
-                    if self.dead_letters:
-                        self.dead_letters({"fleet": self.spec.fleet, "event": "slot_dead_lettered", **slot.to_dict()})
-                else:
-                    slot.generation += 1  # a Conflict means the token's parameters changed
-                    slot.phase = core.QUEUED
-                self.ledger.save(self.spec.fleet, slot)
-                return "failed"
-            if code in BACKOFF_CODES:
-                return Deferral("RunMicrovm", float(exc.response.get("retryAfterSeconds") or 1), f"error:{code}")
-            return "retry"  # an internal error: the same token next time
+            vm = self._api("run_microvm", clientToken=token, **(slot.request or {}))
+        except (ClientError, BotoCoreError) as exc:
+            return self._run_failed(slot, intent, exc, now, slots)
         slot.microvm_id = vm["microvmId"]
         slot.vm_started_at = _epoch(vm["startedAt"])
+        slot.in_doubt_since, slot.errors, slot.retry_at = None, 0, None
         if self._observation is not None:
             self._observation[1].append(core.Observed(vm["microvmId"], vm["state"], slot.vm_started_at,
                                                       vm.get("imageVersion")))
-        self.ledger.save(self.spec.fleet, slot)
+        self._save(slot, slots)
         self._emit(core._event("run_accepted", slot, state=vm["state"]))
         return "started"
 
+    def _run_failed(self, slot: core.Slot, intent: core.Intent, exc: Exception, now: float,
+                    slots: dict[str, core.Slot]) -> str | Deferral:
+        if isinstance(exc, ClientError):
+            code = _code(exc)
+            deferral = self._failed("RunMicrovm", exc, now)
+            message = exc.response.get("Error", {}).get("Message", "")
+        else:
+            code, message, deferral = type(exc).__name__, str(exc), None
+            self._emit({"event": "api_error", "operation": "RunMicrovm", "code": code, "error_message": message[:300]})
+        status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0) if isinstance(exc, ClientError) else 0
+        if code == "ThrottlingException":
+            # Made no VM; the rate's fault, not the slot's: back to the queue (or, in doubt, the
+            # same token later), under the shared backoff every reconciler sees.
+            if slot.in_doubt_since is None:
+                slot.phase = core.QUEUED
+            self._save(slot, slots)
+            return deferral  # type: ignore[return-value]
+        if code == "ConflictException" and exc.response.get("resourceType") == "Microvm" and exc.response.get("resourceId"):
+            # The token already made a VM (with other parameters): the service names it, it is ours.
+            slot.microvm_id = str(exc.response["resourceId"])
+            slot.in_doubt_since, slot.errors, slot.retry_at = None, 0, None
+            self._save(slot, slots)
+            self._emit(core._event("run_accepted", slot, state="unknown", reason="token_already_used"))
+            return "started"
+        ambiguous = code not in REQUEST_FAILURES and code not in SERVICE_FAILURES and code != "ConflictException" and (
+            status >= 500 or status == 0)
+        request_error = code in REQUEST_FAILURES or code == "ConflictException" or (
+            400 <= status < 500 and code not in BACKOFF_CODES and code not in SERVICE_FAILURES)
+        kind = "request" if request_error else "service"
+        # Capacity and the memory quota are the account's state, not the slot's: the shared
+        # backoff paces them, and they never dead-letter a slot (a 402 lasts until VMs end).
+        counted = code not in SERVICE_FAILURES
+        slot.errors += 1 if counted else 0
+        slot.reason = f"{code}: {message}"[:500]
+        if ambiguous:
+            slot.in_doubt_since = slot.in_doubt_since or now
+        elif slot.in_doubt_since is None:
+            slot.phase = core.QUEUED
+        if code == "ConflictException":
+            slot.generation += 1  # the token's parameters changed and the VM is unnamed: a new token
+            slot.request = None
+        outcome = "in_doubt" if slot.in_doubt_since is not None else "retry_later"
+        if counted and slot.errors >= self.spec.max_start_attempts:
+            slot.phase, slot.dead_kind = core.DEAD, kind
+            slot.retry_at = now + core.DEAD_PROBE_SECONDS if kind == "service" else None
+            event = core._event("slot_dead_lettered", slot, reason=slot.reason, kind=kind, errors=slot.errors,
+                                in_doubt=slot.in_doubt_since is not None or None)
+            self._emit(event)
+            self._dead_letter(event)
+            outcome = "dead"
+        elif counted:
+            slot.retry_at = now + core.retry_delay(slot.errors)
+        self._save(slot, slots)
+        if deferral is not None and code in BACKOFF_CODES:
+            return deferral
+        return outcome
+
     def _call(self, intent: core.Intent, now: float, want: int = 1,
               slots: Optional[dict[str, core.Slot]] = None) -> Optional[Deferral]:
-        operation, method = {
-            "suspend": ("SuspendMicrovm", "suspend_microvm"),
-            "terminate": ("TerminateMicrovm", "terminate_microvm"),
-            "describe": ("GetMicrovm", "get_microvm"),
-        }[intent.kind]
+        operation, method = _OPERATIONS[intent.kind]
+        slots = slots if slots is not None else {}
+        slot = slots.get(intent.slot_id)
+        if intent.kind == "terminate" and slot is None:
+            return self._end_stray(intent, now)
         decision = self._admit(operation, now, want)
         if isinstance(decision, Deferral):
             return decision
+        if intent.kind == "resume" and intent.donor and slot is not None and intent.donor in slots:
+            base, donor = core.handover(slot, slots[intent.donor], now)
+            self._write(slots, [base, donor])
+            slot = base
+            self._emit(core._event("vm_handed_over", base, donor=donor.slot_id, reason="no headroom for a successor"))
+        if intent.kind == "terminate" and slot is not None and intent.microvm_id == slot.microvm_id:
+            slot.ending = intent.reason
+            self._save(slot, slots)  # fenced: a tick that lost its lease ends nothing
         try:
-            result = self._api(method, microvmIdentifier=intent.microvm_id)
+            self._api(method, microvmIdentifier=intent.microvm_id)
         except ClientError as exc:
-            code = exc.response.get("Error", {}).get("Code", "")
-            if code not in ("ConflictException", "ResourceNotFoundException"):
+            if _code(exc) not in ("ConflictException", "ResourceNotFoundException"):
                 self._failed(operation, exc, now)
+            else:
+                self._emit({"event": "api_error", "operation": operation, "code": _code(exc),
+                            "microvm_id": intent.microvm_id, "slot": intent.slot_id})
             return None
-        if intent.kind == "describe":
-            self._emit({"event": "vm_end_reason", "slot": intent.slot_id, "microvm_id": intent.microvm_id,
-                        "state": result.get("state"), "reason": result.get("stateReason")})
-        elif intent.kind == "suspend":
-            slot = slots.get(intent.slot_id) if slots is not None else None
+        except BotoCoreError as exc:
+            self._emit({"event": "api_error", "operation": operation, "code": type(exc).__name__})
+            return None
+        if intent.kind in ("suspend", "resume"):
             if slot is not None:
                 slot.parking_since = now
-                self.ledger.save(self.spec.fleet, slot)
-            self._emit({"event": "park_requested", "slot": intent.slot_id, "microvm_id": intent.microvm_id})
+                self._save(slot, slots)
+            self._emit({"event": "park_requested" if intent.kind == "suspend" else "resume_requested",
+                        "slot": intent.slot_id, "microvm_id": intent.microvm_id})
         else:
+            if slot is not None and intent.microvm_id == slot.microvm_id:
+                slot.end_requested_at = now
+                self._save(slot, slots)
             self._emit({"event": "vm_terminated", "slot": intent.slot_id, "microvm_id": intent.microvm_id,
                         "reason": intent.reason})
+        return None
+
+    def _end_stray(self, intent: core.Intent, now: float) -> Optional[Deferral]:
+        """End an idle foreign VM (opt-in): GetMicrovm first, and only while it still says
+        SUSPENDED; a lost lease ends nothing (the fence is checked by a write first)."""
+        self.ledger.write(self.spec.fleet, self.fence, meta={"last_stray_end": intent.microvm_id or ""})
+        for operation in ("GetMicrovm", "TerminateMicrovm"):
+            decision = self._admit(operation, now)
+            if isinstance(decision, Deferral):
+                return decision
+            try:
+                if operation == "GetMicrovm":
+                    vm = self._api("get_microvm", microvmIdentifier=intent.microvm_id)
+                    if vm.get("state") != "SUSPENDED":
+                        self._emit({"event": "stray_spared", "microvm_id": intent.microvm_id, "state": vm.get("state")})
+                        return None
+                else:
+                    self._api("terminate_microvm", microvmIdentifier=intent.microvm_id)
+            except (ClientError, BotoCoreError) as exc:
+                self._emit({"event": "api_error", "operation": operation, "microvm_id": intent.microvm_id,
+                            "code": _code(exc) if isinstance(exc, ClientError) else type(exc).__name__})
+                return None
+        self._emit({"event": "stray_terminated", "microvm_id": intent.microvm_id, "reason": intent.reason})
+        self.telemetry.metric(self.spec.fleet, "StraysTerminated", 1)
         return None
 
     def _api(self, method: str, **kwargs: Any) -> Any:
@@ -333,7 +570,7 @@ class Reconciler:
 
     def _failed(self, operation: str, exc: ClientError, now: float) -> Deferral:
         """Turn a service error into a shared backoff when it is about capacity or rate."""
-        code = exc.response.get("Error", {}).get("Code", "")
+        code = _code(exc)
         retry_after = float(exc.response.get("retryAfterSeconds") or 1)
         if code in BACKOFF_CODES:
             self._held.pop(operation, None)  # reserved tokens are worthless once the service says no
@@ -347,17 +584,28 @@ class Reconciler:
             retry_after = CAPACITY_BACKOFF_SECONDS
             self.budget.backoff(operation, now + retry_after, "insufficient_capacity")
         self._emit({"event": "api_error", "operation": operation, "code": code,
-                    "message": exc.response.get("Error", {}).get("Message"), "retry_after": retry_after})
+                    "error_message": exc.response.get("Error", {}).get("Message"), "retry_after": retry_after})
         return Deferral(operation, retry_after, f"error:{code}")
 
     # ------------------------------------------------------------------ persistence and telling
 
-    def _persist(self, before: dict[str, core.Slot], after: dict[str, core.Slot]) -> None:
-        for slot_id, slot in after.items():
-            if before.get(slot_id) != slot:
-                self.ledger.save(self.spec.fleet, slot)
-        for slot_id in before.keys() - after.keys():
-            self.ledger.delete(self.spec.fleet, slot_id)
+    def _save(self, slot: core.Slot, slots: dict[str, core.Slot]) -> None:
+        self._write(slots, [slot])
+
+    def _write(self, slots: dict[str, core.Slot], changed: list[core.Slot]) -> None:
+        self.ledger.write(self.spec.fleet, self.fence, puts=changed)
+        for slot in changed:
+            slots[slot.slot_id] = slot
+
+    def _persist(self, before: dict[str, core.Slot], after: dict[str, core.Slot], meta: dict[str, Any]) -> None:
+        puts = [slot for slot_id, slot in after.items() if before.get(slot_id) != slot]
+        deletes = sorted(before.keys() - after.keys())
+        if puts or deletes or meta:
+            self.ledger.write(self.spec.fleet, self.fence, puts=puts, deletes=deletes, meta=meta or None)
+
+    def _dead_letter(self, event: dict[str, Any]) -> None:
+        if self.dead_letters:
+            self.dead_letters({"fleet": self.spec.fleet, **{k: v for k, v in event.items() if k != "time"}})
 
     def _deferred(self, deferral: Deferral) -> None:
         self.telemetry.metric(self.spec.fleet, "Deferrals", 1, operation=deferral.operation)
@@ -367,14 +615,51 @@ class Reconciler:
         if core.noted(slot, reason):
             return
         core.note(slot, reason)
-        self.ledger.save(self.spec.fleet, slot)
+        self.ledger.write(self.spec.fleet, self.fence, puts=[slot])
         kind = "no_headroom_for_rolling_replacement" if intent.successor and reason == "max_vms_reached" else "run_deferred"
         self._emit(core._event(kind, slot, reason=reason))
 
     def _emit(self, event: dict[str, Any]) -> None:
-        self.telemetry.event(self.spec.fleet, {"time": round(self.clock(), 3), **event})
+        self.telemetry.event(self.spec.fleet, {"time": round(self._now(), 3), **event})
+
+    def _now(self) -> float:
+        """The service's time as this function's clock and the last answer's ``Date`` tell it:
+        VM start times come from the service, so expiries and ages are reckoned on its clock,
+        whatever this environment's clock says (a skew of 30 s would delay a replacement by 30 s)."""
+        return self.clock() + self._offset
+
+    def _learn_offset(self, response: Any) -> None:
+        headers = (response or {}).get("ResponseMetadata", {}).get("HTTPHeaders", {}) if isinstance(response, dict) else {}
+        date = headers.get("date")
+        if not date:
+            return
+        try:
+            from email.utils import parsedate_to_datetime
+
+            service = parsedate_to_datetime(date).timestamp() + 0.5  # whole seconds: the middle of one
+        except (TypeError, ValueError):
+            return
+        offset = service - self.clock()
+        if abs(offset) <= MAX_CLOCK_OFFSET_SECONDS:
+            self._offset = offset if abs(offset - self._offset) >= 1.0 else self._offset
+
+
+_OPERATIONS = {
+    "suspend": ("SuspendMicrovm", "suspend_microvm"),
+    "terminate": ("TerminateMicrovm", "terminate_microvm"),
+    "resume": ("ResumeMicrovm", "resume_microvm"),
+}
+
+
+def _code(exc: ClientError) -> str:
+    return exc.response.get("Error", {}).get("Code", "")
+
+
+def _stray_keys(strays: dict[str, Any]) -> tuple:
+    """What of the strays is worth a write: which VMs, how often seen (capped), suspended since."""
+    return tuple(sorted((k, min(int(v.get("seen", 0)), 2), v.get("suspended_since") is None, v.get("state"))
+                        for k, v in strays.items()))
 
 
 def _epoch(value: Any) -> float:
     return value.timestamp() if hasattr(value, "timestamp") else float(value)
-

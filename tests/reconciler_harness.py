@@ -1,0 +1,278 @@
+"""The reconciler as it runs in AWS, here: the Lambda handler (``index.handler``) with a Lambda
+context, its default telemetry (Powertools, or the fallback when the layer is missing), the
+clients ``index.build()`` makes (one attempt each, the bundled model), and the environment the
+construct synthesizes for the example fleet, with only the table names, the queue URL and the
+image ARN swapped for moto's and the emulator's.
+
+Only time is virtual: the built reconciler's ``clock`` and ``sleep`` are the emulator's
+:class:`VirtualClock`, and the Lambda context's remaining time counts down on it. Everything the
+tests assert comes from the emulator (calls, VMs), moto (ledger items, dead letters in SQS) and
+stdout (log lines and EMF records as Powertools prints them).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import sys
+import uuid
+from contextlib import contextmanager, redirect_stdout
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Any, Iterator, Optional
+
+from lambdas.reconciler import index
+from lambdas.reconciler.budget import DynamoDBBudget
+from lambdas.reconciler.ledger import DynamoDBLedger
+from rayito_constructs.testing import MicrovmsEmulator, VirtualClock
+
+from .moto_server import client as aws_client
+
+#: Environment keys whose template values are CloudFormation references, and what stands for them.
+SUBSTITUTED = {"LEDGER_TABLE", "BUDGET_TABLE", "DEAD_LETTER_QUEUE_URL", "IMAGE_ARN", "EXECUTION_ROLE_ARN",
+               "IMAGE_VERSION"}
+ROLE_ARN = "arn:aws:iam::123456789012:role/mi-agente-microvm"
+
+
+@lru_cache(maxsize=None)
+def synthesized_environment(**overrides: Any) -> tuple[tuple[str, Any], ...]:
+    """The reconciler function's ``Environment.Variables`` from the example fleet's template."""
+    from aws_cdk.assertions import Template
+
+    from rayito_constructs import AgentProject, FleetStack
+
+    from .cdk_helpers import new_app, stack_props
+    from .conftest import EXAMPLE
+
+    app = new_app()
+    stack = FleetStack(app, "MiAgente", project=AgentProject.load(EXAMPLE, **overrides), **stack_props())
+    template = Template.from_stack(stack).to_json()
+    (function,) = [r for r in template["Resources"].values() if r["Type"] == "AWS::Lambda::Function"
+                   and r["Properties"].get("Handler") == "reconciler.index.handler"]
+    return tuple(sorted(function["Properties"]["Environment"]["Variables"].items()))
+
+
+class LambdaContext:
+    """What Lambda passes the handler: the deadline counts down on the virtual clock."""
+
+    def __init__(self, clock: VirtualClock, timeout_seconds: float) -> None:
+        self._clock = clock
+        self._deadline = clock.now() + timeout_seconds
+        self.function_name = "MiAgenteReconciler"
+        self.function_version = "$LATEST"
+        self.invoked_function_arn = f"arn:aws:lambda:us-east-1:123456789012:function:{self.function_name}"
+        self.memory_limit_in_mb = 256
+        self.aws_request_id = str(uuid.uuid4())
+        self.log_group_name = "/aws/lambda/MiAgenteReconciler"
+        self.log_stream_name = "2026/11/30/[$LATEST]0"
+
+    def get_remaining_time_in_millis(self) -> int:
+        return max(0, int((self._deadline - self._clock.now()) * 1000))
+
+
+@dataclass
+class Invocation:
+    result: dict[str, Any]
+    records: list[dict[str, Any]]
+    calls: dict[str, int]
+
+    def events(self, kind: Optional[str] = None) -> list[dict[str, Any]]:
+        lines = [r for r in self.records if "_aws" not in r and "message" in r]
+        return [r for r in lines if kind is None or r["message"] == kind]
+
+    def metrics(self, name: str) -> list[tuple[float, str]]:
+        """(value, unit) of every EMF point of ``name``."""
+        out = []
+        for record in self.records:
+            for directive in record.get("_aws", {}).get("CloudWatchMetrics", []):
+                for metric in directive["Metrics"]:
+                    if metric["Name"] == name:
+                        values = record[name] if isinstance(record[name], list) else [record[name]]
+                        out += [(float(v), metric.get("Unit", "None")) for v in values]
+        return out
+
+
+@dataclass
+class Fleet:
+    """One deployed fleet: the handler's environment, its stores and the emulator."""
+
+    emulator: MicrovmsEmulator
+    clock: VirtualClock
+    aws: str
+    env: dict[str, str]
+    ddb: Any = None
+    sqs: Any = None
+    invocations: list[Invocation] = field(default_factory=list)
+    _built_env: Any = None
+    _environment: Any = None  # this fleet's warm execution environment (its built reconciler)
+    _stdout: io.StringIO = field(default_factory=io.StringIO)
+
+    @property
+    def fleet(self) -> str:
+        return self.env["FLEET_NAME"]
+
+    @property
+    def image(self) -> str:
+        return self.env["IMAGE_ARN"]
+
+    def reconciler(self, monkeypatch: Any, *, powertools: bool = True) -> Any:
+        """``index.build()`` as the handler makes it, on the virtual clock."""
+        for key, value in self.env.items():
+            monkeypatch.setenv(key, value)
+        if not powertools:
+            monkeypatch.setitem(sys.modules, "aws_lambda_powertools", None)
+        _fresh_powertools_logger()
+        reconciler = index.build()
+        reconciler.clock, reconciler.sleep = self.clock.now, self.clock.advance
+        return reconciler
+
+    def invoke(self, monkeypatch: Any, event: Optional[dict[str, Any]] = None, *, timeout: float = 65.0,
+               powertools: bool = True, cold: Optional[bool] = None) -> Invocation:
+        """One invocation of ``index.handler``, as the scheduler sends it: in a new execution
+        environment the first time and whenever the environment changed (a deploy), in the
+        same warm one otherwise, as Lambda does (``cold`` forces either)."""
+        out = self._stdout  # one stdout per execution environment, as in Lambda
+        start = out.tell()
+        before = dict(self.emulator.calls)
+        with redirect_stdout(out):
+            changed = self._built_env != (self.env, powertools)
+            if cold or (cold is None and changed) or self._environment is None:
+                self._environment = self.reconciler(monkeypatch, powertools=powertools)
+                self._built_env = (dict(self.env), powertools)
+            if cold is False and index._RECONCILER is not None:
+                self._environment = index._RECONCILER  # the test set up this environment itself
+            index._RECONCILER = self._environment
+            result = index.handler(event if event is not None else {"source": "schedule"},
+                                   LambdaContext(self.clock, timeout))
+        records = [json.loads(line) for line in out.getvalue()[start:].splitlines() if line.startswith("{")]
+        calls = {k: v - before.get(k, 0) for k, v in self.emulator.calls.items() if v != before.get(k, 0)}
+        invocation = Invocation(result, records, calls)
+        self.invocations.append(invocation)
+        return invocation
+
+    def every_minute(self, monkeypatch: Any, minutes: int, **kwargs: Any) -> list[Invocation]:
+        """The schedule: one invocation a minute (each tick uses up to TICK_SECONDS of it)."""
+        out = []
+        for _ in range(minutes):
+            start = self.clock.now()
+            out.append(self.invoke(monkeypatch, **kwargs))
+            rest = start + 60 - self.clock.now()
+            if rest > 0:
+                self.clock.advance(rest)
+        return out
+
+    # ------------------------------------------------------------------ ground truth
+
+    def live(self, states: tuple[str, ...] = ("PENDING", "RUNNING", "SUSPENDING", "SUSPENDED")) -> list[dict]:
+        return [vm for vm in self.emulator.microvms() if vm["state"] in states and vm["imageArn"] == self.image]
+
+    def ours(self) -> list[dict]:
+        """Live VMs a token of this fleet's reconciler started."""
+        return [vm for vm in self.live() if (vm["clientToken"] or "").startswith("rz1-")]
+
+    def dead_letters(self) -> list[dict[str, Any]]:
+        messages = self.sqs.receive_message(QueueUrl=self.env["DEAD_LETTER_QUEUE_URL"], MaxNumberOfMessages=10,
+                                            WaitTimeSeconds=0).get("Messages", [])
+        return [json.loads(m["Body"]) for m in messages]
+
+    def ledger_slots(self) -> dict[str, dict[str, Any]]:
+        items = self.ddb.query(TableName=self.env["LEDGER_TABLE"], KeyConditionExpression="fleet = :f",
+                               ExpressionAttributeValues={":f": {"S": self.fleet}}, ConsistentRead=True)["Items"]
+        return {i["key"]["S"][5:]: json.loads(i["doc"]["S"]) for i in items if i["key"]["S"].startswith("slot#")}
+
+
+def _fresh_powertools_logger() -> None:
+    """A new execution environment: Powertools' Logger configures its stdlib logger only once per
+    process (it marks it ``init``); forget that so this one writes to this invocation's stdout."""
+    logger = logging.getLogger("rayito-reconciler")
+    for handler in list(logger.handlers):
+        logger.removeHandler(handler)
+    for attribute in ("init", "powertools_handler"):
+        if hasattr(logger, attribute):
+            delattr(logger, attribute)
+
+
+def emulator_env(aws: str, endpoint: str) -> dict[str, str]:
+    return {
+        "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_REGION": "us-east-1", "AWS_ENDPOINT_URL_DYNAMODB": aws, "AWS_ENDPOINT_URL_SQS": aws,
+        "AWS_ENDPOINT_URL_LAMBDA_MICROVMS": endpoint,
+    }
+
+
+@contextmanager
+def deployed_fleet(aws: str, *, clock: Optional[VirtualClock] = None, emulator: Optional[MicrovmsEmulator] = None,
+                   fleet: str = "mi-agente", overrides: Optional[dict[str, Any]] = None,
+                   env: Optional[dict[str, str]] = None, **emulator_options: Any) -> Iterator[Fleet]:
+    """The example fleet's reconciler environment against moto and a (new) emulator."""
+    clock = clock or (emulator.clock if emulator is not None else VirtualClock())
+    own = emulator is None
+    if own:
+        emulator_options.setdefault("pending_seconds", 12)
+        emulator_options.setdefault("suspending_seconds", 1)
+        emulator_options.setdefault("terminating_seconds", 3)
+        emulator = MicrovmsEmulator(clock=clock, seed=emulator_options.pop("seed", 7), **emulator_options).start()
+    try:
+        template_env = dict(synthesized_environment(**(overrides or {})))
+        tokens = {k for k, v in template_env.items() if not isinstance(v, str)}
+        assert tokens <= SUBSTITUTED, f"the construct sets {tokens - SUBSTITUTED} from references: substitute them"
+        ddb, sqs = aws_client("dynamodb", aws), aws_client("sqs", aws)
+        suffix = uuid.uuid4().hex[:8]
+        ledger, budget = f"ledger-{suffix}", f"budget-{suffix}"
+        DynamoDBLedger.create_table(ddb, ledger)
+        DynamoDBBudget.create_table(ddb, budget)
+        queue = sqs.create_queue(QueueName=f"dlq-{suffix}")["QueueUrl"]
+        if not emulator.has_image(fleet):
+            emulator.create_image(fleet, memory_mib=4096)
+        values = {k: v for k, v in template_env.items() if isinstance(v, str)}
+        values.update(LEDGER_TABLE=ledger, BUDGET_TABLE=budget, DEAD_LETTER_QUEUE_URL=queue,
+                      IMAGE_ARN=emulator.image_arn(fleet), FLEET_NAME=fleet)
+        if "EXECUTION_ROLE_ARN" in template_env:
+            values["EXECUTION_ROLE_ARN"] = ROLE_ARN
+        if "IMAGE_VERSION" in template_env:
+            values["IMAGE_VERSION"] = "1.0"  # the version the emulator's image has active
+        values.update(emulator_env(aws, emulator.endpoint_url))
+        values.update(env or {})
+        yield Fleet(emulator, clock, aws, values, ddb, sqs)
+    finally:
+        index._RECONCILER = None
+        if own:
+            emulator.stop()
+
+
+def wire_fault(client: Any, operation: str, code: str, status: int, *, times: Optional[int] = None,
+               message: str = "injected") -> dict[str, int]:
+    """Answer ``operation`` on this boto3 client with an error the emulator cannot make (an
+    AccessDenied from IAM, say), at the HTTP layer: botocore parses it as it would AWS's."""
+    from botocore.awsrequest import AWSResponse
+
+    state = {"left": -1 if times is None else times, "sent": 0}
+
+    class _Raw:
+        def __init__(self, data: bytes) -> None:
+            self._data = data
+
+        def stream(self, **_: Any) -> Iterator[bytes]:
+            yield self._data
+
+    def send(request: Any, **_: Any) -> Any:
+        if state["left"] == 0:
+            return None
+        state["left"] -= 1
+        state["sent"] += 1
+        body = json.dumps({"message": message}).encode()
+        return AWSResponse(request.url, status, {"x-amzn-ErrorType": code, "Content-Type": "application/json"}, _Raw(body))
+
+    client.meta.events.register_first(f"before-send.lambda-microvms.{operation}", send)
+    return state
+
+
+def list_lag(client: Any, clock: VirtualClock, seconds: float) -> None:
+    """ListMicrovms answers omit VMs younger than ``seconds`` (eventually consistent lists)."""
+
+    def hide(parsed: Any, **_: Any) -> None:
+        now = clock.now()
+        parsed["items"] = [i for i in parsed.get("items", []) if now - i["startedAt"].timestamp() >= seconds]
+
+    client.meta.events.register("after-call.lambda-microvms.ListMicrovms", hide)
