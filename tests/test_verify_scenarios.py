@@ -110,9 +110,11 @@ def test_a_fleet_below_min_vms_and_a_stray(fresh: vw.World) -> None:
     fresh.converge(STACK)
     image = fresh.outputs(STACK)["ImageArn"]
     stray = fresh.microvms.run_microvm(imageIdentifier=image)["microvmId"]
+    fresh.tick(STACK)  # the reconciler notes the stray in its ledger (it never touches it)
     report = fresh.verify(FLEET)
     fleet = finding(report, "reconciler.fleet")
     assert fleet.status is Status.WARN and stray in fleet.summary and fleet.data["strays"] == [stray]
+    assert "the reconciler first saw one 0 min ago" in fleet.summary
     base = next(vm["microvmId"] for vm in fresh.emulator.microvms() if vm["state"] == "RUNNING" and vm["microvmId"] != stray)
     fresh.microvms.terminate_microvm(microvmIdentifier=base)
     time.sleep(0.3)

@@ -252,9 +252,26 @@ def _fleet(ctx: Context) -> Finding:
         return warn("reconciler.fleet", f"{what}: parked slots missing (a client may have just taken one)",
                     "run verify again in a minute; if it stays, read the reconciler's log", **data)
     if view["strays"]:
-        return warn("reconciler.fleet", f"{what}: {', '.join(view['strays'][:3])} run the fleet's image and no slot owns them",
-                    "a client's VMs are fine; others (a killed deploy's) cost money: terminate them by id", **data)
+        seen = _stray_ages(stats, view["strays"], ctx.clock())
+        since = f" (the reconciler first saw one {int(max(seen) // 60)} min ago)" if seen else ""
+        return warn("reconciler.fleet", f"{what}: {', '.join(view['strays'][:3])} run the fleet's image and no slot "
+                    f"owns them{since}", "a client's VMs are fine; others (a killed deploy's) cost money: terminate "
+                    "them by id, or turn on the reconciler's terminate_strays", **data)
     return ok("reconciler.fleet", what, **data)
+
+
+def _stray_ages(stats: dict[str, Any], strays: list[str], now: float) -> list[float]:
+    """How long the reconciler has seen each stray (its ledger's ``#stats`` ``strays``), in seconds."""
+    try:
+        tracked = json.loads(stats.get("strays") or "{}")
+    except (TypeError, ValueError):
+        return []
+    ages = []
+    for vm in strays:
+        entry = tracked.get(vm) if isinstance(tracked, dict) else None
+        if isinstance(entry, dict) and isinstance(entry.get("first_seen"), (int, float)):
+            ages.append(max(0.0, now - float(entry["first_seen"])))
+    return ages
 
 
 #: At most this many ledger VMs missing from the list are asked about one by one.
