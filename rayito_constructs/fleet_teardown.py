@@ -78,8 +78,12 @@ class FleetTeardown(Construct):
         terminate_rate: float = 5.0,
         encryption_key: Optional[kms.IKey] = None,
     ) -> None:
+        if not isinstance(retain_vms_on_delete, bool):
+            raise ValueError(f"retain_vms_on_delete: {retain_vms_on_delete!r} is not True or False")
         if teardown_failure not in FAILURE_MODES:
             raise ValueError(f"teardown_failure: {teardown_failure!r} is not one of 'warn', 'fail'")
+        if not isinstance(timeout, cdk.Duration):
+            raise ValueError(f"teardown_timeout: {timeout!r} is not a Duration (cdk.Duration.minutes(10))")
         seconds = timeout.to_seconds()
         if not 60 <= seconds <= MAX_TIMEOUT_SECONDS:
             raise ValueError(f"teardown_timeout: {seconds:g} s is not within 60 to {MAX_TIMEOUT_SECONDS} (Lambda's limit)")

@@ -142,7 +142,11 @@ def test_options_reach_the_resource_and_are_checked() -> None:
     assert resource["Properties"]["RetainVms"] == "true" and resource["Properties"]["FailureMode"] == "fail"
     bad = [({"teardown_failure": "loud"}, "teardown_failure: 'loud' is not one of 'warn', 'fail'"),
            ({"teardown_timeout": cdk.Duration.seconds(30)}, "teardown_timeout: 30 s is not within 60 to 900"),
-           ({"teardown_timeout": cdk.Duration.minutes(16)}, "teardown_timeout: 960 s is not within 60 to 900")]
+           ({"teardown_timeout": cdk.Duration.minutes(16)}, "teardown_timeout: 960 s is not within 60 to 900"),
+           ({"teardown_timeout": 600}, r"teardown_timeout: 600 is not a Duration"),
+           # A string is truthy: "false" must not quietly keep every VM running.
+           ({"retain_vms_on_delete": "false"}, "retain_vms_on_delete: 'false' is not True or False"),
+           ({"retain_vms_on_delete": 1}, "retain_vms_on_delete: 1 is not True or False")]
     for options, message in bad:
         with pytest.raises(ValueError, match=message):
             AgentFleet(new_stack(new_app()), "F", project=AgentProject.load(EXAMPLE), **options)

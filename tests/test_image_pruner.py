@@ -12,9 +12,9 @@ import aws_cdk as cdk
 import pytest
 from aws_cdk.assertions import Template
 
-from rayito_constructs import AgentFleet, AgentImage, AgentProject
+from rayito_constructs import AgentFleet, AgentImage, AgentProject, FleetStack
 
-from .cdk_helpers import nag, new_app, new_stack
+from .cdk_helpers import nag, new_app, new_stack, stack_props
 from .conftest import EXAMPLE
 
 TYPE = "Custom::RayitoImagePruner"
@@ -75,10 +75,25 @@ def test_the_digest_changes_exactly_when_the_image_builds(tmp_path) -> None:
     assert digest() != first  # a changed folder is a new zip: a build
 
 
-@pytest.mark.parametrize("keep", [0, 50, -1, True, 2.5, "5"])
+@pytest.mark.parametrize("keep", [0, 50, 51, -1, 10**100, True, 2.5, 5.0, float("nan"), float("inf"), "5"])
 def test_keep_image_versions_limits(keep) -> None:
     with pytest.raises(ValueError, match=r"keep_image_versions: .* is not a whole number within 1 to 49"):
         synth(keep_image_versions=keep)
+
+
+@pytest.mark.parametrize("keep", [0, -5, 51, float("nan"), "3"])
+def test_a_bad_keep_is_one_line_from_the_stack(keep) -> None:
+    """Through ``FleetStack``, as a user's app meets it: one line that names the option and its value."""
+    with pytest.raises(ValueError) as caught:
+        FleetStack(new_app(), "S", project=AgentProject.load(EXAMPLE), keep_image_versions=keep, **stack_props())
+    message = str(caught.value)
+    assert "\n" not in message and message.startswith(f"keep_image_versions: {keep!r} ")
+
+
+@pytest.mark.parametrize("keep", [1, 49])
+def test_the_limits_themselves_are_accepted(keep) -> None:
+    _, resource = pruner_of(synth(keep_image_versions=keep)[1])
+    assert resource["Properties"]["KeepVersions"] == str(keep)
 
 
 def test_none_keeps_every_version_and_the_fleet_passes_it_on() -> None:
