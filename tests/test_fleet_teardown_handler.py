@@ -447,3 +447,84 @@ def test_forged_requests_end_nothing(aws, cfn, monkeypatch, forgery) -> None:
             assert answer.status == "FAILED" and answer.body["Reason"].startswith("refused")
         assert answer.calls == {}
         assert set(states(fleet, ours).values()) == {"RUNNING"} and "off" not in world.tick_item()
+
+
+# --------------------------------------------------------------------------- a fleet removed from its stack, updates
+
+
+def test_a_fleet_removed_from_its_stack_by_an_update_ends_its_vms(aws, cfn, monkeypatch) -> None:
+    """Not the whole stack: an update drops the fleet (``AgentFleet`` removed from the app), and
+    CloudFormation deletes its resources in the update's cleanup. The stack stays; the fleet ends."""
+    with deployed_fleet(aws, env={"MIN_VMS": "1", "WARM_VMS": "2", "MAX_VMS": "4"}) as fleet:
+        world = teardown_world(fleet, cfn, aws)
+        world.age_schedule(7 * 86400)  # a fleet deployed a week ago, not new in this update
+        world.invoke(monkeypatch, world.event("Create"))
+        ours = converged(fleet, monkeypatch)
+        assert Counter(fleet.emulator.state_of(vm) for vm in ours) == {"RUNNING": 1, "SUSPENDED": 2}
+        world.set_stack_status("UPDATE_COMPLETE_CLEANUP_IN_PROGRESS")
+        deleted = world.invoke(monkeypatch, world.event("Delete"))
+        assert deleted.status == "SUCCESS" and deleted.data["Outcome"] == "ended"
+        assert deleted.data["Ended"] == "3"
+        assert set(states(fleet, ours).values()) == {"TERMINATED"}  # the parked ones too
+        assert world.schedule_state() == "DISABLED"
+        assert fleet.invoke(monkeypatch).result["skipped"] == "fleet_off"
+
+
+def test_an_update_ends_nothing_and_the_latest_retain_setting_is_what_a_delete_follows(aws, cfn, monkeypatch) -> None:
+    """UPDATE events (a changed option) only claim the fleet; the Delete carries the resource's
+    properties as last deployed: turning retain_vms_on_delete on, then off again, is followed."""
+    with deployed_fleet(aws, env={"MIN_VMS": "1", "WARM_VMS": "1", "MAX_VMS": "3"}) as fleet:
+        world = teardown_world(fleet, cfn, aws)
+        world.invoke(monkeypatch, world.event("Create"))
+        ours = converged(fleet, monkeypatch)
+        for retain, failure in (("true", "warn"), ("false", "fail")):
+            updated = world.invoke(monkeypatch, world.event("Update", RetainVms=retain, FailureMode=failure))
+            assert updated.status == "SUCCESS" and updated.data["Outcome"] == "armed"
+            assert updated.calls == {} and set(states(fleet, ours).values()) == {"RUNNING", "SUSPENDED"}
+            assert "skipped" not in fleet.invoke(monkeypatch).result
+        kept = world.invoke(monkeypatch, world.event("Delete", RetainVms="true"))
+        assert kept.data["Outcome"] == "retained" and set(states(fleet, ours).values()) == {"RUNNING", "SUSPENDED"}
+        ended = world.invoke(monkeypatch, world.event("Delete", RetainVms="false", FailureMode="fail"))
+        assert ended.status == "SUCCESS" and ended.data["Outcome"] == "ended"
+        assert set(states(fleet, ours).values()) == {"TERMINATED"}
+
+
+def test_a_rollback_whose_stack_status_is_throttled_still_keeps_the_fleet(aws, cfn, monkeypatch) -> None:
+    """DescribeStacks throttled (past the client's own retries) while an update rolls back: read
+    as a plain delete, it would end a fleet that stays. The teardown asks again, paced."""
+    from botocore.exceptions import ClientError
+
+    with deployed_fleet(aws, env={"MIN_VMS": "1", "WARM_VMS": "1", "MAX_VMS": "3"}) as fleet:
+        world = teardown_world(fleet, cfn, aws)
+        ours = converged(fleet, monkeypatch)
+        world.age_schedule(7 * 86400)
+        world.set_stack_status("UPDATE_IN_PROGRESS")
+        world.invoke(monkeypatch, world.event("Create"))
+        world.set_stack_status("UPDATE_ROLLBACK_COMPLETE_CLEANUP_IN_PROGRESS")
+        refused: list[float] = []
+
+        def throttle(**_) -> None:
+            if len(refused) < 3:
+                refused.append(fleet.clock.now())
+                raise ClientError({"Error": {"Code": "Throttling", "Message": "Rate exceeded"}}, "DescribeStacks")
+
+        teardown._CLIENTS.cloudformation.meta.events.register("before-call.cloudformation.DescribeStacks", throttle)
+        deleted = world.invoke(monkeypatch, world.event("Delete"))
+        assert len(refused) == 3 and refused[-1] - refused[0] >= 6  # paced (2 s, then 4 s), not a burst
+        assert deleted.data["Outcome"] == "kept"
+        assert set(states(fleet, ours).values()) == {"RUNNING", "SUSPENDED"}
+        assert world.schedule_state() == "ENABLED" and "off" not in world.tick_item()
+        assert [r for r in deleted.records if r.get("event") == "stack_status_unknown"]
+
+
+def test_a_terminate_whose_answer_is_lost_is_confirmed_not_sent_blindly_again(aws, cfn, monkeypatch) -> None:
+    """TerminateMicrovm carried out, its answer lost (500): the teardown confirms the VM ended."""
+    with deployed_fleet(aws, env={"MIN_VMS": "2", "WARM_VMS": "1", "MAX_VMS": "4"}) as fleet:
+        world = teardown_world(fleet, cfn, aws)
+        world.invoke(monkeypatch, world.event("Create"))
+        ours = converged(fleet, monkeypatch)
+        fleet.emulator.inject("TerminateMicrovm", "lost_response", times=2)
+        deleted = world.invoke(monkeypatch, world.event("Delete"))
+        assert deleted.status == "SUCCESS" and deleted.data["Outcome"] == "ended", deleted.body
+        assert deleted.data["Ended"] == "3" and set(states(fleet, ours).values()) == {"TERMINATED"}
+        assert not fleet.ledger_slots()

@@ -463,11 +463,24 @@ def _props(event: Mapping[str, Any]) -> dict[str, str]:
     return {k: str(v) for k, v in (event.get("ResourceProperties") or {}).items()}
 
 
+#: Seconds between DescribeStacks attempts when the stack's status could not be read (throttled,
+#: a timeout): an update's rollback read as a delete would end a fleet that stays.
+STATUS_RETRY_SECONDS = (2.0, 4.0, 8.0, 16.0)
+
+
 def _stack_status(cloudformation: Any, stack_id: str) -> str:
-    try:
-        return str(cloudformation.describe_stacks(StackName=stack_id)["Stacks"][0]["StackStatus"])
-    except (ClientError, BotoCoreError, KeyError, IndexError) as exc:
-        return f"unknown:{error_code(exc)}"
+    """The stack's status; ``unknown:<code>`` when every attempt failed (the delete then goes on:
+    off means off, and the report says the status was unknown)."""
+    status = "unknown"
+    for pause in (*STATUS_RETRY_SECONDS, None):
+        try:
+            return str(cloudformation.describe_stacks(StackName=stack_id)["Stacks"][0]["StackStatus"])
+        except (ClientError, BotoCoreError, KeyError, IndexError) as exc:
+            status = f"unknown:{error_code(exc)}"
+            log({"event": "stack_status_unknown", "service": SERVICE, "code": error_code(exc)})
+        if pause is not None:
+            _sleep(pause)
+    return status
 
 
 def claim(event: Mapping[str, Any], env: Mapping[str, str], aws: Clients) -> dict[str, Any]:
