@@ -14,6 +14,7 @@ old fleet's VMs with the old function and its permissions.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any, Iterable, Optional
 
@@ -40,6 +41,22 @@ class _Producer:
 
     def produce(self) -> str:
         return self._produce()
+
+
+#: What ending VMs takes, besides ListMicrovms and RunMicrovm (with its PassRole and
+#: PassNetworkConnector): never Suspend, Resume or an auth token.
+ENDING_ACTIONS = ("lambda:GetMicrovm", "lambda:TerminateMicrovm")
+
+
+def _ending_only(statements: list[Statement]) -> list[Statement]:
+    out = []
+    for statement in statements:
+        if statement.sid == "Microvms":
+            statement = dataclasses.replace(statement, actions=ENDING_ACTIONS)
+        elif statement.sid == "MicrovmsOnAnyImage":
+            statement = dataclasses.replace(statement, actions=("lambda:RunMicrovm", *ENDING_ACTIONS))
+        out.append(statement)
+    return out
 
 
 class FleetTeardown(Construct):
@@ -96,7 +113,7 @@ class FleetTeardown(Construct):
         self.fleet_name = fleet
         statements = [
             # RunMicrovm too: a slot whose answer was lost is asked again with its token.
-            *microvm_statements(access),
+            *_ending_only(microvm_statements(access)),
             Statement("Ledger",
                       ("dynamodb:Query", "dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem", "dynamodb:DeleteItem"),
                       (ledger.table_arn,),
