@@ -41,6 +41,8 @@ _CONSTRUCTS = {
     "AgentImage": "agent_image",
     "ImageHooks": "agent_image",
     "EgressBudget": "egress_budget",
+    "FleetTeardown": "fleet_teardown",
+    "ImagePruner": "image_pruner",
 }
 
 __all__ = [

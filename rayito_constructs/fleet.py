@@ -148,7 +148,7 @@ class AgentFleet(_FleetGrants):
     :param retain_vms_on_delete: leave the fleet's VMs running when the fleet is deleted (they end
         at their lifetime, at most 8 hours). Default: False: deleting the fleet (its stack, or the
         fleet from a stack) stops its reconciler and terminates every VM it holds, parked ones
-        included, before the delete completes (docs/reconciler.md "Teardown"). Only with a
+        included, before the delete completes (docs/teardown.md). Only with a
         reconciler: without one the stack starts no VMs.
     :param teardown_failure: ``warn``: VMs not confirmed ended within ``teardown_timeout`` are
         reported and the delete goes on; ``fail``: the delete fails. Default: ``warn``.

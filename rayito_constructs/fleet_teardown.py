@@ -1,6 +1,6 @@
 """``FleetTeardown``: off means off. Deleting a fleet (its stack, or the fleet from a stack) stops
 its reconciler and terminates every VM the fleet's ledger holds before CloudFormation reports the
-delete complete (docs/reconciler.md "Teardown").
+delete complete (docs/teardown.md).
 
 A ``Custom::RayitoFleetTeardown`` resource per fleet, backed by a function of its own
 (``lambdas/reconciler/teardown.py``, from the reconciler's package: the bundled ``lambda-microvms``

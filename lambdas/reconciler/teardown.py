@@ -1,7 +1,6 @@
 """``Custom::RayitoFleetTeardown``: off means off. When a fleet is deleted (its stack, or the fleet
 from a stack) its reconciler is stopped first and every VM its ledger holds is terminated, parked
-ones included, before CloudFormation hears that the delete is complete (docs/reconciler.md
-"Teardown").
+ones included, before CloudFormation hears that the delete is complete (docs/teardown.md).
 
 One function per fleet (``rayito_constructs.fleet_teardown.FleetTeardown``), deployed from the
 reconciler's package (the bundled ``lambda-microvms`` model, the ledger, the client tokens). Its
