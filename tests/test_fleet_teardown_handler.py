@@ -470,6 +470,20 @@ def test_a_fleet_removed_from_its_stack_by_an_update_ends_its_vms(aws, cfn, monk
         assert fleet.invoke(monkeypatch).result["skipped"] == "fleet_off"
 
 
+def test_a_first_deploy_rolled_back_ends_the_vms_it_started(aws, cfn, monkeypatch) -> None:
+    """The stack's create fails after the fleet started VMs (another resource failed): CloudFormation
+    rolls the create back (ROLLBACK_IN_PROGRESS), and nothing of the fleet stays."""
+    with deployed_fleet(aws, env={"MIN_VMS": "2", "WARM_VMS": "1", "MAX_VMS": "4"}) as fleet:
+        world = teardown_world(fleet, cfn, aws)
+        world.set_stack_status("CREATE_IN_PROGRESS")
+        world.invoke(monkeypatch, world.event("Create"))
+        ours = converged(fleet, monkeypatch)
+        world.set_stack_status("ROLLBACK_IN_PROGRESS")
+        deleted = world.invoke(monkeypatch, world.event("Delete"))
+        assert deleted.data["Outcome"] == "ended" and deleted.data["Ended"] == "3"
+        assert set(states(fleet, ours).values()) == {"TERMINATED"}
+
+
 def test_an_update_ends_nothing_and_the_latest_retain_setting_is_what_a_delete_follows(aws, cfn, monkeypatch) -> None:
     """UPDATE events (a changed option) only claim the fleet; the Delete carries the resource's
     properties as last deployed: turning retain_vms_on_delete on, then off again, is followed."""
