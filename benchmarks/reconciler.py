@@ -1,398 +1,979 @@
-"""One account, N fleets, a day on the virtual clock: our reconciler beside a naive one.
+"""One account, N fleets, a day on the virtual clock: our reconciler beside a careful user's,
+every figure counted from what the MicroVMs emulator saw.
 
-    .venv/bin/python -m benchmarks.reconciler --fleets 100 --seed 1 [--hours 24] [--json]
+    .venv/bin/python -m benchmarks.reconciler --fleets 100 --seed 1 [--hours 24] [--json] [--side ours]
 
-Both run in the same process against their own MicroVMs emulator (same seed, same workload, the
-documented default quotas), through the emulator's direct client (boto3's method names and error
-shapes, no serialization: the tests cover the wire). The day holds:
+Each side runs in a process of its own (its wall time and peak memory are its own) against its own
+emulator with the measured defaults (``rayito_constructs.testing.measured``) and the same day:
 
-* expiries: every VM lives at most ``--lifetime`` seconds (default 8 hours), so each slot is
-  replaced about three times;
-* spikes: every ``--spike-every`` minutes a random fleet's clients take parked slots (resume) and
-  start VMs of their own up to ``max_vms``; client VMs end by themselves 10–40 minutes later;
-* faults: VMs that crash young (one fleet's VMs crash-loop all day), lost RunMicrovm responses
-  (the VM is made, the answer is an error), an InsufficientCapacity burst and a throttling storm
-  (RunMicrovm at a fifth of its quota for ten minutes).
+* **ours** is the reconciler as it runs in AWS, as far as a benchmark can: the construct's
+  environment variables read by ``index.spec_from_env``, the handler's one-attempt client made
+  from ``index.session()`` (the bundled model), the tick code, invoked through ``index.handler``
+  with a Lambda context when the reconciler lets the handler's sleeps be driven (else
+  ``Reconciler.tick``); one execution environment per concurrent invocation, kept warm between
+  ticks; the ledger and the shared budget are the in-memory stores (DynamoDB's semantics, no
+  moto: 300 fleets for a day would take hours).
+* **naive** is what a careful user writes: each tick lists the image, starts what is missing with
+  one client token per unit of work and the SDK's standard retries (3 attempts, back-off on the
+  virtual clock), and parks the newest RUNNING VMs above ``min_vms``.
 
-"ours" is ``lambdas.reconciler`` (slot ledger, shared budget with reservations, deterministic
-client tokens, one tick a minute per fleet, steps within a tick). "naive" ticks each fleet alone
-every minute: it counts live VMs, starts the missing ones with random client tokens, retries a
-failed call with local exponential backoff (1, 2, 4, 8 s), and parks the newest RUNNING VMs above
-``min_vms``.
+The day: every VM expires after 8 hours; a client spike every 10 minutes (parked slots taken,
+client VMs of the fleet's image up to ``max_vms``, ended 10-40 minutes later); another app
+keeping VMs on some fleets' images (foreign VMs); overlapping ticks (duplicate deliveries,
+deploys); Lambda environments whose clock is 30 s off; Lambdas killed mid-tick; lost RunMicrovm
+responses; one app that crash-loops; a throttling storm; an hour of late lists (6 s); 500s that
+make no VM; InsufficientCapacity; the memory quota reached (402); failing ``/suspend`` hooks; an
+image rollout (fresh versions, slow first launches); a spec change. See docs/performance.md for
+every key.
 """
 
 from __future__ import annotations
 
 import argparse
-import heapq
+import contextlib
+import dataclasses
 import json
+import math
+import multiprocessing
+import os
 import random
+import resource
+import sys
 import time
 import uuid
+import warnings
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from botocore.exceptions import ClientError
 
-from lambdas.reconciler.budget import MemoryBudget
-from lambdas.reconciler.core import FleetSpec
-from lambdas.reconciler.ledger import MemoryLedger
-from lambdas.reconciler.telemetry import MemoryTelemetry
-from lambdas.reconciler.tick import Reconciler
-from rayito_constructs.testing import DEFAULT_RATE_LIMITS, MicrovmsEmulator, VirtualClock
+from benchmarks.simulation import Killed, SimClock, Simulation
+from rayito_constructs.testing import MicrovmsEmulator, RequestRecord, measured, sdk_sleeps_on
+from rayito_constructs.testing.server import install_in_process
+
+_NULL = open(os.devnull, "w")  # noqa: SIM115 - telemetry lines of a day go nowhere
 
 LIVE = ("PENDING", "RUNNING", "SUSPENDING", "SUSPENDED")
 TICK = 60.0
-TICK_DEADLINE = 50.0
-PENDING = 12.0
-SUSPENDING = 1.0
+TICK_SECONDS = 50  # the construct's default tick_seconds
+LAMBDA_TIMEOUT = TICK_SECONDS + 15  # the construct's function timeout
+MEMORY_MIB = 512
+MEMORY_QUOTA_MIB = 4 * 1024 * 1024  # room for every fleet, except in the 402 window
+#: A live reconciler VM within this long of its end is a slot's retiring VM: its successor is no
+#: duplicate (the reconciler's default successor lead is 900 s).
+RETIRING_WINDOW = 1200.0
+STORM = (2 * 3600.0, 2 * 3600.0 + 600)
+LATE_LISTS = (3 * 3600.0, 4 * 3600.0)
+NO_VM_500S = (4 * 3600.0, 4 * 3600.0 + 1800)
+CAPACITY = (5 * 3600.0, 5 * 3600.0 + 300)
+QUOTA_402 = (6 * 3600.0, 6 * 3600.0 + 600)
+ROLLOUT = 7 * 3600.0
+SPEC_CHANGE = 9 * 3600.0
+RAISE_GRACE = 120.0
+DUPLICATE_DELIVERY = 0.02  # EventBridge Scheduler delivers at least once
+KILL_PER_INVOCATION = 0.01
+SKEWED_ENVIRONMENTS = 0.1
+SKEW_SECONDS = 30.0
 
 
-# --------------------------------------------------------------------------------------- fleets
+# =========================================================================================== fleets
 
 
-def make_fleets(count: int, rng: random.Random) -> list[FleetSpec]:
-    specs = []
+@dataclass
+class Fleet:
+    index: int
+    name: str
+    min_vms: int
+    max_vms: int
+    warm_vms: int
+    image: str = ""
+    version: Optional[str] = None  # the IMAGE_VERSION a rollout sets
+    changes: list[tuple[float, int, int, int]] = field(default_factory=list)  # (time, min, max, warm)
+
+    def min_owed(self, t: float) -> int:
+        """The ``min_vms`` a dip is counted against: a raised ``min_vms`` is owed from
+        ``RAISE_GRACE`` seconds after the deploy that raised it (its on-demand tick and PENDING)."""
+        owed = self.min_vms
+        for at, min_vms, _, _ in self.changes:
+            if at <= t:
+                owed = min_vms if min_vms <= owed or t >= at + RAISE_GRACE else owed
+        return owed
+
+    def spec_at(self, t: float) -> tuple[int, int, int]:
+        spec = (self.min_vms, self.max_vms, self.warm_vms)
+        for at, *values in self.changes:
+            if at <= t:
+                spec = tuple(values)  # type: ignore[assignment]
+        return spec  # type: ignore[return-value]
+
+
+def make_fleets(count: int, rng: random.Random) -> list[Fleet]:
+    fleets = []
     for i in range(count):
         min_vms = rng.randint(1, 8)
         warm = rng.randint(0, 4)
         max_vms = min(64, min_vms + warm + rng.randint(0, 12))
-        specs.append(FleetSpec(fleet=f"fleet-{i:03d}", image_arn="", min_vms=min_vms, max_vms=max_vms, warm_vms=warm))
-    return specs
+        fleets.append(Fleet(i, f"fleet-{i:03d}", min_vms, max_vms, warm))
+    return fleets
 
 
-# --------------------------------------------------------------------------------------- naive
+def lower_bound(fleets: list[Fleet], pending: float = measured.PENDING_SECONDS,
+                suspending: float = measured.SUSPENDING_SECONDS) -> float:
+    """The soonest the documented RunMicrovm and SuspendMicrovm quotas allow every fleet to reach its
+    desired state from empty, with the measured PENDING and SUSPENDING times."""
+    rate, burst = measured.DOCUMENTED_RATE_LIMITS["RunMicrovm"]
+    s_rate, s_burst = measured.DOCUMENTED_RATE_LIMITS["SuspendMicrovm"]
+    total = sum(f.min_vms + f.warm_vms for f in fleets)
+    warm = sum(f.warm_vms for f in fleets)
+    runs_done = max(0.0, total - burst) / rate
+    suspends_done = pending + max(0.0, warm - s_burst) / s_rate if warm else 0.0
+    return round(max(runs_done + pending, suspends_done) + (suspending if warm else 0.0), 3)
 
 
-@dataclass
-class Naive:
-    """Each fleet alone; random tokens; local exponential backoff; no ledger."""
+# =========================================================================================== sides
 
-    spec: FleetSpec
+
+class Context:
+    """The Lambda context the handler reads its deadline from."""
+
+    def __init__(self, sim: Simulation, started: float) -> None:
+        self._sim, self._end = sim, started + LAMBDA_TIMEOUT
+
+    def get_remaining_time_in_millis(self) -> int:
+        return max(0, int((self._end - self._sim.now()) * 1000))
+
+
+class _Dying:
+    """A store or telemetry seen through an execution environment that may be killed: once it is,
+    every call raises :class:`Killed` (a killed Lambda writes nothing more, not even in finally)."""
+
+    def __init__(self, env: "Environment", target: Any) -> None:
+        self._env, self._target = env, target
+
+    def __getattr__(self, name: str) -> Any:
+        value = getattr(self._target, name)
+        if not callable(value):
+            return value
+        env = self._env
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            if env.dead:
+                raise Killed(env.name)
+            return value(*args, **kwargs)
+
+        setattr(self, name, call)  # looked up once per environment
+        return call
+
+
+@dataclass(eq=False)
+class Environment:
+    """One Lambda execution environment: its own clock skew, client and state."""
+
+    name: str
+    fleet: Fleet
+    skew: float
     client: Any
-    clock: Any
-    rng: random.Random
-    calls: Counter = field(default_factory=Counter)
-    throttles: int = 0
-    units: dict[str, list[str]] = field(default_factory=dict)  # unit of work -> tokens tried
-    queue: list[str] = field(default_factory=list)  # units still to start in this tick
-    backoff: float = 1.0
+    reconciler: Any = None
+    dead: bool = False
+    busy: bool = False
+    calls: int = 0
+    kill_after: Optional[int] = None
+    spec_key: str = ""
+    retire_at: float = math.inf
 
-    def _call(self, method: str, **kwargs: Any) -> Any:
-        self.calls[method] += 1
+
+class Side:
+    """One side's account: the emulator, the simulation, the fleets' Lambdas and their clients."""
+
+    kind = ""
+
+    def __init__(self, fleets: list[Fleet], seed: int, hours: float) -> None:
+        self.fleets = fleets
+        self.seed = seed
+        self.hours = hours
+        self.rng = random.Random(seed * 7919 + 1)
+        self.clock = SimClock()
+        self.sim = Simulation(self.clock)
+        self.start = self.clock.now()
+        self.emulator = MicrovmsEmulator(clock=self.clock, seed=seed, memory_quota_mib=MEMORY_QUOTA_MIB,
+                                         request_log_size=1000)
+        self.pool: dict[str, list[Environment]] = defaultdict(list)
+        self.envs = 0
+        self.invocations = 0
+        self.kills = 0
+        self.invocation_errors: Counter = Counter()
+        self.first_error: Optional[str] = None
+        self.log = Log(self)
+        self.emulator.subscribe(self.log.record)
+        for fleet in fleets:
+            fleet.image = self.emulator.create_image(fleet.name, MEMORY_MIB)
+
+    # ------------------------------------------------------------------ Lambda invocations
+
+    def caller(self, fleet: Fleet, n: int) -> str:
+        return f"{self.kind}-{fleet.index}-{n}"
+
+    def environment(self, fleet: Fleet) -> Environment:
+        now = self.sim.now()
+        for env in list(self.pool[fleet.name]):
+            if not env.busy and env.retire_at <= now:
+                self.pool[fleet.name].remove(env)  # Lambda recycles execution environments
+        idle = [e for e in self.pool[fleet.name] if not e.busy and not e.dead]
+        if idle:
+            return idle[0]
+        self.envs += 1
+        # After the first 10 minutes (convergence from empty is measured without it), a new
+        # environment's clock is 30 s off now and then.
+        skewed = now > self.start + 600 and self.rng.random() < SKEWED_ENVIRONMENTS
+        skew = self.rng.choice([-1, 1]) * self.rng.uniform(SKEW_SECONDS / 2, SKEW_SECONDS) if skewed else 0.0
+        env = Environment(f"{fleet.name}/{self.envs}", fleet, skew, None, retire_at=now + self.rng.uniform(3600, 3 * 3600))
+        env.client = self.make_client(fleet, self.caller(fleet, self.envs), env)
+        self.setup(env)
+        self.pool[fleet.name].append(env)
+        return env
+
+    def make_client(self, fleet: Fleet, caller: str, env: Environment) -> Any:
+        raise NotImplementedError
+
+    def setup(self, env: Environment) -> None:
+        pass
+
+    def arm_kills(self, client: Any, env: Environment) -> None:
+        def after_call(**_: Any) -> None:
+            env.calls += 1
+            if env.kill_after is not None and env.calls >= env.kill_after:
+                env.dead = True  # the call reached the service; its answer dies with the Lambda
+                raise Killed(env.name)
+
+        client.meta.events.register("after-call.lambda-microvms", after_call)
+
+    def invoke(self, fleet: Fleet, at: float, *, kill: bool = False) -> None:
+        """An invocation of the fleet's reconciler Lambda at ``at``."""
+        held: dict[str, Environment] = {}
+
+        def run() -> None:
+            env = self.environment(fleet)
+            held["env"] = env
+            env.busy = True
+            env.calls = 0
+            env.kill_after = self.rng.randint(1, 3) if kill else None
+            self.invocations += 1
+            try:
+                self.tick(env, self.sim.now())
+            except Exception as exc:  # noqa: BLE001 - a failed invocation; the next tick runs anyway
+                self.invocation_errors[type(exc).__name__] += 1
+                if self.first_error is None:
+                    import traceback
+
+                    self.first_error = traceback.format_exc()
+            finally:
+                env.busy = False
+                env.kill_after = None
+                if env.dead:
+                    self.kills += 1
+                    self.pool[fleet.name].remove(env)
+
+        task = self.sim.spawn_at(at, run, f"{self.kind}:{fleet.name}")
+
+        def timeout() -> None:
+            # The Lambda's own timeout: an invocation still running is frozen, then killed.
+            if not task.done:
+                if "env" in held:
+                    held["env"].dead = True
+                self.sim.kill(task)
+
+        self.sim.call_at(at + LAMBDA_TIMEOUT, timeout)
+
+    def tick(self, env: Environment, started: float) -> None:
+        raise NotImplementedError
+
+    def env_vars(self, fleet: Fleet) -> dict[str, str]:
+        min_vms, max_vms, warm_vms = fleet.spec_at(self.sim.now() - self.start)
+        env = {
+            "FLEET_NAME": fleet.name, "IMAGE_ARN": fleet.image, "MIN_VMS": str(min_vms), "MAX_VMS": str(max_vms),
+            "WARM_VMS": str(warm_vms), "MAX_LIFETIME_SECONDS": "28800", "SUCCESSOR_LEAD_SECONDS": "900",
+            "MAX_START_ATTEMPTS": "3", "MAX_STARTS_PER_STEP": "10", "TICK_SECONDS": str(TICK_SECONDS),
+            "LEDGER_TABLE": "ledger", "BUDGET_TABLE": "budget", "BUDGETS": "{}",
+        }
+        if fleet.version:
+            env["IMAGE_VERSION"] = fleet.version
+        return env
+
+    # ------------------------------------------------------------------ the day
+
+    def schedule(self) -> None:
+        rng, start, sim = self.rng, self.start, self.sim
+        end = start + self.hours * 3600
+        for fleet in self.fleets:
+            # The deploy invokes each fleet's reconciler once; the schedule then ticks every minute
+            # at its own phase.
+            self.invoke(fleet, start)
+            sim.call_at(start + max(rng.uniform(0, TICK), 1.0), lambda f=fleet: self.scheduled(f, end))
+        clients = Clients(self)
+        for k in range(int(self.hours * 6)):
+            at = start + 1800 + k * 600 + rng.uniform(0, 60)
+            if at < end:
+                fleet = rng.choice(self.fleets)
+                sim.spawn_at(at, lambda f=fleet: clients.spike(f), "spike")
+        for fleet in rng.sample(self.fleets, max(1, len(self.fleets) // 10)):
+            sim.spawn_at(start + 1200 + rng.uniform(0, 600), lambda f=fleet: clients.other_app(f, end), "other-app")
+        emu = self.emulator
+
+        def window(span: tuple[float, float], on: Callable[[], Any], off: Callable[[], Any]) -> None:
+            if start + span[0] < end:
+                sim.call_at(start + span[0], on)
+                sim.call_at(start + span[1], off)
+
+        faults: dict[str, Any] = {}
+        sim.call_at(start + 600, lambda: emu.inject("RunMicrovm", "lost_response", probability=0.02, times=None))
+        crash_fleet = rng.choice(self.fleets)
+        sim.call_at(start + 900, lambda: self.crash_loop(crash_fleet))
+        sim.call_at(start + 900, lambda: emu.inject("SuspendMicrovm", "suspend_hook_failure", probability=0.01, times=None))
+        window(STORM, lambda: emu.set_rate_limit("RunMicrovm", 1, 1, surge=0),
+               lambda: emu.set_rate_limit("RunMicrovm", *measured.DOCUMENTED_RATE_LIMITS["RunMicrovm"]))
+        window(LATE_LISTS, lambda: setattr(emu, "stale_seconds", 6.0), lambda: setattr(emu, "stale_seconds", 0.0))
+        window(NO_VM_500S, lambda: faults.__setitem__("500", emu.inject("RunMicrovm", "InternalServer", probability=0.05, times=None)),
+               lambda: emu.remove_fault(faults["500"]))
+        window(CAPACITY, lambda: faults.__setitem__("cap", emu.inject("RunMicrovm", "InsufficientCapacity", probability=0.3, times=None)),
+               lambda: emu.remove_fault(faults["cap"]))
+        window(QUOTA_402, lambda: setattr(emu, "memory_quota_mib", emu.memory_in_use_mib() + 4 * MEMORY_MIB),
+               lambda: setattr(emu, "memory_quota_mib", MEMORY_QUOTA_MIB))
+        if start + ROLLOUT < end:
+            rolled = rng.sample(self.fleets, max(1, len(self.fleets) * 3 // 10))
+            sim.call_at(start + ROLLOUT, lambda: self.rollout(rolled))
+        if start + SPEC_CHANGE < end:
+            changed = rng.sample(self.fleets, max(1, len(self.fleets) // 5))
+            for fleet in changed:
+                min_vms, max_vms, warm = fleet.spec_at(SPEC_CHANGE)
+                kind = rng.choice(["shrink_max", "grow_min", "shrink_warm", "shrink_min"])
+                if kind == "shrink_max":
+                    max_vms = max(min_vms + warm, max_vms // 2)
+                elif kind == "grow_min":
+                    min_vms = min(min_vms + rng.randint(1, 3), max_vms - warm)
+                elif kind == "shrink_warm":
+                    warm = max(0, warm - rng.randint(1, 2))
+                else:
+                    min_vms = max(1, min_vms - rng.randint(1, 2))
+                fleet.changes.append((SPEC_CHANGE, min_vms, max_vms, warm))
+            # The deploy invokes each changed fleet's reconciler on demand: it may overlap a tick.
+            for fleet in changed:
+                d = start + SPEC_CHANGE + rng.uniform(0, 30)
+                sim.call_at(d, lambda f=fleet, d=d: self.invoke(f, d))
+
+    def scheduled(self, fleet: Fleet, end: float) -> None:
+        """EventBridge Scheduler's tick: at least once (a duplicate now and then); some invocations
+        are killed mid-tick."""
+        now = self.sim.now()
+        late = now > self.start + 600
+        self.invoke(fleet, now, kill=late and self.rng.random() < KILL_PER_INVOCATION)
+        if late and self.rng.random() < DUPLICATE_DELIVERY:
+            self.invoke(fleet, now + self.rng.uniform(0, 5))
+        if now + TICK < end:
+            self.sim.call_at(now + TICK, lambda: self.scheduled(fleet, end))
+
+    def crash_loop(self, fleet: Fleet) -> None:
+        """One fleet's app crash-loops from now on: every new VM of its image exits 20 s in."""
+        for vm in self.emulator.microvms():
+            if vm["imageArn"] == fleet.image and vm["state"] in LIVE:
+                self.emulator.crash(vm["microvmId"], reason="app_crashloop")
+        self.emulator.inject("RunMicrovm", "crash", image=fleet.image, after_seconds=20, times=None)
+        self.log.crash_fleet = fleet.name
+
+    def rollout(self, fleets: list[Fleet]) -> None:
+        """A deploy built a new version of these fleets' images and set IMAGE_VERSION."""
+        for fleet in fleets:
+            fleet.version = self.emulator.publish_version(fleet.name)  # fresh: slow first launches
+            d = self.sim.now() + self.rng.uniform(0, 30)
+            self.sim.call_at(d, lambda f=fleet, d=d: self.invoke(f, d))
+
+    def run(self) -> None:
+        self.schedule()
+        with open(os.devnull, "w") as null, sdk_sleeps_on(self.clock), contextlib.redirect_stdout(null), \
+                warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # Powertools' warnings, once per environment
+            self.sim.run(self.start + self.hours * 3600)
+        self.sim.close()
+
+
+class Ours(Side):
+    kind = "rec"
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        from lambdas.reconciler import index
+        from lambdas.reconciler.budget import MemoryBudget
+        from lambdas.reconciler.ledger import MemoryLedger
+        from lambdas.reconciler.tick import Reconciler
+
+        self.index, self.Reconciler = index, Reconciler
+        self.fields = {f.name for f in dataclasses.fields(Reconciler)}
+        self.ledger, self.budget = MemoryLedger(), MemoryBudget()
+        self.session = index.session()
+        self.config = getattr(index, "MICROVMS_CONFIG", None)
+        # The handler drives the tick's sleeps only if the reconciler takes a ``sleep``; else the
+        # benchmark calls Reconciler.tick (the handler's only call) with the simulation's sleep.
+        self.through_handler = "sleep" in self.fields and hasattr(index, "handler")
+        os.environ["TICK_SECONDS"] = str(TICK_SECONDS)
+
+    def make_client(self, fleet: Fleet, caller: str, env: Environment) -> Any:
+        """The handler's client: from ``index.session()`` (the bundled model) with the handler's
+        config (``index.MICROVMS_CONFIG`` when there is one, else botocore's default, as the
+        handler makes it), its requests handed to the emulator in process."""
+        options = {"config": self.config} if self.config is not None else {}
+        client = self.session.client("lambda-microvms", endpoint_url="http://emulator.invalid", region_name=self.emulator.region,
+                                     aws_access_key_id=caller, aws_secret_access_key="x", **options)
+        install_in_process(client, self.emulator)
+        _fast_timestamps(client)
+        self.arm_kills(client, env)
+        return client
+
+    def telemetry(self, fleet: Fleet) -> Any:
+        index = self.index
+        if hasattr(index, "telemetry_for"):
+            return index.telemetry_for(fleet.name)
+        from lambdas.reconciler.telemetry import EmfTelemetry
+
+        return EmfTelemetry(fleet.name, out=_NULL)
+
+    def setup(self, env: Environment) -> None:
+        self.rebuild(env)
+
+    def rebuild(self, env: Environment) -> None:
+        """The reconciler of an environment, from the construct's environment variables (a deploy
+        that changes them starts new environments; a warm one keeps its spec until then)."""
+        vars_ = self.env_vars(env.fleet)
+        spec = self.index.spec_from_env(vars_)
+        kwargs: dict[str, Any] = dict(
+            spec=spec, microvms=env.client, ledger=_Dying(env, self.ledger), budget=_Dying(env, self.budget),
+            telemetry=_Dying(env, self.telemetry(env.fleet)), clock=lambda: self.sim.now() + env.skew,
+            dead_letters=lambda record: None,
+        )
+        if "sleep" in self.fields:
+            kwargs["sleep"] = lambda seconds: self.clock.sleep_until(self.clock.now() + seconds)
+        if "siblings" in self.fields:
+            kwargs["siblings"] = ()
+        env.reconciler = self.Reconciler(**kwargs)
+        env.spec_key = json.dumps(vars_, sort_keys=True)
+
+    def tick(self, env: Environment, started: float) -> None:
+        if env.spec_key != json.dumps(self.env_vars(env.fleet), sort_keys=True):
+            self.rebuild(env)  # a deploy changed the environment: a new execution environment
+        context = Context(self.sim, started)
+        if self.through_handler:
+            self.index._RECONCILER = env.reconciler
+            self.index.handler({"source": "schedule"}, context)
+        else:
+            remaining = context.get_remaining_time_in_millis() / 1000
+            deadline = min(float(TICK_SECONDS), max(1.0, remaining - 5))
+            env.reconciler.tick(deadline_seconds=deadline, lease_seconds=remaining + 30,
+                                sleep=lambda s: self.clock.sleep_until(self.clock.now() + s))
+
+    def ledger_claims(self, fleet: Fleet) -> set[str]:
+        """VMs the ledger says fill one of the fleet's base or parked slots."""
         try:
-            return getattr(self.client, method)(**kwargs)
-        except ClientError as exc:
-            if exc.response["Error"]["Code"] == "ThrottlingException":
-                self.throttles += 1
-            raise
+            slots, _ = self.ledger.load(fleet.name)
+        except Exception:  # noqa: BLE001 - a ledger shape this benchmark does not know
+            return set()
+        claimed = set()
+        for slot in slots.values():
+            if getattr(slot, "role", None) in ("base", "warm"):
+                for attr in ("microvm_id", "retiring_id"):
+                    vm = getattr(slot, attr, None)
+                    if vm:
+                        claimed.add(vm)
+        return claimed
 
-    def list(self) -> list[dict[str, Any]]:
+
+class Naive(Side):
+    """What a careful user writes: list, start what is missing with one token per unit of work and
+    the SDK's standard retries, park the newest RUNNING VMs above ``min_vms``."""
+
+    kind = "naive"
+
+    def make_client(self, fleet: Fleet, caller: str, env: Environment) -> Any:
+        client = self.emulator.client(in_process=True, access_key=caller, retries=3)  # the SDK's standard mode
+        _fast_timestamps(client)
+        self.arm_kills(client, env)
+        return client
+
+    def tick(self, env: Environment, started: float) -> None:
+        fleet, client = env.fleet, env.client
+        min_vms, max_vms, warm_vms = fleet.spec_at(self.sim.now() - self.start)
+        try:
+            items, token = [], None
+            while True:
+                page = client.list_microvms(imageIdentifier=fleet.image, maxResults=50, **({"nextToken": token} if token else {}))
+                items += page["items"]
+                token = page.get("nextToken")
+                if not token:
+                    break
+        except ClientError:
+            return
+        live = [v for v in items if v["state"] in LIVE]
+        parked = [v for v in live if v["state"] in ("SUSPENDING", "SUSPENDED")]
+        running = sorted((v for v in live if v["state"] == "RUNNING"), key=lambda v: v["startedAt"])
+        missing = min(min_vms + warm_vms - len(live), max_vms - len(live))
+        for _ in range(max(0, missing)):
+            try:
+                client.run_microvm(imageIdentifier=fleet.image, clientToken=uuid.UUID(int=self.rng.getrandbits(128)).hex,
+                                   maximumDurationInSeconds=28_800)
+            except ClientError:
+                break
+        for vm in running[::-1][: max(0, min(len(running) - min_vms, warm_vms - len(parked)))]:
+            try:
+                client.suspend_microvm(microvmIdentifier=vm["microvmId"])
+            except ClientError:
+                pass
+
+
+class Clients:
+    """The fleets' clients (their own VMs, parked slots taken) and another app sharing an image."""
+
+    def __init__(self, side: Side) -> None:
+        self.side = side
+        self.rng = random.Random(side.seed * 104729 + 7)
+
+    def _client(self, who: str) -> Any:
+        return self.side.emulator.direct_client(caller=who)
+
+    def _live(self, client: Any, fleet: Fleet) -> list[dict[str, Any]]:
         items, token = [], None
         while True:
-            kwargs = {"imageIdentifier": self.spec.image_arn, "maxResults": 50}
-            if token:
-                kwargs["nextToken"] = token
-            page = self._call("list_microvms", **kwargs)
+            page = client.list_microvms(imageIdentifier=fleet.image, maxResults=50, **({"nextToken": token} if token else {}))
             items += page["items"]
             token = page.get("nextToken")
             if not token:
-                return items
+                return [v for v in items if v["state"] in LIVE]
 
-    def step(self) -> Optional[float]:
-        """One tick, or the continuation of its retries: seconds to the next continuation."""
+    def _true_live(self, fleet: Fleet) -> int:
+        return sum(1 for v in self.side.emulator.microvms() if v["imageArn"] == fleet.image and v["state"] in LIVE)
+
+    def spike(self, fleet: Fleet) -> None:
+        client = self._client(f"client-{fleet.index}")
+        rng, sim = self.rng, self.side.sim
         try:
-            vms = [v for v in self.list() if v["state"] in LIVE]
+            live = self._live(client, fleet)
         except ClientError:
-            return self._retry()
-        if not self.queue:
-            running = sorted((v for v in vms if v["state"] in ("PENDING", "RUNNING")), key=lambda v: v["startedAt"])
-            parked = [v for v in vms if v["state"] in ("SUSPENDING", "SUSPENDED")]
-            missing = min(self.spec.min_vms + self.spec.warm_vms - len(vms), self.spec.max_vms - len(vms))
-            self.queue = [uuid.UUID(int=self.rng.getrandbits(128)).hex for _ in range(max(0, missing))]
-            extra = len([v for v in running if v["state"] == "RUNNING"]) - self.spec.min_vms
-            for vm in [v for v in running if v["state"] == "RUNNING"][::-1][: max(0, min(extra, self.spec.warm_vms - len(parked)))]:
-                try:
-                    self._call("suspend_microvm", microvmIdentifier=vm["microvmId"])
-                except ClientError:
-                    pass
-        while self.queue:
-            unit = self.queue[0]
-            token = f"naive-{uuid.UUID(int=self.rng.getrandbits(128))}"
-            self.units.setdefault(unit, []).append(token)
+            return
+        ends = []
+        for vm in [v for v in live if v["state"] == "SUSPENDED"][: rng.randint(1, 3)]:
             try:
-                self._call("run_microvm", imageIdentifier=self.spec.image_arn, clientToken=token)
+                client.resume_microvm(microvmIdentifier=vm["microvmId"])
+                ends.append(vm["microvmId"])
             except ClientError:
-                return self._retry()
-            self.queue.pop(0)
-            self.backoff = 1.0
-        return None
+                pass
+        _, max_vms, _ = fleet.spec_at(sim.now() - self.side.start)
+        # Clients are the scenario, not under test: they keep within max_vms by the service's truth.
+        for _ in range(max(0, min(max_vms - self._true_live(fleet), rng.randint(0, 3)))):
+            try:
+                ends.append(client.run_microvm(imageIdentifier=fleet.image, clientToken=f"client-{uuid.UUID(int=rng.getrandbits(128))}")["microvmId"])
+            except ClientError:
+                pass
+        for vm in ends:
+            sim.spawn_at(sim.now() + rng.uniform(600, 2400), lambda v=vm: self._end(client, v), "client-end")
 
-    def _retry(self) -> Optional[float]:
-        if self.backoff > 8:
-            self.queue, self.backoff = [], 1.0  # give up until the next tick
-            return None
-        wait, self.backoff = self.backoff, self.backoff * 2
-        return wait
+    def _end(self, client: Any, vm: str) -> None:
+        try:
+            client.terminate_microvm(microvmIdentifier=vm)
+        except ClientError:
+            pass
 
-
-# --------------------------------------------------------------------------------------- the day
-
-
-@dataclass
-class Side:
-    name: str
-    emulator: MicrovmsEmulator
-    clock: VirtualClock
-    actors: list[Any]
-    kind: str
-    samples: int = 0
-    violations: int = 0
-    dips: int = 0
-    converged_at: Optional[float] = None
-    storm_throttles: int = 0
-
-
-def build(kind: str, specs: list[FleetSpec], seed: int, lifetime: int) -> Side:
-    clock = VirtualClock()
-    emulator = MicrovmsEmulator(clock=clock, seed=seed, pending_seconds=PENDING, suspending_seconds=SUSPENDING,
-                                terminating_seconds=3, terminated_linger_seconds=600, memory_quota_mib=4 * 1024 * 1024)
-    client = emulator.direct_client()
-    ledger, budget = MemoryLedger(), MemoryBudget()
-    actors = []
-    rng = random.Random(seed)
-    for spec in specs:
-        image = emulator.create_image(spec.fleet, memory_mib=512)
-        spec = FleetSpec(**{**spec.__dict__, "image_arn": image, "max_lifetime_seconds": lifetime})
-        if kind == "ours":
-            actors.append(Reconciler(spec=spec, microvms=client, ledger=ledger, budget=budget,
-                                     telemetry=MemoryTelemetry(), clock=clock.now))
-        else:
-            actors.append(Naive(spec=spec, client=client, clock=clock, rng=random.Random(rng.getrandbits(64))))
-    return Side(kind, emulator, clock, actors, kind)
+    def other_app(self, fleet: Fleet, end: float) -> None:
+        """Another app on the same image keeps one VM of its own (2-hour lifetime) when there is room."""
+        client = self._client(f"other-{fleet.index}")
+        sim = self.side.sim
+        mine: Optional[str] = None
+        while sim.now() < end - 600:
+            try:
+                live = self._live(client, fleet)
+                if mine not in {v["microvmId"] for v in live}:
+                    mine = None
+                _, max_vms, _ = fleet.spec_at(sim.now() - self.side.start)
+                if mine is None and self._true_live(fleet) < max_vms:
+                    mine = client.run_microvm(imageIdentifier=fleet.image, maximumDurationInSeconds=7200,
+                                              clientToken=f"other-{uuid.UUID(int=self.rng.getrandbits(128))}")["microvmId"]
+            except ClientError:
+                pass
+            self.side.clock.sleep_until(sim.now() + 600)
 
 
-def desired_reached(side: Side) -> bool:
-    by_image: dict[str, Counter] = defaultdict(Counter)
-    for vm in side.emulator.microvms():
-        by_image[vm["imageArn"]][vm["state"]] += 1
-    for actor in side.actors:
-        states = by_image[actor.spec.image_arn]
-        if states["RUNNING"] < actor.spec.min_vms or states["SUSPENDED"] < actor.spec.warm_vms:
-            return False
-    return True
+def _fast_timestamps(client: Any) -> None:
+    """Timestamps parsed straight to UTC datetimes: the same instants botocore's default parser
+    gives (through dateutil's slow ``tzlocal``), a third of the time per ListMicrovms page. It is
+    a documented parser default (``ResponseParserFactory.set_parser_defaults``), not a stub."""
+    import datetime as dt
+
+    def parse(value: Any) -> dt.datetime:
+        if isinstance(value, (int, float)):
+            return dt.datetime.fromtimestamp(value, dt.timezone.utc)
+        from botocore.utils import parse_timestamp
+
+        return parse_timestamp(value)
+
+    client._endpoint._response_parser_factory.set_parser_defaults(timestamp_parser=parse)
 
 
-def sample(side: Side) -> None:
-    counts: dict[str, Counter] = defaultdict(Counter)
-    for vm in side.emulator.microvms():
-        counts[vm["imageArn"]][vm["state"]] += 1
-    for actor in side.actors:
-        states = counts[actor.spec.image_arn]
-        side.samples += 1
-        if sum(states[s] for s in LIVE) > actor.spec.max_vms:
-            side.violations += 1
+# =========================================================================================== ground truth
 
 
-def simulate(side: Side, specs: list[FleetSpec], seed: int, hours: float, spike_every: float) -> None:
-    """A discrete-event day: scheduled ticks and their steps, client spikes, faults, sampling."""
-    rng = random.Random(seed * 7919 + 1)
-    clock, emulator = side.clock, side.emulator
-    start = clock.now()
+class Log:
+    """What the emulator answered, aggregated as it happens (the request log would not fit a day)."""
+
+    def __init__(self, side: Side) -> None:
+        self.side = side
+        self.calls: Counter = Counter()  # (kind, operation)
+        self.errors: Counter = Counter()  # (kind, operation, code)
+        self.throttles: Counter = Counter()  # (kind, in_storm)
+        self.held: Counter = Counter()  # kind
+        self.mutations: list[tuple[str, int, str, str, float]] = []  # (kind, fleet, operation, vm, time)
+        self.quota_minutes: set = set()
+        self.crash_fleet: Optional[str] = None
+
+    def record(self, r: RequestRecord) -> None:
+        kind, fleet = _who(r.caller)
+        self.calls[kind, r.operation] += 1
+        if r.error:
+            self.errors[kind, r.operation, r.error] += 1
+            if r.error == "ThrottlingException":
+                t = r.time - self.side.start
+                self.throttles[kind, STORM[0] <= t < STORM[1] + 5] += 1
+            if r.error == "ServiceQuotaExceededException" and r.operation == "RunMicrovm":
+                self.quota_minutes.add((kind, fleet, int((r.time - self.side.start) // 60)))
+        elif r.operation in ("SuspendMicrovm", "ResumeMicrovm", "TerminateMicrovm") and r.microvm_id:
+            self.mutations.append((kind, fleet, r.operation, r.microvm_id, r.time))
+        if r.held_seconds:
+            self.held[kind] += 1
+
+
+def _who(caller: Optional[str]) -> tuple[str, int]:
+    if not caller or "-" not in caller:
+        return ("bench", -1)
+    parts = caller.split("-")
+    try:
+        return parts[0], int(parts[1])
+    except (IndexError, ValueError):
+        return parts[0], -1
+
+
+def report(side: Side, ledger_claims: dict[str, set[str]]) -> dict[str, Any]:
+    """Every figure from the emulator's VM records and request log (and, for 'counted as its own
+    slot's', from the ledger's contents, sampled during the day)."""
+    kind, start, hours = side.kind, side.start, side.hours
     end = start + hours * 3600
-    events: list[tuple[float, int, str, int]] = []
-    seq = 0
+    log = side.log
+    vms = side.emulator.microvms_ever()
+    by_image: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for vm in vms:
+        by_image[vm["imageArn"]].append(vm)
+    taken: dict[str, float] = {}
+    touched: set[str] = set()
+    suspended_own: set[str] = set()
+    terminated_own: set[str] = set()
+    resumed_own: set[str] = set()
+    starter = {vm["microvmId"]: _who(vm["caller"]) for vm in vms}
+    for who, fleet, operation, vm_id, t in log.mutations:
+        if who in ("client", "other") and operation == "ResumeMicrovm":
+            taken.setdefault(vm_id, t)
+        if who != kind:
+            continue
+        own = starter.get(vm_id) == (kind, fleet)
+        if not own:
+            touched.add(vm_id)
+        elif operation == "SuspendMicrovm":
+            suspended_own.add(vm_id)
+        elif operation == "TerminateMicrovm":
+            terminated_own.add(vm_id)
+        else:
+            resumed_own.add(vm_id)
+    for fleet_name, claimed in ledger_claims.items():
+        fleet = next(f for f in side.fleets if f.name == fleet_name)
+        touched |= {vm for vm in claimed if starter.get(vm, ("?", -1)) != (kind, fleet.index)}
 
-    def push(at: float, kind: str, index: int = 0) -> None:
-        nonlocal seq
-        seq += 1
-        heapq.heappush(events, (at, seq, kind, index))
+    samples = violations = 0
+    dips = 0.0
+    duplicates_peak = 0
+    duplicate_minutes = 0
+    converged_each: dict[int, float] = {}
+    list_pages = 0
+    expected_gets = 0
+    details: dict[str, Any] = {}
+    for fleet in side.fleets:
+        fleet_vms = by_image[fleet.image]
+        own = [v for v in fleet_vms if _who(v["caller"]) == (kind, fleet.index)]
+        for vm in own:
+            reason = vm["stateReason"] or ""
+            ended_by_us = vm["microvmId"] in terminated_own
+            if vm["state"] in ("TERMINATING", "TERMINATED") and not ended_by_us and reason != measured.REASON_MAX_LIFETIME:
+                expected_gets += 1  # an unexpected end a perfect reconciler confirms once
+        # The crash-looping fleet's dips are left out: no reconciler can keep an app up that exits.
+        timeline = _Timeline(fleet, own, fleet_vms, taken, start, side.emulator.timings.linger,
+                             dips=fleet.name != log.crash_fleet)
+        result = timeline.measure(end)
+        details[fleet.name] = {k: v for k, v in result.items() if v} | {"own_vms": len(own)}
+        samples += result["samples"]
+        violations += result["violations"]
+        dips += result["dips"]
+        duplicates_peak += result["duplicates_peak"]
+        duplicate_minutes += result["duplicate_minutes"]
+        list_pages += result["list_pages"]
+        if result["converged_at"] is not None:
+            converged_each[fleet.index] = result["converged_at"]
+    convergence = _all_converged(side, by_image, taken)
 
-    for i in range(len(side.actors)):
-        # The deploy invokes each fleet's reconciler once (on demand); the schedule then ticks
-        # every minute at its own phase.
-        push(start, "tick", i)
-        phase = rng.uniform(0, TICK)
-        push(start + max(phase, 1.0), "tick", i)
-    push(start, "sample")
-    for k in range(int(hours * 60 / spike_every)):
-        push(start + 1800 + k * spike_every * 60 + rng.uniform(0, 60), "spike", rng.randrange(len(side.actors)))
-    crash_fleet = rng.randrange(len(side.actors))
-    push(start + 2 * 3600, "storm_on")
-    push(start + 2 * 3600 + 600, "storm_off")
-    push(start + 5 * 3600, "capacity_on")
-    push(start + 5 * 3600 + 300, "capacity_off")
-    push(start + 600, "lost_responses")
-    push(start + 900, "crash_loop", crash_fleet)
-    tick_started: dict[int, float] = {}
-    client_ends: list[tuple[float, str]] = []
-    capacity_fault = None
-    direct = emulator.direct_client()
-
-    while events:
-        at, _, kind, index = heapq.heappop(events)
-        if at > end:
-            break
-        if at > clock.now():
-            clock.advance(at - clock.now())
-        if kind == "tick":
-            if at > start:
-                push(at + TICK, "tick", index)
-            actor = side.actors[index]
-            if side.kind == "ours":
-                if not actor.begin_tick(lease_seconds=TICK_DEADLINE + 15, deadline_seconds=TICK_DEADLINE):
-                    continue
-                tick_started[index] = at
-            kind = "step"
-        if kind == "step":
-            actor = side.actors[index]
-            wake = actor.step().wake_after if side.kind == "ours" else actor.step()
-            if side.kind == "ours":
-                if wake is None or clock.now() + wake > tick_started[index] + TICK_DEADLINE:
-                    actor.end_tick()
-                    continue
-            elif wake is None:
-                continue
-            push(clock.now() + max(wake, 0.001), "step", index)
-        elif kind == "sample":
-            sample(side)
-            if side.converged_at is None and desired_reached(side):
-                side.converged_at = at - start
-            while client_ends and client_ends[0][0] <= at:
-                _, vm_id = heapq.heappop(client_ends)
-                try:
-                    direct.terminate_microvm(microvmIdentifier=vm_id)
-                except ClientError:
-                    pass
-            push(at + (1 if side.converged_at is None else 60), "sample")
-        elif kind == "spike":
-            spec = side.actors[index].spec
-            vms = [v for v in emulator.microvms() if v["imageArn"] == spec.image_arn and v["state"] in LIVE]
-            for vm in [v for v in vms if v["state"] == "SUSPENDED"][: rng.randint(1, 3)]:
-                try:
-                    direct.resume_microvm(microvmIdentifier=vm["microvmId"])
-                    heapq.heappush(client_ends, (at + rng.uniform(600, 2400), vm["microvmId"]))
-                except ClientError:
-                    pass
-            room = spec.max_vms - len(vms)
-            for _ in range(max(0, min(room, rng.randint(0, 3)))):
-                try:
-                    vm = direct.run_microvm(imageIdentifier=spec.image_arn, clientToken=f"client-{uuid.uuid4()}")
-                    heapq.heappush(client_ends, (at + rng.uniform(600, 2400), vm["microvmId"]))
-                except ClientError:
-                    pass
-        elif kind == "storm_on":
-            side.storm_throttles = -sum(emulator.throttled.values())  # type: ignore[attr-defined]
-            rate, burst = DEFAULT_RATE_LIMITS["RunMicrovm"]
-            emulator.set_rate_limit("RunMicrovm", rate / 5, 1)
-        elif kind == "storm_off":
-            side.storm_throttles += sum(emulator.throttled.values())  # type: ignore[attr-defined]
-            emulator.set_rate_limit("RunMicrovm", *DEFAULT_RATE_LIMITS["RunMicrovm"])
-        elif kind == "capacity_on":
-            capacity_fault = emulator.inject("RunMicrovm", "InsufficientCapacity", probability=0.3, times=None)
-        elif kind == "capacity_off" and capacity_fault is not None:
-            emulator.remove_fault(capacity_fault)
-        elif kind == "lost_responses":
-            emulator.inject("RunMicrovm", "lost_response", probability=0.02, times=None)
-        elif kind == "crash_loop":
-            # One fleet's app crash-loops from now on: every new VM of its image dies 20 s in.
-            image = side.actors[index].spec.image_arn
-            for vm in emulator.microvms():
-                if vm["imageArn"] == image and vm["state"] in LIVE:
-                    emulator.crash(vm["microvmId"], reason="app_crashloop")
-            emulator.inject("RunMicrovm", "crash", image=image, after_seconds=20, times=None)
-
-
-def lower_bound(specs: list[FleetSpec]) -> float:
-    """The soonest the quotas allow every fleet to reach its desired state from empty."""
-    rate, burst = DEFAULT_RATE_LIMITS["RunMicrovm"]
-    s_rate, s_burst = DEFAULT_RATE_LIMITS["SuspendMicrovm"]
-    total = sum(s.min_vms + s.warm_vms for s in specs)
-    warm = sum(s.warm_vms for s in specs)
-    runs_done = max(0.0, total - burst) / rate
-    suspends_done = PENDING + max(0.0, warm - s_burst) / s_rate if warm else 0.0
-    return round(max(runs_done + PENDING, suspends_done) + (SUSPENDING if warm else 0.0), 3)
-
-
-def report(side: Side, specs: list[FleetSpec]) -> dict[str, Any]:
-    emulator = side.emulator
-    vms = [vm for vm in emulator.microvms_ever()]
-    if side.kind == "ours":
-        tokens = Counter(vm["clientToken"] for vm in vms if (vm["clientToken"] or "").startswith("rz1-"))
-        duplicates = sum(count - 1 for count in tokens.values())
-        attempts = sum(sum(a.telemetry.metrics["RunMicrovmAttempts"]) for a in side.actors)
-        units = len(tokens)
-        throttles = int(sum(v for (name, _), v in _merge(a.telemetry.by_operation for a in side.actors).items() if name == "Throttles"))
-        calls = sum(a.api_calls for a in side.actors)
-    else:
-        by_token = Counter(vm["clientToken"] for vm in vms)
-        duplicates = 0
-        units = 0
-        for tokens in (t for a in side.actors for t in a.units.values()):
-            made = sum(by_token[t] for t in tokens)
-            units += 1 if made else 0
-            duplicates += max(0, made - 1)
-        attempts = sum(a.calls["run_microvm"] for a in side.actors)
-        throttles = sum(a.throttles for a in side.actors)
-        calls = sum(sum(a.calls.values()) for a in side.actors)
-    runs_needed = units
-    suspends_needed = sum(1 for vm in vms if vm.get("wasSuspended"))
-    ticks = len(side.actors) * int(HOURS_RUN * 3600 / TICK)
-    minimum = runs_needed + suspends_needed + ticks
+    units = sum(1 for v in vms if _who(v["caller"])[0] == kind)
+    # A perfect reconciler gives a crash-looping slot a bounded number of starts (the reconciler's
+    # default max_start_attempts, 3, per slot) and then dead-letters it: starts beyond are not owed.
+    crash = next((f for f in side.fleets if f.name == log.crash_fleet), None)
+    crash_starts = 0
+    if crash is not None:
+        onset = start + 900
+        crash_own = [v for v in by_image[crash.image] if _who(v["caller"]) == (kind, crash.index)]
+        owed = sum(1 for v in crash_own if v["startedAt"] < onset) + 3 * (crash.min_vms + crash.warm_vms)
+        crash_starts = max(0, len(crash_own) - owed)
+    runs = log.calls[kind, "RunMicrovm"]
+    failed_runs_not_ours = sum(log.errors[kind, "RunMicrovm", code] for code in ("InternalServerException", "InsufficientCapacityException"))
+    quota_probes = sum(1 for k, *_ in log.quota_minutes if k == kind)
+    calls = sum(v for (k, _), v in log.calls.items() if k == kind)
+    minimum = (list_pages + (units - duplicates_peak - crash_starts) + failed_runs_not_ours + quota_probes
+               + len(suspended_own) + len(terminated_own) + len(resumed_own) + expected_gets)
+    throttles = log.throttles[kind, False] + log.throttles[kind, True]
+    bound = lower_bound(side.fleets, side.emulator.timings.pending, side.emulator.timings.suspending)
     return {
-        "violations_max_vms": side.violations,
-        "samples": side.samples,
-        "duplicate_vms": duplicates,
-        "amplification": round(attempts / units, 4) if units else None,
-        "run_attempts": attempts,
+        "violations_max_vms": violations,
+        "samples": samples,
+        "duplicate_vms": duplicates_peak,
+        "duplicate_vm_minutes": duplicate_minutes,
+        "dips_below_min": round(dips, 1),
+        "foreign_vms_touched": len(touched),
+        "amplification": round(runs / units, 4) if units else None,
+        "run_attempts": runs,
         "units_filled": units,
         "throttles_received": throttles,
-        "throttles_under_default_quotas": sum(emulator.throttled.values()) - side.storm_throttles,
-        "convergence_seconds": side.converged_at,
-        "lower_bound_seconds": lower_bound(specs),
+        "throttles_under_default_quotas": log.throttles[kind, False],
+        "requests_held": log.held[kind],
+        "convergence_seconds": convergence,
+        "lower_bound_seconds": bound,
+        "convergence_goal_seconds": round(1.2 * bound + 2, 3),
+        "convergence_ratio": round(convergence / bound, 3) if convergence is not None and bound else None,
+        "fleets_never_converged": len(side.fleets) - len(converged_each),
         "api_calls": calls,
         "api_calls_minimum": minimum,
+        "api_calls_ratio": round(calls / minimum, 3) if minimum else None,
+        "invocations": side.invocations,
+        "invocations_killed": side.kills,
+        "invocation_errors": dict(side.invocation_errors),
+        "_per_fleet": details,
+        "_first_error": side.first_error,
     }
 
 
-def _merge(dicts: Any) -> dict[Any, float]:
-    merged: dict[Any, float] = defaultdict(float)
-    for d in dicts:
-        for k, v in d.items():
-            merged[k] += v
-    return merged
+class _Timeline:
+    """One fleet's VMs over the day, swept in time order (exact, from the VMs' state histories)."""
+
+    def __init__(self, fleet: Fleet, own: list[dict[str, Any]], all_vms: list[dict[str, Any]],
+                 taken: dict[str, float], start: float, linger: float, dips: bool = True) -> None:
+        self.fleet, self.start, self.linger, self.dips = fleet, start, linger, dips
+        self.events: list[tuple[float, int, str, int]] = []
+        for vm in all_vms:
+            for a, b, state in _intervals(vm):
+                if state in LIVE:
+                    self._span(a, b, "live")
+                self._span(a, a + linger if state == "TERMINATED" else b, "listed")
+        for vm in own:
+            cut = taken.get(vm["microvmId"], math.inf)
+            ended = _end_of(vm)
+            for a, b, state in _intervals(vm):
+                b = min(b, cut)
+                if a >= b:
+                    continue
+                if state == "RUNNING":
+                    self._span(a, b, "running")
+                elif state == "SUSPENDED":
+                    self._span(a, b, "parked")
+                if state in LIVE:
+                    self._span(a, b, "own")
+                    if ended is not None:
+                        self._span(max(a, ended - RETIRING_WINDOW), b, "retiring")
+
+    def _span(self, a: float, b: float, what: str) -> None:
+        if b > a:
+            self.events.append((a, 1, what, 1))
+            self.events.append((b, 0, what, -1))
+
+    def measure(self, end: float) -> dict[str, Any]:
+        fleet, start = self.fleet, self.start
+        counts: Counter = Counter()
+        events = sorted(self.events)
+        samples = [start + 60 * k for k in range(1, int((end - start) // 60) + 1)]
+        changes = sorted(start + c[0] for c in fleet.changes)
+        marks = sorted([(t, 0, "sample", 0) for t in samples] + [(t, 0, "change", 0) for t in changes])
+        out = {"samples": 0, "violations": 0, "dips": 0.0, "duplicates_peak": 0, "duplicate_minutes": 0,
+               "list_pages": 0, "converged_at": None}
+        converged = None
+        last = start
+        i = j = 0
+        shrink_until, shrink_extra = -math.inf, 0
+        while i < len(events) or j < len(marks):
+            take_event = j >= len(marks) or (i < len(events) and events[i][0] <= marks[j][0])
+            t = events[i][0] if take_event else marks[j][0]
+            if t > end:
+                break
+            if converged is not None and self.dips and counts["running"] < fleet.min_owed(last - start):
+                out["dips"] += t - last
+            last = t
+            if take_event:
+                counts[events[i][2]] += events[i][3]
+                i += 1
+            else:
+                _, _, what, _ = marks[j]
+                j += 1
+                if what == "change":
+                    old = fleet.spec_at(t - start - 1e-6)
+                    new = fleet.spec_at(t - start)
+                    if new[0] + new[2] < old[0] + old[2]:
+                        # Base VMs above a lowered min_vms may be serving: they end by themselves.
+                        shrink_until, shrink_extra = t + 28_800, (old[0] + old[2]) - (new[0] + new[2])
+                    continue
+                min_vms, max_vms, warm = fleet.spec_at(t - start)
+                out["samples"] += 1
+                if counts["live"] > max_vms:
+                    out["violations"] += 1
+                out["list_pages"] += max(1, math.ceil(counts["listed"] / 50))
+                allowance = min_vms + warm + (shrink_extra if t < shrink_until else 0)
+                excess = max(0, counts["own"] - counts["retiring"] - allowance)
+                out["duplicates_peak"] = max(out["duplicates_peak"], excess)
+                out["duplicate_minutes"] += excess
+                continue
+            min_vms, max_vms, warm = fleet.spec_at(t - start)
+            if converged is None and counts["running"] >= min_vms and counts["parked"] >= warm:
+                converged = t
+                out["converged_at"] = t - start
+        if converged is not None and self.dips and last < end and counts["running"] < fleet.min_owed(last - start):
+            out["dips"] += end - last
+        return out
 
 
-HOURS_RUN = 24.0
+def _intervals(vm: dict[str, Any]) -> list[tuple[float, float, str]]:
+    history = vm["history"]
+    spans = []
+    for (a, state, _), nxt in zip(history, history[1:] + [(math.inf, None, None)]):
+        spans.append((a, nxt[0], state))
+    return spans
 
 
-def main() -> None:
-    global HOURS_RUN
+def _end_of(vm: dict[str, Any]) -> Optional[float]:
+    for at, state, _ in vm["history"]:
+        if state in ("TERMINATING", "TERMINATED"):
+            return at
+    return None
+
+
+def _all_converged(side: Side, by_image: dict[str, list[dict[str, Any]]], taken: dict[str, float]) -> Optional[float]:
+    """The first moment every fleet had ``min_vms`` RUNNING and ``warm_vms`` SUSPENDED VMs of its own."""
+    events = []
+    need = {}
+    for fleet in side.fleets:
+        need[fleet.index] = (fleet.min_vms, fleet.warm_vms)
+        for vm in by_image[fleet.image]:
+            if _who(vm["caller"]) != (side.kind, fleet.index):
+                continue
+            cut = taken.get(vm["microvmId"], math.inf)
+            for a, b, state in _intervals(vm):
+                if state in ("RUNNING", "SUSPENDED") and min(b, cut) > a:
+                    events.append((a, 1, fleet.index, state))
+                    events.append((min(b, cut), -1, fleet.index, state))
+    events.sort(key=lambda e: (e[0], e[1]))
+    counts: dict[tuple[int, str], int] = Counter()
+    unmet = {i for i, (m, w) in need.items() if m > 0 or w > 0}
+    if not unmet:
+        return 0.0
+    for at, delta, index, state in events:
+        counts[index, state] += delta
+        m, w = need[index]
+        if counts[index, "RUNNING"] >= m and counts[index, "SUSPENDED"] >= w:
+            unmet.discard(index)
+        else:
+            unmet.add(index)
+        if not unmet:
+            return round(at - side.start, 3)
+    return None
+
+
+# =========================================================================================== running
+
+
+def run_side(kind: str, fleets_count: int, seed: int, hours: float) -> dict[str, Any]:
+    fleets = make_fleets(fleets_count, random.Random(seed))
+    side: Side = Ours(fleets, seed, hours) if kind == "ours" else Naive(fleets, seed, hours)
+    claims: dict[str, set[str]] = defaultdict(set)
+    if isinstance(side, Ours):
+        for k in range(1, int(hours * 12) + 1):
+            def sample(side: Ours = side) -> None:
+                for fleet in side.fleets:
+                    claims[fleet.name] |= side.ledger_claims(fleet)
+            side.sim.call_at(side.start + k * 300, sample)
+    started = time.perf_counter()
+    cpu = time.process_time()
+    side.run()
+    result = report(side, claims)
+    result["wall_seconds"] = round(time.perf_counter() - started, 2)
+    result["cpu_seconds"] = round(time.process_time() - cpu, 2)
+    result["peak_memory_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+    result["lambda_environments"] = side.envs
+    return result
+
+
+def _child(kind: str, fleets: int, seed: int, hours: float, queue: Any) -> None:
+    try:
+        queue.put(("ok", run_side(kind, fleets, seed, hours)))
+    except BaseException as exc:  # noqa: BLE001
+        import traceback
+
+        queue.put(("error", f"{kind}: {exc!r}\n{traceback.format_exc()}"))
+
+
+def main(argv: Optional[list[str]] = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--fleets", type=int, default=10)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--hours", type=float, default=24.0)
-    parser.add_argument("--lifetime", type=int, default=28_800)
-    parser.add_argument("--spike-every", type=float, default=10.0, help="minutes between client spikes")
+    parser.add_argument("--side", choices=["ours", "naive", "both"], default="both")
+    parser.add_argument("--jobs", type=int, default=1, help="sides run at once (each in its own process)")
     parser.add_argument("--json", action="store_true")
-    args = parser.parse_args()
-    HOURS_RUN = args.hours
-    specs = make_fleets(args.fleets, random.Random(args.seed))
+    parser.add_argument("--details", action="store_true", help="per-fleet figures and the first invocation error")
+    args = parser.parse_args(argv)
+    if args.fleets < 1 or not 0 < args.hours <= 24 * 7 or args.jobs < 1:
+        parser.error("--fleets must be >= 1, --hours within (0, 168], --jobs >= 1")
+    kinds = ["ours", "naive"] if args.side == "both" else [args.side]
+    context = multiprocessing.get_context("fork")
     out: dict[str, Any] = {}
-    for kind in ("ours", "naive"):
-        side = build(kind, specs, args.seed, args.lifetime)
-        started = time.perf_counter()
-        simulate(side, specs, args.seed, args.hours, args.spike_every)
-        out[kind] = report(side, specs)
-        out[kind]["wall_seconds"] = round(time.perf_counter() - started, 2)
+    pending = list(kinds)
+    running: list[tuple[str, Any, Any]] = []
+    while pending or running:
+        while pending and len(running) < args.jobs:
+            kind = pending.pop(0)
+            queue = context.Queue()
+            proc = context.Process(target=_child, args=(kind, args.fleets, args.seed, args.hours, queue))
+            proc.start()
+            running.append((kind, proc, queue))
+        kind, proc, queue = running.pop(0)
+        status, value = queue.get()
+        proc.join()
+        if status != "ok":
+            sys.exit(f"benchmark failed: {value}")
+        if not args.details:
+            value = {k: v for k, v in value.items() if not k.startswith("_")}
+        out[kind] = value
+    out["scenario"] = {"fleets": args.fleets, "seed": args.seed, "hours": args.hours,
+                       "vms_desired": sum(f.min_vms + f.warm_vms for f in make_fleets(args.fleets, random.Random(args.seed)))}
     if args.json:
         print(json.dumps(out, indent=2))
         return
-    keys = list(out["ours"])
-    print(f"{'':24}{'ours':>14}{'naive':>14}")
-    for key in keys:
-        print(f"{key:24}{str(out['ours'][key]):>14}{str(out['naive'][key]):>14}")
+    sides = [k for k in ("ours", "naive") if k in out]
+    print(f"{'':32}" + "".join(f"{k:>14}" for k in sides))
+    for key in [k for k in out[sides[0]] if not k.startswith("_")]:
+        print(f"{key:32}" + "".join(f"{str(out[k][key]):>14}" for k in sides))
 
 
 if __name__ == "__main__":

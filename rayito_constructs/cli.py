@@ -26,6 +26,7 @@ from .options import max_concurrency_limit
 from .overrides import name_what_was_typed, read_overrides
 from .project import AgentProject
 from .recipe import plan_recipe
+from .verify import cli as verify_cli
 
 EXIT_INVALID = 2
 
@@ -72,6 +73,7 @@ def _parser() -> argparse.ArgumentParser:
     assembly = commands.add_parser("assembly", help="summarize a synthesized cloud assembly")
     assembly.add_argument("outdir", nargs="?", default="cdk.out")
     assembly.add_argument("--json", action="store_true")
+    verify_cli.add_parser(commands)
     return parser
 
 
@@ -255,6 +257,8 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     try:
         if args.command == "plan":
             return _plan(args, out)
+        if args.command == "verify":
+            return verify_cli.run(args, out)
         return _assembly(args, out)
     except ProjectError as exc:
         for problem in exc.problems:

@@ -88,11 +88,16 @@ def routes() -> tuple[Route, ...]:
     return tuple(found)
 
 
+@lru_cache(maxsize=16)
+def _routes_for(method: str) -> tuple[Route, ...]:
+    return tuple(r for r in routes() if r.method == method)
+
+
 def match(method: str, path: str) -> Optional[tuple[Route, dict[str, str]]]:
     """The operation a request names, with its URI labels (URL-decoded)."""
-    for route in routes():
+    for route in _routes_for(method):
         found = route.pattern.match(path)
-        if found and route.method == method:
+        if found:
             return route, {k: unquote(v) for k, v in found.groupdict().items()}
     return None
 

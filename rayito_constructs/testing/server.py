@@ -15,6 +15,7 @@ import email.utils
 import re
 import socket
 import uuid
+from functools import lru_cache
 from http.server import BaseHTTPRequestHandler
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Optional
 from urllib.parse import urlsplit
@@ -39,8 +40,13 @@ def caller_of(headers: Mapping[str, str]) -> Optional[str]:
     return found.group(1) if found else None
 
 
+@lru_cache(maxsize=4)
+def _http_date(second: int) -> str:
+    return email.utils.formatdate(second, usegmt=True)
+
+
 def http_date(seconds: float) -> str:
-    return email.utils.formatdate(seconds, usegmt=True)
+    return _http_date(int(seconds))
 
 
 def handle(backend: "MicrovmsBackend", method: str, path: str, query: str, body: bytes,
@@ -73,6 +79,8 @@ def _answer(backend: "MicrovmsBackend", method: str, path: str, query: str, body
         result = backend.call(route.operation, params, caller=caller, validate=False)
     except WireError as err:
         return err.encode()
+    except Exception as exc:  # noqa: BLE001 - a bug (or a test's subscriber) must not drop the connection
+        return WireError("InternalServerException", f"emulator error: {type(exc).__name__}: {exc}").encode()
     return route.status, {"Content-Type": "application/json"}, _wire.encode_output(op, result)
 
 
@@ -126,7 +134,7 @@ def http_handler(backend: "MicrovmsBackend", admin: Callable[[str, str, bytes], 
             if payload:
                 self.wfile.write(payload)
 
-        do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = do_HEAD = _serve  # noqa: N815
+        do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = _serve  # noqa: N815
 
         def log_message(self, fmt: str, *args: Any) -> None:
             pass

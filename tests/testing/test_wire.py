@@ -309,3 +309,67 @@ def test_virtual_clock_refuses_what_the_wire_cannot_show() -> None:
         VirtualClock(start=-5)
     before = clock.now()
     assert clock.advance_to(before - 100) == before  # never backwards
+
+
+def test_an_error_inside_the_emulator_is_a_500_not_a_dropped_connection(emulator, client, image) -> None:
+    def broken(record) -> None:
+        raise RuntimeError("a subscriber bug")
+
+    emulator.subscribe(broken)
+    response = error(lambda: client.list_microvms())
+    assert response["ResponseMetadata"]["HTTPStatusCode"] == 500
+    assert "a subscriber bug" in response["Error"]["Message"]
+
+
+def test_names_with_underscores_and_unicode(emulator, client) -> None:
+    image = emulator.create_image("mi_agente_2")
+    assert run(client, image)["imageArn"].endswith(":microvm-image:mi_agente_2")
+    unicode = "arn:aws:lambda:us-east-1:123456789012:microvm-image:agénte"
+    assert error(lambda: run(client, unicode))["Error"]["Code"] == "ResourceNotFoundException"
+    assert error(lambda: client.create_microvm_image(name="agénte", baseImageArn=BASE, buildRoleArn=ROLE,
+                                                     codeArtifact={"uri": "s3://b/k"}))["Error"]["Code"] == "ValidationException"
+
+
+def test_a_storm_of_mixed_calls_from_threads_keeps_the_books(clock) -> None:
+    """Eight threads hammer every MicroVM operation at once while the clock moves: nothing is
+    answered 500, and the memory quota's count equals the live VMs' memory."""
+    import random as _random
+
+    with MicrovmsEmulator(clock=clock, seed=9, rate_limits=False) as emu:
+        image = emu.create_image("tormenta", memory_mib=512)
+        seen: list[str] = []
+        codes: list[int] = []
+        lock = threading.Lock()
+
+        def work(n: int) -> None:
+            rng = _random.Random(n)
+            c = microvms_client(emu.endpoint_url)
+            for _ in range(40):
+                op = rng.choice(["run", "run", "suspend", "resume", "terminate", "list", "get"])
+                with lock:
+                    target = rng.choice(seen) if seen else "microvm-none"
+                try:
+                    if op == "run":
+                        vm = c.run_microvm(imageIdentifier=image, clientToken=f"t{rng.randrange(30)}")["microvmId"]
+                        with lock:
+                            seen.append(vm)
+                    elif op == "list":
+                        c.list_microvms(imageIdentifier=image, maxResults=3)
+                    else:
+                        getattr(c, {"suspend": "suspend_microvm", "resume": "resume_microvm", "terminate": "terminate_microvm",
+                                    "get": "get_microvm"}[op])(microvmIdentifier=target)
+                except c.exceptions.ClientError as exc:
+                    with lock:
+                        codes.append(exc.response["ResponseMetadata"]["HTTPStatusCode"])
+                if n == 0:
+                    clock.advance(rng.uniform(0, 3))
+
+        threads = [threading.Thread(target=work, args=(n,)) for n in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=120)
+        assert all(code in (404, 409) for code in codes), codes
+        live = [vm for vm in emu.microvms() if vm["state"] in ("PENDING", "RUNNING", "SUSPENDING", "SUSPENDED")]
+        assert emu.memory_in_use_mib() == 512 * len(live)
+        assert len({vm["clientToken"] for vm in emu.microvms_ever()}) == len(emu.microvms_ever())  # one VM per token

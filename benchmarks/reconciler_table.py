@@ -1,0 +1,99 @@
+"""The reconciler benchmark over fleet counts and seeds, every run shown: the table of docs/performance.md.
+
+    .venv/bin/python -m benchmarks.reconciler_table [--fleets 1 10 37 100 300] [--seeds 1 2 3 4 5]
+        [--jobs 2] [--results results.jsonl] [--markdown]
+
+Each (fleets, seed, side) is ``python -m benchmarks.reconciler --fleets N --seed S --side SIDE
+--json`` in a process of its own; results are appended to ``--results`` as they come (a run that
+is already there is not repeated), so a long table can be stopped and resumed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from pathlib import Path
+from typing import Any
+
+KEYS = [
+    ("convergence_seconds", "conv s"), ("lower_bound_seconds", "bound s"), ("violations_max_vms", "> max"),
+    ("duplicate_vms", "dup"), ("dips_below_min", "dips s"), ("foreign_vms_touched", "foreign"),
+    ("amplification", "ampl"), ("throttles_under_default_quotas", "429"), ("requests_held", "held"),
+    ("api_calls_ratio", "calls/min"), ("wall_seconds", "wall s"), ("peak_memory_mb", "MB"),
+]
+
+
+def run(fleets: int, seed: int, side: str, hours: float) -> dict[str, Any]:
+    started = time.perf_counter()
+    result = subprocess.run(
+        [sys.executable, "-m", "benchmarks.reconciler", "--fleets", str(fleets), "--seed", str(seed),
+         "--side", side, "--hours", str(hours), "--json"],
+        capture_output=True, text=True, timeout=6 * 3600,
+    )
+    if result.returncode != 0:
+        return {"fleets": fleets, "seed": seed, "side": side, "error": result.stderr[-2000:]}
+    data = json.loads(result.stdout)[side]
+    return {"fleets": fleets, "seed": seed, "side": side, "hours": hours,
+            "process_seconds": round(time.perf_counter() - started, 1), **data}
+
+
+def markdown(rows: list[dict[str, Any]]) -> str:
+    """One line per run; a convergence above issue #11's goal (1.2 x bound + 2) in bold."""
+    head = "| fleets | seed | side | " + " | ".join(label for _, label in KEYS) + " |"
+    lines = [head, "|" + "---:|" * 3 + "---:|" * len(KEYS)]
+    for row in sorted(rows, key=lambda r: (r["fleets"], r["seed"], r["side"] != "ours")):
+        if "error" in row:
+            lines.append(f"| {row['fleets']} | {row['seed']} | {row['side']} | error |" + " |" * (len(KEYS) - 1))
+            continue
+        cells = []
+        for key, _ in KEYS:
+            value = row.get(key)
+            over = (key == "convergence_seconds" and value is not None and row.get("convergence_goal_seconds") is not None
+                    and value > row["convergence_goal_seconds"])
+            if isinstance(value, float) and key in ("dips_below_min", "wall_seconds"):
+                value = f"{value:,.0f}"
+            elif isinstance(value, float) and key in ("convergence_seconds", "lower_bound_seconds", "peak_memory_mb"):
+                value = f"{value:,.1f}"
+            elif isinstance(value, int):
+                value = f"{value:,}"
+            cells.append("–" if value is None else f"**{value}**" if over else str(value))
+        lines.append(f"| {row['fleets']} | {row['seed']} | {row['side']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--fleets", type=int, nargs="+", default=[1, 10, 37, 100, 300])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3, 4, 5])
+    parser.add_argument("--sides", nargs="+", default=["ours", "naive"])
+    parser.add_argument("--hours", type=float, default=24.0)
+    parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--results", type=Path, default=Path("reconciler-table.jsonl"))
+    parser.add_argument("--markdown", action="store_true", help="only print the table of the results so far")
+    args = parser.parse_args()
+    done: list[dict[str, Any]] = []
+    if args.results.exists():
+        done = [json.loads(line) for line in args.results.read_text().splitlines() if line.strip()]
+    have = {(r["fleets"], r["seed"], r["side"]) for r in done if "error" not in r}
+    if not args.markdown:
+        todo = [(f, s, side) for f in sorted(args.fleets, reverse=True) for s in args.seeds for side in args.sides
+                if (f, s, side) not in have]
+        with ThreadPoolExecutor(max_workers=args.jobs) as pool, args.results.open("a") as out:
+            futures = [pool.submit(run, *job, args.hours) for job in todo]
+            for future in as_completed(futures):
+                row = future.result()
+                out.write(json.dumps(row) + "\n")
+                out.flush()
+                done.append(row)
+                print(f"{row['fleets']:>4} fleets seed {row['seed']} {row['side']:>5}: "
+                      + ("error" if "error" in row else f"{row['wall_seconds']} s, {row['peak_memory_mb']} MB"), flush=True)
+    wanted = [r for r in done if r["fleets"] in args.fleets and r["seed"] in args.seeds and r["side"] in args.sides]
+    print(markdown(wanted))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,101 @@
+"""``rayito-constructs verify <fleet-name-or-stack> [--region R] [--launch] [--json]``.
+
+Exit status: 0 when nothing fails, 1 when a check fails, 2 on bad input (unknown stack or fleet,
+bad flags). Output: a table for people, ``--json`` for machines; the launch's cost goes to stderr
+first, before anything is started.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+from pathlib import Path
+from typing import Any, Optional, TextIO
+
+from .report import render_json, render_table
+from .run import BadInput, Options, TargetNotFound, verify
+
+EXIT_INVALID = 2
+
+
+def add_parser(commands: Any) -> argparse.ArgumentParser:
+    """Add the ``verify`` subcommand to ``rayito-constructs``' subparsers."""
+    parser = commands.add_parser(
+        "verify", help="check a deployed fleet against the real account (read-only unless --launch)",
+        description="Check a deployed fleet against its AWS account: account and region, quotas, image, IAM "
+                    "(simulated), recipe, reconciler, egress budgets; --launch starts one VM. Read-only otherwise.")
+    parser.add_argument("target", metavar="fleet-name-or-stack", help="the fleet's name or its stack's name")
+    parser.add_argument("--region", help="the fleet's region (default: AWS_REGION or the profile's)")
+    parser.add_argument("--launch", action="store_true",
+                        help="start one VM from the fleet's image, wait for it to answer, terminate it (costs money)")
+    parser.add_argument("--launch-role", metavar="ROLE_ARN",
+                        help="launch as this role, limited to SandboxLauncherPolicy (default: your credentials)")
+    parser.add_argument("--launch-timeout", metavar="SECONDS", default="180",
+                        help="how long to wait for the VM to answer (seconds, default 180)")
+    parser.add_argument("--project", metavar="FOLDER", help="the agent folder, to compare the recipe with")
+    parser.add_argument("--fleet", metavar="NAME", help="the fleet, when the stack holds several")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    return parser
+
+
+def _timeout(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise BadInput(f"verify: --launch-timeout {text!r} is not a number of seconds") from None
+    if not math.isfinite(value) or not 10 <= value <= 3600:
+        raise BadInput(f"verify: --launch-timeout {text!r} must be from 10 to 3600 seconds")
+    return value
+
+
+def options_from(args: argparse.Namespace) -> Options:
+    project = None
+    if args.project:
+        project = Path(args.project)
+        if not project.is_dir():
+            raise BadInput(f"verify: --project {args.project!r} is not a folder")
+    if args.launch_role and not args.launch_role.startswith("arn:"):
+        raise BadInput(f"verify: --launch-role {args.launch_role!r} is not a role ARN (arn:aws:iam::<account>:role/<name>)")
+    return Options(target=args.target, region=args.region, launch=args.launch, launch_role=args.launch_role,
+                   launch_timeout=_timeout(args.launch_timeout), project=project, fleet=args.fleet)
+
+
+def run(args: argparse.Namespace, out: Optional[TextIO] = None, err: Optional[TextIO] = None, **kwargs: Any) -> int:
+    """Run ``verify`` for parsed arguments; returns the exit status. ``kwargs`` go to :func:`verify`."""
+    out = out or sys.stdout
+    err = err or sys.stderr
+
+    def note(line: str) -> None:
+        err.write(line + "\n")
+        err.flush()
+
+    try:
+        report = verify(options_from(args), on_note=note, **kwargs)
+    except (TargetNotFound, BadInput) as exc:
+        err.write(f"{exc}\n")
+        return EXIT_INVALID
+    try:
+        if args.json:
+            render_json(report, out)
+        else:
+            render_table(report, out, color=_color(out))
+        out.flush()
+    except BrokenPipeError:
+        # A closed pipe (``| head``) is not an error of verify: keep quiet, keep the status.
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, out.fileno())
+        except (OSError, ValueError, AttributeError):
+            pass
+    return report.exit_code
+
+
+def _color(out: TextIO) -> bool:
+    if os.environ.get("NO_COLOR") or os.environ.get("TERM") == "dumb":
+        return False
+    try:
+        return out.isatty()
+    except (AttributeError, ValueError):
+        return False
