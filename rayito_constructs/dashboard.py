@@ -13,6 +13,7 @@ with the fleet's ``metrics=True`` (a dashboard of graphs nobody feeds is refused
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING, Optional, Sequence
 
 import aws_cdk as cdk
@@ -22,6 +23,7 @@ from constructs import Construct
 from .egress.client import REASONS
 from .egress.targets import declared_target
 from .egress.telemetry import NAMESPACE as EGRESS_NAMESPACE
+from .names import fleet_name_problem
 
 if TYPE_CHECKING:  # pragma: no cover
     from .egress_budget import EgressBudget
@@ -29,12 +31,36 @@ if TYPE_CHECKING:  # pragma: no cover
     from .recipe_parameter import RecipeParameter
     from .reconciler import FleetReconciler
 
+#: PutDashboard's ``DashboardName``: "The maximum length is 255, and valid characters are A-Z,
+#: a-z, 0-9, "-", and "_"" (CloudWatch API Reference, PutDashboard). Dashboards are global to an
+#: account: the default name carries the region.
+DASHBOARD_NAME = re.compile(r"[A-Za-z0-9_-]{1,255}", re.ASCII)
 _W = 6  # four graphs a row (a dashboard is 24 units wide)
 _H = 6
 
 
 def _label(metric: cloudwatch.Metric, label: str) -> cloudwatch.Metric:
     return metric.with_(label=label)
+
+
+def dashboard_name_problem(name: object) -> None:
+    """A one-line ``ValueError`` unless ``name`` is a dashboard name (or a token CloudFormation
+    fills in)."""
+    if isinstance(name, str) and cdk.Token.is_unresolved(name):
+        return
+    if not isinstance(name, str) or not DASHBOARD_NAME.fullmatch(name):
+        shown = repr(name) if not isinstance(name, str) or len(name) <= 80 else repr(name[:80] + "...")
+        why = "is longer than 255 characters" if isinstance(name, str) and len(name) > 255 else \
+            "must be 1 to 255 of A-Z, a-z, 0-9, '-' and '_'"
+        raise ValueError(f"dashboard_name: {shown} {why} (CloudWatch PutDashboard)")
+
+
+def default_dashboard_name(fleet_name: str, region: str) -> str:
+    """``Rayito-<fleet>-<region>``: a fleet name is at most 64 characters, so this fits 255."""
+    name = f"Rayito-{fleet_name}-{region}"
+    if not cdk.Token.is_unresolved(region):
+        dashboard_name_problem(name)
+    return name
 
 
 class FleetDashboard(Construct):
@@ -47,8 +73,9 @@ class FleetDashboard(Construct):
     :param egress_budget: the fleet's egress budget. Default: none.
     :param queries: the fleet's saved queries, named in the dashboard's header. Default: none.
     :param alarms: alarms shown in the header's status widget. Default: none.
-    :param dashboard_name: Default: ``Rayito-<fleet>-<region>`` (dashboard names are global to an
-        account, so the region keeps one fleet name in two regions apart).
+    :param dashboard_name: 1 to 255 of ``A-Za-z0-9_-`` (PutDashboard's rule). Default:
+        ``Rayito-<fleet>-<region>`` (dashboard names are global to an account, so the region keeps
+        one fleet name in two regions apart; two fleets of a region have two names).
     :param amplification_threshold: drawn on the amplification graph. Default: 1.5 (the alarm's).
     """
 
@@ -66,9 +93,14 @@ class FleetDashboard(Construct):
         dashboard_name: Optional[str] = None,
         amplification_threshold: float = 1.5,
     ) -> None:
+        problem = fleet_name_problem(fleet_name)
+        if problem:
+            raise ValueError(f"fleet_name: {problem}")
+        if dashboard_name is not None:
+            dashboard_name_problem(dashboard_name)
         super().__init__(scope, id)
         self.fleet_name = fleet_name
-        name = dashboard_name or f"Rayito-{fleet_name}-{cdk.Stack.of(self).region}"
+        name = dashboard_name if dashboard_name is not None else default_dashboard_name(fleet_name, cdk.Stack.of(self).region)
         self.dashboard = cloudwatch.Dashboard(
             self, "Resource", dashboard_name=name,
             default_interval=cdk.Duration.hours(3),

@@ -44,7 +44,8 @@ _ON = frozenset({"on", "true", "1", "yes"})
 #: Default retention of the library's function logs (reconciler, recipe writer, any later one).
 DEFAULT_LOG_RETENTION = logs.RetentionDays.THREE_MONTHS
 #: An SNS topic ARN (topic names: 1-256 of letters, digits, ``-`` and ``_``; ``.fifo`` for FIFO).
-SNS_TOPIC_ARN = re.compile(r"^arn:aws[a-zA-Z-]*:sns:[a-z0-9-]+:\d{12}:[A-Za-z0-9_-]{1,256}(\.fifo)?\Z")
+#: ASCII only: a bare \d would take other scripts' digits (١٢٣...), which no account id has.
+SNS_TOPIC_ARN = re.compile(r"^arn:aws[a-zA-Z-]*:sns:[a-z0-9-]+:[0-9]{12}:[A-Za-z0-9_-]{1,256}(\.fifo)?\Z", re.ASCII)
 
 #: ``logs.RetentionDays`` in days (``None``: never expire), as CloudFormation's ``RetentionInDays``.
 RETENTION_DAYS: dict[str, Optional[int]] = {

@@ -25,6 +25,8 @@ from typing import Optional, Sequence
 from aws_cdk import aws_logs as logs
 from constructs import Construct
 
+from .names import fleet_name_problem
+
 #: Admission events of the reconciler whose absence from a slot's history would be a problem.
 PROBLEM_EVENTS = (
     "slot_dead_lettered", "api_error", "lease_lost", "vm_ended_unexpectedly", "admission_deadline_exceeded",
@@ -98,6 +100,9 @@ class FleetQueries(Construct):
     def __init__(self, scope: Construct, id: str, *, fleet_name: str,
                  reconciler_log_group: Optional[logs.ILogGroup] = None,
                  microvm_log_group_name: Optional[str] = None) -> None:
+        problem = fleet_name_problem(fleet_name)
+        if problem:  # it names the queries (1 to 255 characters) and is quoted in their text
+            raise ValueError(f"fleet_name: {problem}")
         super().__init__(scope, id)
         self.fleet_name = fleet_name
         self.definitions: dict[str, logs.CfnQueryDefinition] = {}

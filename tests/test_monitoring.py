@@ -474,3 +474,109 @@ def test_any_alarm_action_and_the_same_topic_twice() -> None:
     for alarm in resources(template, "AWS::CloudWatch::Alarm").values():
         assert alarm["Properties"]["AlarmActions"] == [{"Ref": stack.resolve(stack.get_logical_id(topic.node.default_child))},
                                                       "arn:aws:automate:us-east-1:ec2:stop"]
+
+
+# --------------------------------------------------------------------------- attacks: names, ARNs, two fleets
+
+
+@pytest.mark.parametrize("arn", [
+    "arn:aws:sns:us-east-1:١٢٣٤٥٦٧٨٩٠١٢:ops",  # Arabic-Indic digits: a bare \d would take them
+    "arn:aws:sns:us-east-1:123456789012:ópś",
+    "arn:aws:sns::123456789012:ops",
+    "arn:aws:sns:us-east-1:12345678901:ops",
+    "arn:aws:sns:us-east-1:123456789012:" + "a" * 257,
+    "arn:aws:sns:us-east-1:123456789012:ops.fifo.fifo",
+    "arn:aws:sns:us-east-1:123456789012:ops:sub",
+    " " + OPS,
+])
+def test_bad_topic_arns_are_one_line(arn) -> None:
+    app = new_app()
+    stack = new_stack(app)
+    with pytest.raises(ValueError) as info:
+        AgentFleet(stack, "Fleet", project=AgentProject.load(EXAMPLE), build_image=False, metrics=True,
+                   alarm_actions=arn)
+    assert str(info.value).startswith("alarm_actions: ") and len(str(info.value).splitlines()) == 1
+
+
+@pytest.mark.parametrize("arn", [OPS, "arn:aws-cn:sns:cn-north-1:123456789012:ops_1",
+                                 "arn:aws-us-gov:sns:us-gov-west-1:123456789012:a-b.fifo"])
+def test_topic_arns_of_every_partition(arn) -> None:
+    app = new_app()
+    stack = new_stack(app)
+    AgentFleet(stack, "Fleet", project=AgentProject.load(EXAMPLE), build_image=False, metrics=True, alarm_actions=arn)
+    for alarm in resources(Template.from_stack(stack).to_json(), "AWS::CloudWatch::Alarm").values():
+        assert alarm["Properties"]["AlarmActions"] == [arn]
+
+
+def test_metrics_off_with_alarm_actions_keeps_the_free_alarm_only() -> None:
+    """Off, the fleet makes no alarm on a custom metric, and the one alarm it makes (the dead-letter
+    queue's depth, an SQS metric) gets the actions; so does a user's alarm on an AWS metric."""
+    app = new_app()
+    stack = FleetStack(app, "Quiet", project=AgentProject.load(EXAMPLE), alarm_actions=OPS, **stack_props())
+    stack.fleet.reconciler.function.metric_errors().create_alarm(stack.fleet, "Errors", threshold=1,
+                                                                evaluation_periods=1)
+    template = Template.from_stack(stack).to_json()
+    alarms = resources(template, "AWS::CloudWatch::Alarm")
+    assert {p["Properties"]["Namespace"] for p in alarms.values()} == {"AWS/SQS", "AWS/Lambda"}
+    assert len(alarms) == 2 and all(a["Properties"]["AlarmActions"] == [OPS] for a in alarms.values())
+    assert not resources(template, "AWS::CloudWatch::Dashboard")
+    assert "DashboardName" not in template.get("Outputs", {})
+
+
+@pytest.mark.parametrize(("kwargs", "start"), [
+    ({"fleet_name": "ñandú"}, "fleet_name: 'ñandú' must be"),
+    ({"fleet_name": "a b"}, "fleet_name: 'a b' must be"),
+    ({"fleet_name": ""}, "fleet_name: '' must be"),
+    ({"fleet_name": "x" * 65}, "fleet_name: "),
+    ({"fleet_name": "ok", "dashboard_name": "ñandú"}, "dashboard_name: 'ñandú' must be 1 to 255 of"),
+    ({"fleet_name": "ok", "dashboard_name": "dash.board"}, "dashboard_name: 'dash.board' must be"),
+    ({"fleet_name": "ok", "dashboard_name": ""}, "dashboard_name: '' must be"),
+    ({"fleet_name": "ok", "dashboard_name": "x" * 256}, "dashboard_name: 'xxx"),
+])
+def test_dashboard_and_query_names_follow_cloudwatch_rules(kwargs, start) -> None:
+    """PutDashboard: 1 to 255 of A-Z, a-z, 0-9, '-' and '_'. A one-line error at synth, not a
+    jsii traceback (or a deploy that fails)."""
+    from rayito_constructs.dashboard import FleetDashboard
+    from rayito_constructs.queries import FleetQueries
+
+    app = new_app()
+    stack = new_stack(app)
+    with pytest.raises(ValueError) as info:
+        FleetDashboard(stack, "Dashboard", **kwargs)
+    assert str(info.value).startswith(start) and len(str(info.value).splitlines()) == 1
+    if "dashboard_name" not in kwargs:
+        with pytest.raises(ValueError, match=r"^fleet_name: "):
+            FleetQueries(stack, "Queries", fleet_name=kwargs["fleet_name"])
+    # The longest fleet name and the longest dashboard name pass.
+    FleetDashboard(stack, "Long", fleet_name="x" * 64)
+    FleetDashboard(stack, "Longest", fleet_name="ok", dashboard_name="y" * 255)
+    names = [r["Properties"]["DashboardName"] for r in resources(Template.from_stack(stack).to_json(),
+                                                                    "AWS::CloudWatch::Dashboard").values()]
+    assert sorted(names) == sorted([f"Rayito-{'x' * 64}-us-east-1", "y" * 255])
+
+
+def test_two_fleets_in_one_stack_have_their_own_names(agent_folder) -> None:
+    """Two fleets (metrics on, actions of their own, names apart only by '-' and '_') in one stack: two
+    dashboards, eight saved queries, no name twice, each fleet's alarms with its own actions only."""
+    app = new_app()
+    stack = new_stack(app, "Two")
+    one = AgentFleet(stack, "One", project=AgentProject.load(EXAMPLE), build_image=False, metrics=True,
+                     alarm_actions=OPS)
+    two = AgentFleet(stack, "Two", project=AgentProject.load(EXAMPLE, name="mi_agente"), build_image=False,
+                     metrics=True, alarm_actions=PAGER)
+    template = Template.from_stack(stack).to_json()
+    dashboards = [r["Properties"]["DashboardName"] for r in resources(template, "AWS::CloudWatch::Dashboard").values()]
+    assert len(dashboards) == 2 and len({json.dumps(d, sort_keys=True) for d in dashboards}) == 2
+    assert sorted(dashboards) == ["Rayito-mi-agente-us-east-1", "Rayito-mi_agente-us-east-1"]
+    queries = [r["Properties"]["Name"] for r in resources(template, "AWS::Logs::QueryDefinition").values()]
+    assert len(queries) == 8 and len(set(queries)) == 8
+    assert {q.split("/")[1] for q in queries} == {"mi-agente", "mi_agente"}
+    for fleet, topic in ((one, OPS), (two, PAGER)):
+        ids = {stack.resolve(stack.get_logical_id(a.node.default_child)) for a in fleet.alarms}
+        assert len(ids) == 11
+        for logical_id in ids:
+            assert template["Resources"][logical_id]["Properties"]["AlarmActions"] == [topic]
+        # Each fleet's saved queries read its own log groups.
+        for definition in fleet.queries.definitions.values():
+            assert stack.resolve(definition.name).startswith(f"rayito/{fleet.fleet_name}/")
+    assert lint_template(Template.from_json(template)) == []
