@@ -164,6 +164,21 @@ def test_metrics_off_without_the_powertools_layer_too(aws, monkeypatch) -> None:
         assert emf_records(fleet.invoke(monkeypatch, powertools=False).records)
 
 
+def test_the_powertools_layer_and_its_fallback_send_the_same_metrics(aws, monkeypatch) -> None:
+    """Where the Powertools layer is missing the handler falls back to EMF of its own: CloudWatch
+    must make the same metrics of it (namespace, name, dimensions with values, unit), or the
+    dashboard and the alarms go blank in that region. Same seed, same faults, both ways."""
+    sent = {}
+    for powertools in (True, False):
+        with deployed_fleet(aws, metrics=True, seed=18, env={"MIN_VMS": "3", "WARM_VMS": "0", "MAX_VMS": "3"}) as fleet:
+            fleet.emulator.set_rate_limit("RunMicrovm", 0.1, 1, surge=0)  # throttles: the per-operation ones
+            printed = [r for invocation in fleet.every_minute(monkeypatch, 3, powertools=powertools)
+                       for r in invocation.records]
+        sent[powertools] = identities(printed)
+    assert sent[True] and sent[True] == sent[False]
+    assert any(dict(d).get("operation") for (_, _, d) in sent[True])
+
+
 def test_the_switch_reads_only_on(aws, monkeypatch) -> None:
     """``RAYITO_METRICS`` is on only when it says so: a typo or an empty value sends nothing."""
     for value, sends in (("on", True), ("ON ", True), ("true", True), ("off", False), ("", False), ("no", False),
