@@ -446,6 +446,13 @@ def test_context_keys_of_app_py(monkeypatch, tmp_path, capsys) -> None:
     ({"alarm_actions": ""}, "-c alarm_actions: give at least one SNS topic ARN"),
     ({"log_retention": "31"}, "-c log_retention: '31' is not a retention CloudWatch Logs offers"),
     ({"log_retention": "-1"}, "-c log_retention: '-1' is not a retention"),
+    ({"log_retention": "٣٠"}, "-c log_retention: '٣٠' is not a retention"),
+    ({"log_retention": "30.0"}, "-c log_retention: '30.0' is not a retention"),
+    ({"log_retention": "NaN"}, "-c log_retention: 'NaN' is not a retention"),
+    ({"log_retention": "30 days"}, "-c log_retention: '30 days' is not a retention"),
+    ({"log_retention": "3653000"}, "-c log_retention: '3653000' is not a retention"),
+    ({"alarm_actions": "arn:aws:sns:us-east-1:١٢٣٤٥٦٧٨٩٠١٢:ops"}, "-c alarm_actions: 'arn:aws:sns:us-east-1:"),
+    ({"alarm_actions": f"{OPS},arn:aws:sns:us-east-1:123456789012:"}, "-c alarm_actions: 'arn:aws:sns:us-east-1:123456789012:'"),
     ({"dashboard": "true"}, "dashboard=True: its graphs are the custom metrics"),
 ])
 def test_context_mistakes_are_one_line(monkeypatch, tmp_path, capsys, context, line) -> None:
