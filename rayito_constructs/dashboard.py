@@ -190,15 +190,22 @@ class FleetDashboard(Construct):
         ])
 
     def _egress(self, e: "EgressBudget") -> None:
-        fleet = self.fleet_name
-        search = (f"SEARCH('{{{EGRESS_NAMESPACE},fleet,target}} MetricName=\"Deferrals\" fleet=\"{fleet}\"', "
-                  "'Sum', 60)")
+        def search(dimensions: str, where: str) -> cloudwatch.MathExpression:
+            # Every target, declared or the default envelope of an origin: one line each.
+            text = (f"SEARCH('{{{EGRESS_NAMESPACE},{dimensions}}} MetricName=\"Deferrals\" "
+                    f"fleet=\"{self.fleet_name}\"{where}', 'Sum', 60)")
+            return cloudwatch.MathExpression(expression=text, using_metrics={}, label="",
+                                             period=cdk.Duration.minutes(1))
+
         self._row([
-            cloudwatch.GraphWidget(title="Egress deferrals by reason", width=_W * 2, height=_H,
+            cloudwatch.GraphWidget(title="Egress deferrals by reason", width=_W, height=_H,
                                    left=[_label(e.metric_deferrals(reason), reason) for reason in REASONS]),
-            cloudwatch.GraphWidget(title="Egress deferrals, every target (declared or default)", width=_W * 2,
-                                   height=_H, left=[cloudwatch.MathExpression(
-                                       expression=search, using_metrics={}, label="", period=cdk.Duration.minutes(1))]),
+            cloudwatch.GraphWidget(title="Egress deferrals per target (declared or default)", width=_W,
+                                   height=_H, left=[search("fleet,target", "")]),
+            cloudwatch.GraphWidget(title="Egress deferrals per target and reason", width=_W, height=_H,
+                                   left=[search("fleet,reason,target", "")]),
+            cloudwatch.GraphWidget(title="Egress throttled by a target (429/503): deferred by its backoff",
+                                   width=_W, height=_H, left=[search("fleet,reason,target", ' reason=\"backoff\"')]),
         ])
         for envelope in e.envelopes:
             target = declared_target(envelope.target)

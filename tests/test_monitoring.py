@@ -19,7 +19,7 @@ from aws_cdk import aws_sns as sns
 from aws_cdk.assertions import Annotations, Match, Template
 from constructs import Construct
 
-from rayito_constructs import AgentFleet, AgentProject, EgressBudget, FleetReconciler, FleetStack
+from rayito_constructs import AgentFleet, AgentProject, EgressBudget, FleetStack
 from rayito_constructs._function import library_function
 from rayito_constructs.monitoring import (
     RETENTION_DAYS,
@@ -289,9 +289,12 @@ def test_the_dashboard_shows_what_the_essays_ask(on) -> None:
             assert has("Rayito/Egress", name, dims, stat), (target, name)
     for reason in ("budget_empty", "backoff", "limiter_unavailable", "invalid_target", "invalid_cost"):
         assert has("Rayito/Egress", "Deferrals", {"fleet": "mi-agente", "reason": reason}, "Sum"), reason
-    (search,) = [m for m in metrics if "expression" in m]
-    assert search["expression"] == ("SEARCH('{Rayito/Egress,fleet,target} MetricName=\"Deferrals\" "
-                                    "fleet=\"mi-agente\"', 'Sum', 60)")
+    searches = [m["expression"] for m in metrics if "expression" in m]
+    assert searches == [
+        "SEARCH('{Rayito/Egress,fleet,target} MetricName=\"Deferrals\" fleet=\"mi-agente\"', 'Sum', 60)",
+        "SEARCH('{Rayito/Egress,fleet,reason,target} MetricName=\"Deferrals\" fleet=\"mi-agente\"', 'Sum', 60)",
+        "SEARCH('{Rayito/Egress,fleet,reason,target} MetricName=\"Deferrals\" fleet=\"mi-agente\" "
+        "reason=\"backoff\"', 'Sum', 60)"]
     # The header names the saved queries and shows every alarm the fleet made.
     (text,) = [w for w in body["widgets"] if w["type"] == "text"]
     assert "rayito/mi-agente/admission-timeline" in text["properties"]["markdown"]

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import uuid
 from collections import Counter
 from typing import Any, Iterator
@@ -389,6 +390,17 @@ def test_every_graphed_or_alarmed_egress_metric_is_sent(egress_store, recipe, te
             assert ("Rayito/Egress", metric["name"], dims) in sent, metric
         kind = "level" if metric["name"] in LEVELS else "count" if metric["name"] in COUNTS else "time"
         assert metric["stat"] in FITS[kind], (metric["name"], metric["stat"])
+    # The SEARCH graphs (every target, declared or not): their schema is a dimension set the
+    # recorder sends, each key=value they filter on a value it sends, and they find lines here.
+    searches = [m["expression"] for m in widget_metrics(dashboard_body(template_on)) if "expression" in m]
+    assert len(searches) == 3
+    for expression in searches:
+        schema, terms = re.fullmatch(r"SEARCH\('\{([^}]*)\} (.*)', 'Sum', 60\)", expression).groups()
+        namespace, *dimensions = schema.split(",")
+        wanted = dict(re.findall(r'(\w+)="([^"]*)"', terms))
+        found = [(n, d) for (ns, n, d) in sent if ns == namespace and sorted(k for k, _ in d) == sorted(dimensions)
+                 and n == wanted["MetricName"] and all(dict(d).get(k) == v for k, v in wanted.items() if k != "MetricName")]
+        assert found, expression
 
 
 # --------------------------------------------------------------------------- the saved queries, run
