@@ -52,3 +52,21 @@ def test_every_fleet_metric_of_the_dashboard_is_within_the_bound() -> None:
     assert len(graphed) > 20
     for metric in graphed:
         assert (metric["name"], tuple(sorted(metric["dims"]))) in shapes, metric
+
+
+def test_the_docs_state_the_bound_and_every_metric_name() -> None:
+    """docs/operations.md states the count the code gives (not a number left behind by a change to
+    the metric table or the operations), and every metric the reconciler can send is documented."""
+    from lambdas.reconciler.telemetry import METRICS
+
+    from ..conftest import ROOT
+
+    doc = (ROOT / "docs" / "operations.md").read_text()
+    bound = bench.reconciler_bound()
+    single = bound["count"] - 2 * bound["operations"]
+    assert f"up to {bound['count']} per fleet" in doc
+    assert f"{single} names" in doc and f"({single} + 2 × {bound['operations']})" in doc
+    documented = doc + (ROOT / "docs" / "reconciler.md").read_text()
+    for name in METRICS:
+        assert f"`{name}`" in documented, name
+    assert f"up to {len(REASONS)} per target" in doc and f"up to {len(REASONS)} per fleet" in doc
