@@ -10,6 +10,7 @@
     npx cdk synth -c metrics=true -c alarm_actions=arn:aws:sns:us-east-1:123456789012:ops
                                                     # custom metrics, alarms, a dashboard (docs/operations.md)
     npx cdk synth -c log_retention=30               # days the library's function logs are kept
+    npx cdk synth -c saved_queries=false            # no saved Logs Insights queries
 
 Every option of ``rayito-constructs plan`` is accepted as context under its library name
 (``min_vms``, ``memory_mib``, ``idle``, ``env``, ``save_recipe=false``...), checked like a key of
@@ -65,6 +66,7 @@ def main(app: "Optional[object]" = None) -> int:
             scope_microvm_actions_to_image=options.get("scope_microvm_actions_to_image", True),
             metrics=options.get("metrics", False),
             dashboard=options.get("dashboard"),
+            saved_queries=options.get("saved_queries", True),
             alarm_actions=list(options.get("alarm_actions", ())) or None,
             **({"log_retention": retention_from_days(options["log_retention"])} if "log_retention" in options else {}),
             env=cdk.Environment(

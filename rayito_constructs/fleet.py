@@ -264,6 +264,8 @@ class AgentFleet(_FleetGrants):
         image_name = image.image_name if image is not None else _image_name(image_arn, project.name)
         _check_operations(metrics, {"reconciler_alarms": reconciler_alarms, "recipe_alarm": recipe_alarm,
                                     "egress_alarms": egress_alarms, "dashboard": dashboard})
+        if not isinstance(saved_queries, bool):  # "false" would be truthy
+            raise ValueError(f"saved_queries: {saved_queries!r} is not True or False")
         retention_days(log_retention)  # a logs.RetentionDays, or a one-line error
         retention_days(microvm_log_retention, "microvm_log_retention")
         check_alarm_actions(alarm_actions)

@@ -110,6 +110,7 @@ APP_CONTEXT: dict[str, str] = {
     "scope_microvm_actions_to_image": "true or false",
     "metrics": "true or false",
     "dashboard": "true or false",
+    "saved_queries": "true or false",
     "alarm_actions": "SNS topic ARNs, comma-separated",
     "log_retention": "a CloudWatch Logs retention in days (90), 0 for never expire",
 }
@@ -174,7 +175,8 @@ def read_context(context: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, 
             problems.append(Problem(table, f"-c {table}: give the variables either as -c {table}=... or as -c {table}.NAME=..., not both"))
         else:
             raw[table] = variables
-    for key in ("metadata_index", "keep_recipe", "scope_microvm_actions_to_image", "metrics", "dashboard"):
+    for key in ("metadata_index", "keep_recipe", "scope_microvm_actions_to_image", "metrics", "dashboard",
+                "saved_queries"):
         if key in app:
             flag = _flag(app[key])
             if not isinstance(flag, bool):

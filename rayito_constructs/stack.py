@@ -35,6 +35,7 @@ class FleetStack(cdk.Stack):
     :param alarm_actions: an SNS topic (or its ARN), any ``cloudwatch.IAlarmAction``, or a list,
         applied to every alarm of the fleet. Default: none.
     :param dashboard: see :class:`AgentFleet`. Default: when metrics are on.
+    :param saved_queries: the fleet's Logs Insights queries (see :class:`AgentFleet`). Default: True.
     :param log_retention: the library's function logs. Default: three months.
     :param microvm_log_retention: the MicroVMs' log group, when the stack owns it. Default: one month.
     :param stack_props: ``cdk.Stack`` keyword arguments (``env``, ``description``, ``synthesizer``...).
@@ -62,6 +63,7 @@ class FleetStack(cdk.Stack):
         metrics: bool = False,
         alarm_actions: Union[None, AlarmActionLike, Sequence[AlarmActionLike]] = None,
         dashboard: Optional[bool] = None,
+        saved_queries: bool = True,
         log_retention: logs.RetentionDays = DEFAULT_LOG_RETENTION,
         microvm_log_retention: logs.RetentionDays = DEFAULT_MICROVM_LOG_RETENTION,
         **stack_props: Any,
@@ -89,6 +91,7 @@ class FleetStack(cdk.Stack):
             metrics=metrics,
             alarm_actions=alarm_actions,
             dashboard=dashboard,
+            saved_queries=saved_queries,
             log_retention=log_retention,
             microvm_log_retention=microvm_log_retention,
         )

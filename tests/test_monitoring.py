@@ -149,6 +149,8 @@ def test_what_needs_metrics_refuses_without_them(option) -> None:
     ({"metrics": "false"}, "metrics: 'false' is not True or False"),
     ({"metrics": 1}, "metrics: 1 is not True or False"),
     ({"dashboard": "yes"}, "dashboard: 'yes' is not True, False or None"),
+    ({"saved_queries": "false"}, "saved_queries: 'false' is not True or False"),
+    ({"saved_queries": None}, "saved_queries: None is not True or False"),
     ({"log_retention": 30}, "log_retention: 30 is not a logs.RetentionDays"),
     ({"microvm_log_retention": "ONE_WEEK"}, "microvm_log_retention: 'ONE_WEEK' is not a logs.RetentionDays"),
     ({"alarm_actions": "ops"}, "alarm_actions: 'ops' is not an SNS topic ARN"),
@@ -440,6 +442,11 @@ def test_context_keys_of_app_py(monkeypatch, tmp_path, capsys) -> None:
     assert len(alarms) == 11 and all(a["Properties"]["AlarmActions"] == [OPS, PAGER] for a in alarms.values())
     assert resources(template, "AWS::CloudWatch::Dashboard")
     assert sorted(v for k, v in log_groups(template).items() if "Microvm" not in k and "ImageLogs" not in k) == [30, 30]
+    assert len(resources(template, "AWS::Logs::QueryDefinition")) == 4
+    code, err, outdir = synth(monkeypatch, tmp_path / "quiet", capsys, saved_queries="false")
+    assert code == 0, err
+    (template,) = stacks(outdir).values()
+    assert not resources(template, "AWS::Logs::QueryDefinition")
 
 
 @pytest.mark.parametrize(("context", "line"), [
@@ -457,6 +464,7 @@ def test_context_keys_of_app_py(monkeypatch, tmp_path, capsys) -> None:
     ({"alarm_actions": "arn:aws:sns:us-east-1:١٢٣٤٥٦٧٨٩٠١٢:ops"}, "-c alarm_actions: 'arn:aws:sns:us-east-1:"),
     ({"alarm_actions": f"{OPS},arn:aws:sns:us-east-1:123456789012:"}, "-c alarm_actions: 'arn:aws:sns:us-east-1:123456789012:'"),
     ({"dashboard": "true"}, "dashboard=True: its graphs are the custom metrics"),
+    ({"saved_queries": "nope"}, "-c saved_queries: 'nope' is not true or false"),
 ])
 def test_context_mistakes_are_one_line(monkeypatch, tmp_path, capsys, context, line) -> None:
     from .test_app import synth
