@@ -47,6 +47,11 @@ DEFAULT_LOG_RETENTION = logs.RetentionDays.THREE_MONTHS
 #: ASCII only: a bare \d would take other scripts' digits (١٢٣...), which no account id has.
 SNS_TOPIC_ARN = re.compile(r"^arn:aws[a-zA-Z-]*:sns:[a-z0-9-]+:[0-9]{12}:[A-Za-z0-9_-]{1,256}(\.fifo)?\Z", re.ASCII)
 
+#: Actions an alarm takes per state: "The actions (up to five) to execute when this alarm
+#: transitions into an ALARM state" (CloudWatch, mon-put-metric-alarm; PutMetricAlarm's
+#: ``AlarmActions`` holds at most 5).
+MAX_ALARM_ACTIONS = 5
+
 #: ``logs.RetentionDays`` in days (``None``: never expire), as CloudFormation's ``RetentionInDays``.
 RETENTION_DAYS: dict[str, Optional[int]] = {
     "ONE_DAY": 1, "THREE_DAYS": 3, "FIVE_DAYS": 5, "ONE_WEEK": 7, "TWO_WEEKS": 14, "ONE_MONTH": 30,
@@ -118,6 +123,12 @@ def check_alarm_actions(given: Any, option: str = "alarm_actions") -> list[tuple
             raise ValueError(f"{where}: {item!r} is neither an SNS topic (sns.ITopic or its ARN) "
                              "nor a cloudwatch.IAlarmAction")
         checked.append((where, item))
+    distinct = {item if isinstance(item, str) else (getattr(item, "topic_arn", None) if isinstance(
+        getattr(item, "topic_arn", None), str) and not cdk.Token.is_unresolved(item.topic_arn) else id(item))
+        for _, item in checked}
+    if len(distinct) > MAX_ALARM_ACTIONS:
+        raise ValueError(f"{option}: {len(distinct)} actions; a CloudWatch alarm takes at most {MAX_ALARM_ACTIONS} "
+                         "(give one SNS topic that fans out to more)")
     return checked
 
 
@@ -257,4 +268,11 @@ class AlarmActions:
             alarm = cloudwatch.Alarm.from_alarm_arn(node, "ForActions", node.attr_arn)
         bind_scope = parent if parent is not None else node
         ours = [action.bind(bind_scope, alarm).alarm_action_arn for action in self.actions]
+        stack = cdk.Stack.of(node)
+        own = stack.resolve(node.alarm_actions) or []
+        merged = {json.dumps(a, sort_keys=True) for a in [*own, *stack.resolve(ours)]}
+        if len(merged) > MAX_ALARM_ACTIONS:  # the deploy would fail on it
+            cdk.Annotations.of(node).add_error(
+                f"alarm_actions: the alarm {node.node.path} would have {len(merged)} actions (its own and the "
+                f"fleet's); a CloudWatch alarm takes at most {MAX_ALARM_ACTIONS}")
         node.add_property_override("AlarmActions", cdk.Lazy.uncached_any(_Actions(node.alarm_actions, ours)))

@@ -203,13 +203,18 @@ def _topics(value: Any, problems: list[Problem]) -> tuple[str, ...]:
     from .monitoring import SNS_TOPIC_ARN  # the CDK side's own rule (imported only for cdk synth)
 
     arns = _names(value) if isinstance(value, (str, list, tuple)) else (value,)
-    arns = tuple(a for a in arns if a != "")
+    arns = tuple(dict.fromkeys(a for a in arns if a != ""))  # the same topic twice is one action
     for arn in arns:
         if not isinstance(arn, str) or not SNS_TOPIC_ARN.match(arn):
             problems.append(Problem("alarm_actions", f"-c alarm_actions: {show(arn)} is not an SNS topic ARN "
                                                      "(arn:aws:sns:<region>:<account>:<topic>)"))
     if not arns:
         problems.append(Problem("alarm_actions", "-c alarm_actions: give at least one SNS topic ARN"))
+    from .monitoring import MAX_ALARM_ACTIONS
+
+    if len(arns) > MAX_ALARM_ACTIONS:
+        problems.append(Problem("alarm_actions", f"-c alarm_actions: {len(arns)} topics; a CloudWatch alarm takes "
+                                                 f"at most {MAX_ALARM_ACTIONS} actions"))
     return arns
 
 

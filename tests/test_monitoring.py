@@ -465,6 +465,8 @@ def test_context_keys_of_app_py(monkeypatch, tmp_path, capsys) -> None:
     ({"alarm_actions": f"{OPS},arn:aws:sns:us-east-1:123456789012:"}, "-c alarm_actions: 'arn:aws:sns:us-east-1:123456789012:'"),
     ({"dashboard": "true"}, "dashboard=True: its graphs are the custom metrics"),
     ({"saved_queries": "nope"}, "-c saved_queries: 'nope' is not true or false"),
+    ({"alarm_actions": ",".join(f"arn:aws:sns:us-east-1:123456789012:t{i}" for i in range(6))},
+     "-c alarm_actions: 6 topics; a CloudWatch alarm takes at most 5 actions"),
 ])
 def test_context_mistakes_are_one_line(monkeypatch, tmp_path, capsys, context, line) -> None:
     from .test_app import synth
@@ -598,3 +600,27 @@ def test_two_fleets_in_one_stack_have_their_own_names(agent_folder) -> None:
         for definition in fleet.queries.definitions.values():
             assert stack.resolve(definition.name).startswith(f"rayito/{fleet.fleet_name}/")
     assert lint_template(Template.from_json(template)) == []
+
+
+def test_at_most_five_actions_an_alarm() -> None:
+    """CloudWatch takes at most five actions per alarm state: six topics, or an alarm whose own
+    actions and the fleet's make six, fail at synth, not at deploy."""
+    topics = [f"arn:aws:sns:us-east-1:123456789012:t{i}" for i in range(6)]
+    app = new_app()
+    stack = new_stack(app)
+    with pytest.raises(ValueError, match=r"^alarm_actions: 6 actions; a CloudWatch alarm takes at most 5"):
+        AgentFleet(stack, "Fleet", project=AgentProject.load(EXAMPLE), build_image=False, alarm_actions=topics)
+    assert stack.node.try_find_child("Fleet") is None
+    # The same topic six times, as ARNs and as imported topics, is one action.
+    same = [OPS, OPS, sns.Topic.from_topic_arn(stack, "Same", OPS)]
+    fleet = AgentFleet(stack, "Fleet", project=AgentProject.load(EXAMPLE), build_image=False, alarm_actions=same)
+    assert len(fleet.operations.alarm_actions) == 1
+    # Five of the fleet's and one of the alarm's own: an error on that alarm at synth.
+    app = new_app()
+    stack = new_stack(app)
+    fleet = AgentFleet(stack, "Fleet", project=AgentProject.load(EXAMPLE), build_image=False, alarm_actions=topics[:5])
+    crowded = fleet.reconciler.metric_dead_letters().create_alarm(fleet, "Crowded", threshold=1, evaluation_periods=1)
+    crowded.add_alarm_action(cw_actions.SnsAction(sns.Topic.from_topic_arn(stack, "Sixth", topics[5])))
+    with pytest.raises(RuntimeError, match=r"alarm_actions: the alarm Test/Fleet/Crowded/Resource would have 6 "
+                                           r"actions \(its own and the fleet's\); a CloudWatch alarm takes at most 5"):
+        Template.from_stack(stack)
