@@ -20,7 +20,7 @@ from lambdas.reconciler.ledger import FencedOut
 from rayito_constructs.testing import MicrovmsEmulator, VirtualClock
 
 from .moto_server import moto_server
-from .reconciler_harness import deployed_fleet, list_lag, wire_fault
+from .reconciler_harness import RECONCILER_CALLER, deployed_fleet, list_lag
 
 LIVE = ("PENDING", "RUNNING", "SUSPENDING", "SUSPENDED")
 
@@ -188,11 +188,9 @@ def test_foreign_vms_count_toward_max_vms_but_never_fill_a_slot(aws, monkeypatch
 def test_lists_that_omit_young_vms_make_no_duplicates_and_no_excess(aws, monkeypatch) -> None:
     """#11.2: lists omit VMs younger than 30 s: the run answers are what counts."""
     with deployed_fleet(aws, env={"MIN_VMS": "3", "WARM_VMS": "2", "MAX_VMS": "6"}) as fleet:
+        list_lag(fleet, 30)
         for _ in range(6):
-            r = fleet.reconciler(monkeypatch)
-            list_lag(r.microvms, fleet.clock, 30)
-            index._RECONCILER = r
-            fleet.invoke(monkeypatch, cold=False)
+            fleet.invoke(monkeypatch, cold=True)
             assert len(fleet.live()) <= 6
             fleet.clock.advance(20)
         assert len(fleet.ours()) == 5
@@ -388,16 +386,11 @@ def test_request_errors_dead_letter_after_max_start_attempts(aws, monkeypatch, c
     if case == "not_found":
         env["IMAGE_ARN"] = "arn:aws:lambda:us-east-1:123456789012:microvm-image:nadie"
     with deployed_fleet(aws, env=env) as fleet:
-        r = fleet.reconciler(monkeypatch)
-        if case == "access_denied":
-            wire_fault(r.microvms, "RunMicrovm", "AccessDeniedException", 403)
-        if case == "validation":
-            wire_fault(r.microvms, "RunMicrovm", "ValidationException", 400, message="1 validation error detected")
-        if case == "conflict":
-            wire_fault(r.microvms, "RunMicrovm", "ConflictException", 409, message="token used with other parameters")
-        index._RECONCILER = r
+        kind = {"access_denied": "AccessDenied", "validation": "Validation", "conflict": "Conflict"}.get(case)
+        if kind:  # in the emulator, so the refused requests show in its request log
+            fleet.emulator.inject("RunMicrovm", kind, times=None, caller=RECONCILER_CALLER)
         for _ in range(5):
-            fleet.invoke(monkeypatch, cold=False)
+            fleet.invoke(monkeypatch)
             fleet.clock.advance(60)
         (letter,) = fleet.dead_letters()
         assert letter["kind"] == "request" and letter["errors"] == 3
@@ -405,6 +398,9 @@ def test_request_errors_dead_letter_after_max_start_attempts(aws, monkeypatch, c
                 "conflict": "Conflict"}[case]
         assert letter["reason"].startswith(code)
         assert fleet.ledger_slots()["base-0"]["phase"] == "dead"
+        runs = [r for r in fleet.emulator.requests if r.operation == "RunMicrovm"]
+        assert len(runs) == 3 and {r.error for r in runs} == {f"{code}Exception"}
+        assert {r.caller for r in runs} == {RECONCILER_CALLER} and fleet.live() == []
 
 
 def test_a_list_the_service_refuses_ends_the_tick(aws, monkeypatch) -> None:
