@@ -123,6 +123,40 @@ def test_a_newer_invocation_takes_the_lease_and_the_older_tick_stops(aws, monkey
         assert fleet.emulator.calls["RunMicrovm"] == runs
 
 
+def test_an_overlapping_invocation_waits_for_the_holder_to_end(aws, monkeypatch) -> None:
+    """The deploy's invocation and the first scheduled one overlap: the newer waits until the
+    holder's tick says it ends (taken over at once, the holder would drop the budget tokens it
+    reserved), then works for the rest of its own deadline. A killed holder holds the fleet back
+    no longer than that."""
+    with deployed_fleet(aws, env={"MIN_VMS": "2", "WARM_VMS": "0", "MAX_VMS": "2"}) as fleet:
+        older = fleet.reconciler(monkeypatch)
+        start = fleet.clock.now()
+        assert older.begin_tick(120, 20)  # holds the lease; its tick ends in 20 s
+        run = fleet.invoke(monkeypatch)
+        (waiting,) = run.events("tick_waiting")
+        assert 20 <= waiting["wait"] <= 20.1
+        first = min(r.time for r in fleet.emulator.requests if r.caller == RECONCILER_CALLER)
+        assert first >= start + 20
+        assert "skipped" not in run.result and len(fleet.ours()) == 2
+        with pytest.raises(FencedOut):
+            older.step()
+        assert_no_duplicates(fleet)
+
+
+@pytest.mark.parametrize("says", [600.0, -5.0])
+def test_a_holder_that_ends_too_late_or_already_is_taken_over_at_once(aws, monkeypatch, says) -> None:
+    """A holder whose tick would end after this one's could (a skewed clock, a longer timeout),
+    or has ended without releasing (killed): no wait, the fence stops the holder."""
+    with deployed_fleet(aws, env={"MIN_VMS": "1", "WARM_VMS": "0", "MAX_VMS": "1"}) as fleet:
+        older = fleet.reconciler(monkeypatch)
+        start = fleet.clock.now()
+        older.ledger.acquire_tick(fleet.fleet, "someone", start, 120, tick_until=start + says)
+        run = fleet.invoke(monkeypatch)
+        assert run.events("tick_waiting") == []
+        assert min(r.time for r in fleet.emulator.requests) == pytest.approx(start, abs=0.01)
+        assert len(fleet.ours()) == 1
+
+
 # --------------------------------------------------------------------------- #11.1 ownership
 
 
