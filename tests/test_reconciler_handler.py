@@ -138,8 +138,12 @@ def test_an_overlapping_invocation_waits_for_the_holder_to_end(aws, monkeypatch)
         first = min(r.time for r in fleet.emulator.requests if r.caller == RECONCILER_CALLER)
         assert first >= start + 20
         assert "skipped" not in run.result and len(fleet.ours()) == 2
+        runs = fleet.emulator.calls["RunMicrovm"]
+        fleet.emulator.client().terminate_microvm(microvmIdentifier=fleet.ours()[0]["microvmId"])
+        fleet.clock.advance(5)
         with pytest.raises(FencedOut):
-            older.step()
+            older.step()  # it would replace the ended VM: the newer tick holds the fence
+        assert fleet.emulator.calls["RunMicrovm"] == runs
         assert_no_duplicates(fleet)
 
 
