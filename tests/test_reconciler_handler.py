@@ -572,3 +572,38 @@ def test_idle_strays_end_only_when_opted_in(aws, monkeypatch) -> None:
         fleet.emulator.client().suspend_microvm(microvmIdentifier=idle)
         fleet.every_minute(monkeypatch, 15)
         assert fleet.emulator.state_of(idle) == "SUSPENDED"
+
+
+# --------------------------------------------------------------------------- the shared budget
+
+
+def test_a_busy_shared_budget_is_waited_for_and_due_tokens_are_spent_on_a_recent_list(aws, monkeypatch) -> None:
+    """Other fleets' reconcilers hold the account's RunMicrovm budget for the next 6 s and, once
+    this fleet has listed, its ListMicrovms budget too: the tick waits for the budget (no
+    ListMicrovms on every try), and the tokens that come due while no list can be had are spent
+    on its last list (a few seconds old) instead of being given up. Nothing goes past the quota."""
+    with deployed_fleet(aws, env={"MIN_VMS": "2", "WARM_VMS": "0", "MAX_VMS": "2"}) as fleet:
+        ddb, table, t0 = fleet.ddb, fleet.env["BUDGET_TABLE"], fleet.clock.now()
+
+        def busy(operation: str, until: float) -> None:
+            ddb.put_item(TableName=table, Item={"operation": {"S": operation}, "tat": {"N": repr(until)}})
+
+        busy("RunMicrovm", t0 + 6)
+        lists: list[float] = []
+
+        def on_request(record: Any) -> None:
+            if record.operation == "ListMicrovms" and record.caller == RECONCILER_CALLER:
+                lists.append(record.time)
+                if len(lists) == 1:
+                    busy("ListMicrovms", record.time + 6)
+
+        fleet.emulator.subscribe(on_request)
+        run = fleet.invoke(monkeypatch)
+        runs = [r for r in fleet.emulator.requests if r.operation == "RunMicrovm"]
+        assert len(runs) == 2 and all(r.status == 200 for r in runs)
+        assert min(r.time for r in runs) >= t0 + 3  # after the budget had room for them
+        assert lists[0] == pytest.approx(t0, abs=0.01)
+        assert not [t for t in lists if t0 < t < min(r.time for r in runs)]  # no list while waiting
+        assert run.metrics("Deferrals")  # told
+        assert len(fleet.ours()) == 2
+        assert_no_duplicates(fleet)
