@@ -45,14 +45,21 @@ def snapshot_json(snapshot):
 # tests/iam_invariants.py (the launcher never writes the recipe, wildcards only where the
 # allow-list says, PassRole on roles with iam:PassedToService): Template.from_stack is wrapped to
 # keep each one, and the session fails at the end if any has a finding (cfn-lint's W3005, the
-# DependsOn CDK adds on purpose, aside).
+# DependsOn CDK adds on purpose, aside). Templates taken from a stack object also keep the
+# operations invariants of tests/monitoring_invariants.py: below a fleet, no alarm on a custom
+# metric while metrics are off, and every alarm carries the fleet's alarm_actions when it has any.
 _TEMPLATES: dict[str, dict] = {}
+_FLEETS: dict[str, list] = {}
 
 
-def record_template(name: str, template: dict) -> None:
-    """Put one synthesized template under the session gate."""
+def record_template(name: str, template: dict, fleets: list | None = None) -> None:
+    """Put one synthesized template under the session gate (``fleets``: what
+    ``monitoring_invariants.expectations`` read from its stack)."""
     test = os.environ.get("PYTEST_CURRENT_TEST", "").split(" ")[0]
-    _TEMPLATES[f"{test} {name}#{len(_TEMPLATES)}"] = template
+    key = f"{test} {name}#{len(_TEMPLATES)}"
+    _TEMPLATES[key] = template
+    if fleets:
+        _FLEETS[key] = fleets
 
 
 def pytest_configure(config) -> None:
@@ -61,8 +68,10 @@ def pytest_configure(config) -> None:
     original = Template.from_stack  # a bound classmethod
 
     def from_stack(cls, stack, *args, **kwargs):
+        from .monitoring_invariants import expectations
+
         template = original(stack, *args, **kwargs)
-        record_template(stack.node.path, template.to_json())
+        record_template(stack.node.path, template.to_json(), expectations(stack))
         return template
 
     Template.from_stack = classmethod(from_stack)
@@ -76,9 +85,12 @@ def pytest_sessionfinish(session, exitstatus) -> None:
     from cfnlint.api import ManualArgs, lint
 
     from .iam_invariants import iam_violations
+    from .monitoring_invariants import violations as operations_violations
 
     findings = []
     iam_findings = []
+    ops_findings = [f"{name}: {v}" for name, fleets in _FLEETS.items()
+                    for v in operations_violations(_TEMPLATES[name], fleets)]
     seen: set[str] = set()
     for name, template in _TEMPLATES.items():
         text = _json.dumps(template, sort_keys=True)
@@ -92,9 +104,11 @@ def pytest_sessionfinish(session, exitstatus) -> None:
     if reporter is not None:
         reporter.write_line(
             f"cfn-lint: {len(seen)} distinct templates synthesized by the tests, {len(findings)} findings; "
-            f"IAM invariants: {len(iam_findings)} violations"
+            f"IAM invariants: {len(iam_findings)} violations; operations invariants: {len(ops_findings)} "
+            f"violations over {sum(len(f) for f in _FLEETS.values())} fleets, "
+            f"{sum(f['actions'] > 0 for fl in _FLEETS.values() for f in fl)} with alarm actions"
         )
-    if findings or iam_findings:
-        for finding in (*findings, *iam_findings):
+    if findings or iam_findings or ops_findings:
+        for finding in (*findings, *iam_findings, *ops_findings):
             reporter.write_line(finding) if reporter else print(finding)
         session.exitstatus = 1
