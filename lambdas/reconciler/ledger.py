@@ -51,21 +51,31 @@ class MemoryLedger:
         self._leases: dict[str, dict[str, Any]] = {}
         self._stats: dict[str, dict[str, Any]] = {}
 
-    def acquire_tick(self, fleet: str, holder: str, now: float, lease_seconds: float) -> Optional[int]:
-        """The lease and its new fence token (taken over from any earlier holder); raises
+    def acquire_tick(self, fleet: str, holder: str, now: float, lease_seconds: float,
+                     tick_until: Optional[float] = None) -> Optional[int]:
+        """The lease and its new fence token (taken over from any earlier holder); ``tick_until``
+        (when the new holder's tick ends, its clock) tells later ticks how long to wait; raises
         :class:`FleetOff` once the fleet is off."""
         with self._lock:
             lease = self._leases.setdefault(fleet, {"holder": None, "expires_at": 0.0, "fence": 0})
             if lease.get("off"):
                 raise FleetOff(fleet)
-            lease.update(holder=holder, expires_at=now + lease_seconds, fence=lease["fence"] + 1)
+            lease.update(holder=holder, expires_at=now + lease_seconds, fence=lease["fence"] + 1,
+                         tick_until=tick_until)
             return lease["fence"]
+
+    def busy_until(self, fleet: str) -> Optional[float]:
+        """When the tick holding the lease said it would end (None: free, or not said)."""
+        with self._lock:
+            lease = self._leases.get(fleet)
+            return lease.get("tick_until") if lease and lease.get("holder") else None
 
     def turn_off(self, fleet: str, marker: str, now: float) -> int:
         """Fence out every tick and keep new ones from starting; returns the new fence."""
         with self._lock:
             lease = self._leases.setdefault(fleet, {"holder": None, "expires_at": 0.0, "fence": 0})
-            lease.update(holder=marker, expires_at=0.0, fence=lease["fence"] + 1, off=marker, off_at=now)
+            lease.update(holder=marker, expires_at=0.0, fence=lease["fence"] + 1, off=marker, off_at=now,
+                         tick_until=None)
             return lease["fence"]
 
     def turn_on(self, fleet: str) -> None:
@@ -164,18 +174,21 @@ class DynamoDBLedger:
     def _key(self, fleet: str, key: str) -> dict[str, Any]:
         return {"fleet": {"S": fleet}, "key": {"S": key}}
 
-    def acquire_tick(self, fleet: str, holder: str, now: float, lease_seconds: float) -> Optional[int]:
+    def acquire_tick(self, fleet: str, holder: str, now: float, lease_seconds: float,
+                     tick_until: Optional[float] = None) -> Optional[int]:
         """The lease and its new fence token (one UpdateItem), taken over from any earlier
-        holder: the fence, not the clock, decides who may write (``expires_at`` only informs).
-        Refused, with :class:`FleetOff`, once the fleet's teardown turned it off."""
+        holder: the fence, not the clock, decides who may write (``expires_at`` and
+        ``tick_until``, when the holder's tick ends, only inform). Refused, with
+        :class:`FleetOff`, once the fleet's teardown turned it off."""
         try:
             result = self._ddb.update_item(
                 TableName=self._table,
                 Key=self._key(fleet, "#tick"),
-                UpdateExpression="SET holder = :holder, expires_at = :expires ADD fence :one",
+                UpdateExpression="SET holder = :holder, expires_at = :expires, tick_until = :until ADD fence :one",
                 ConditionExpression="attribute_not_exists(#off)",
                 ExpressionAttributeNames={"#off": "off"},
                 ExpressionAttributeValues={":holder": {"S": holder}, ":expires": {"N": repr(now + lease_seconds)},
+                                           ":until": {"N": repr(float(tick_until if tick_until is not None else 0.0))},
                                            ":one": {"N": "1"}},
                 ReturnValues="UPDATED_NEW",
             )
@@ -189,7 +202,8 @@ class DynamoDBLedger:
         result = self._ddb.update_item(
             TableName=self._table,
             Key=self._key(fleet, "#tick"),
-            UpdateExpression="SET holder = :marker, expires_at = :zero, #off = :marker, off_at = :now ADD fence :one",
+            UpdateExpression="SET holder = :marker, expires_at = :zero, tick_until = :zero, #off = :marker, "
+                             "off_at = :now ADD fence :one",
             ExpressionAttributeNames={"#off": "off"},
             ExpressionAttributeValues={":marker": {"S": marker}, ":zero": {"N": "0"}, ":now": {"N": repr(now)},
                                        ":one": {"N": "1"}},
@@ -209,6 +223,14 @@ class DynamoDBLedger:
     def is_off(self, fleet: str) -> bool:
         item = self._ddb.get_item(TableName=self._table, Key=self._key(fleet, "#tick"), ConsistentRead=True).get("Item")
         return bool(item and "off" in item)
+
+    def busy_until(self, fleet: str) -> Optional[float]:
+        """When the tick holding the lease said it would end (None: free, or not said)."""
+        item = self._ddb.get_item(TableName=self._table, Key=self._key(fleet, "#tick"), ConsistentRead=True).get("Item")
+        if not item or "holder" not in item:
+            return None
+        until = float(item.get("tick_until", {}).get("N", "0"))
+        return until or None
 
     def release_tick(self, fleet: str, holder: str) -> None:
         try:
