@@ -44,6 +44,8 @@ _CONSTRUCTS = {
     "FleetDashboard": "dashboard",
     "FleetQueries": "queries",
     "Operations": "monitoring",
+    "FleetTeardown": "fleet_teardown",
+    "ImagePruner": "image_pruner",
 }
 
 __all__ = [

@@ -28,6 +28,7 @@ from constructs import Construct
 from ._nag import acknowledge_statements
 from .envrules import credential_problem, credential_shape, secret_reason
 from .execution_role import LOG_GROUP_PREFIX, microvm_log_streams_arn
+from .image_pruner import ImagePruner, check_keep, properties_digest
 from .names import claim
 from .options import MEMORY_CLASSES_MIB
 from .permissions import LAMBDA_SERVICE, Statement, image_arn_for, source_arn_condition
@@ -179,6 +180,11 @@ class AgentImage(Construct):
     :param description: Default: ``Rayito agent <image name>``.
     :param secret_looking_names: ``reject`` (default: the ``--env`` rule) or ``allow`` (for a
         project's ``[env]``, already warned as ``env_looks_secret``).
+    :param keep_image_versions: how many versions the image keeps (1 to 49); older ones are
+        deleted, oldest first, one at a time, never the latest active one (what the fleet runs and
+        rolls to) nor one with a live VM, before each build and every ``prune_every``
+        (docs/image.md "Old versions"). ``None`` keeps every version. Default: 5.
+    :param prune_every: how often the pruner looks again. Default: one hour.
     """
 
     def __init__(
@@ -204,8 +210,15 @@ class AgentImage(Construct):
         log_retention: logs.RetentionDays = DEFAULT_LOG_RETENTION,
         log_removal_policy: cdk.RemovalPolicy = cdk.RemovalPolicy.DESTROY,
         encryption_key: Optional[kms.IKey] = None,
+        keep_image_versions: Optional[int] = 5,
+        prune_every: cdk.Duration = cdk.Duration.hours(1),
     ) -> None:
         problems = []
+        if keep_image_versions is not None:
+            try:
+                check_keep(keep_image_versions)
+            except ValueError as exc:
+                problems.append(str(exc))
         if (folder is None) == (code is None):
             problems.append("folder, code: give exactly one of them")
         if not _NAME.match(image_name):
@@ -332,6 +345,13 @@ class AgentImage(Construct):
         self.resource.node.add_dependency(build_role)
         if self.log_group is not None:
             self.resource.node.add_dependency(self.log_group)
+        self.pruner: Optional[ImagePruner] = None
+        """Deletes old versions (``keep_image_versions``), unless that is None."""
+        if keep_image_versions is not None:
+            self.pruner = ImagePruner(self, "Pruner", image_name=image_name, keep_image_versions=keep_image_versions,
+                                      digest=properties_digest(self, self.resource), prune_every=prune_every)
+            # Before each build: room for the new version (and no delete under way when it starts).
+            self.resource.node.add_dependency(self.pruner.resource)
         self.image_arn: str = self.resource.attr_image_arn
         """The image's ARN."""
         self.latest_active_image_version: Optional[str] = self.resource.attr_latest_active_image_version

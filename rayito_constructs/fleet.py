@@ -29,6 +29,7 @@ from .agent_image import DEFAULT_LOG_RETENTION, AgentImage
 from .dashboard import FleetDashboard
 from .egress_budget import EgressBudget
 from .execution_role import LOG_GROUP_PREFIX, MicrovmExecutionRole
+from .fleet_teardown import FleetTeardown
 from .metadata_index import MetadataIndex
 from .monitoring import (
     DEFAULT_LOG_RETENTION as DEFAULT_FUNCTION_LOG_RETENTION,
@@ -192,6 +193,16 @@ class AgentFleet(_FleetGrants):
     :param terminate_strays: let the reconciler end idle foreign VMs of the image. Default: False.
     :param reconciler_reserved_concurrency: Default: 1 (``None`` where the account's concurrency
         quota leaves no room to reserve).
+    :param retain_vms_on_delete: leave the fleet's VMs running when the fleet is deleted (they end
+        at their lifetime, at most 8 hours). Default: False: deleting the fleet (its stack, or the
+        fleet from a stack) stops its reconciler and terminates every VM it holds, parked ones
+        included, before the delete completes (docs/teardown.md). Only with a
+        reconciler: without one the stack starts no VMs.
+    :param teardown_failure: ``warn``: VMs not confirmed ended within ``teardown_timeout`` are
+        reported and the delete goes on; ``fail``: the delete fails. Default: ``warn``.
+    :param teardown_timeout: Default: 10 minutes (at most 15).
+    :param keep_image_versions: versions the image the fleet builds keeps (1 to 49; ``None``:
+        every version); see :class:`AgentImage`. Default: 5.
     :param metrics: the library sends custom metrics (EMF): the reconciler, the recipe writer, and
         the agents' egress recorder (``RAYITO_METRICS`` in the image the fleet builds). Off, none of
         them prints an EMF line: no custom metric, no EMF log bytes; decisions are still logged.
@@ -243,6 +254,10 @@ class AgentFleet(_FleetGrants):
         share_image: bool = False,
         terminate_strays: bool = False,
         reconciler_reserved_concurrency: Optional[int] = 1,
+        retain_vms_on_delete: bool = False,
+        teardown_failure: str = "warn",
+        teardown_timeout: cdk.Duration = cdk.Duration.minutes(10),
+        keep_image_versions: Optional[int] = 5,
         metrics: bool = False,
         alarm_actions: Union[None, AlarmActionLike, Sequence[AlarmActionLike]] = None,
         egress_alarms: Optional[bool] = None,
@@ -261,6 +276,8 @@ class AgentFleet(_FleetGrants):
             raise ValueError(f"base_rollout: {base_rollout!r} is not one of 'on_expiry', 'rolling'")
         if recipe_failure not in ("warn", "fail"):
             raise ValueError(f"recipe_failure: {recipe_failure!r} is not one of 'warn', 'fail'")
+        if teardown_failure not in ("warn", "fail"):
+            raise ValueError(f"teardown_failure: {teardown_failure!r} is not one of 'warn', 'fail'")
         image_name = image.image_name if image is not None else _image_name(image_arn, project.name)
         _check_operations(metrics, {"reconciler_alarms": reconciler_alarms, "recipe_alarm": recipe_alarm,
                                     "egress_alarms": egress_alarms, "dashboard": dashboard})
@@ -308,6 +325,7 @@ class AgentFleet(_FleetGrants):
                 own_log_group=own_microvm_log_group is not False,
                 log_retention=microvm_log_retention,
                 encryption_key=recipe_key,
+                keep_image_versions=keep_image_versions,
             )
         if self.egress_budget is not None and metrics and not (image is not None and image.node.scope is self):
             cdk.Annotations.of(self).add_warning_v2(
@@ -428,6 +446,22 @@ class AgentFleet(_FleetGrants):
             )
             if reconciler_alarms is not False:
                 self.reconciler.add_alarms(custom_metrics=reconciler_alarms, option="reconciler_alarms=True")
+        self.teardown: Optional[FleetTeardown] = None
+        """Ends the fleet's VMs when the fleet is deleted (with a reconciler: what it started)."""
+        if self.reconciler is not None:
+            # The fleet's name in the id: a fleet renamed in place gets a new teardown, and the old
+            # one (deleted in the update's cleanup) ends the old fleet's VMs with its own rights.
+            self.teardown = FleetTeardown(
+                self,
+                f"Teardown-{project.name}",
+                reconciler=self.reconciler,
+                access=self.access,
+                depends_on=[d for d in (image, self.execution_role) if d is not None],
+                retain_vms_on_delete=retain_vms_on_delete,
+                teardown_failure=teardown_failure,
+                timeout=teardown_timeout,
+                encryption_key=recipe_key,
+            )
 
         self.queries: Optional[FleetQueries] = None
         """The saved Logs Insights queries, unless ``saved_queries=False``."""

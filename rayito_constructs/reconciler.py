@@ -258,7 +258,7 @@ class FleetReconciler(Construct):
         """The function's log group: the timeline of its decisions (docs/operations.md)."""
         self.function = made.function
         """The reconciler function (invoke it on demand; ``{"action": "redrive"}`` retries dead slots)."""
-        schedule_role = iam.Role(
+        self.schedule_role = iam.Role(
             self,
             "ScheduleRole",
             assumed_by=iam.PrincipalWithConditions(
@@ -269,7 +269,7 @@ class FleetReconciler(Construct):
         )
         # CDK grants invoke on the function and its versions (<function ARN>:*): this function only.
         acknowledge_wildcard_resources(
-            schedule_role, [f"{self.function.function_arn}:*"], "the versions of this reconciler function only"
+            self.schedule_role, [f"{self.function.function_arn}:*"], "the versions of this reconciler function only"
         )
         self.schedule = scheduler.Schedule(
             self,
@@ -281,8 +281,9 @@ class FleetReconciler(Construct):
                 retry_attempts=0,
                 max_event_age=cdk.Duration.seconds(60),
                 dead_letter_queue=self.dead_letter_queue,
-                input=scheduler.ScheduleTargetInput.from_object({"source": "schedule"}),
-                role=schedule_role,
+                # The fleet's name: the teardown disables the schedule only while it ticks this fleet.
+                input=scheduler.ScheduleTargetInput.from_object({"source": "schedule", "fleet": project.name}),
+                role=self.schedule_role,
             ),
         )
 

@@ -30,6 +30,10 @@ class FleetStack(cdk.Stack):
     :param recipe_failure: see :class:`AgentFleet`. Default: ``warn``.
     :param permissions_boundary: a managed policy set as the permissions boundary of every role in
         the stack, now and later, the recipe writer included. Default: none.
+    :param retain_vms_on_delete: see :class:`AgentFleet`. Default: False (deleting the stack ends
+        the fleet's VMs first).
+    :param teardown_failure: see :class:`AgentFleet`. Default: ``warn``.
+    :param keep_image_versions: see :class:`AgentFleet`. Default: 5.
     :param metrics: custom metrics (see :class:`AgentFleet`; docs/operations.md for their count
         and cost). Default: False.
     :param alarm_actions: an SNS topic (or its ARN), any ``cloudwatch.IAlarmAction``, or a list,
@@ -60,6 +64,9 @@ class FleetStack(cdk.Stack):
         recipe_key: Optional[kms.IKey] = None,
         recipe_failure: str = "warn",
         permissions_boundary: Optional[iam.IManagedPolicy] = None,
+        retain_vms_on_delete: bool = False,
+        teardown_failure: str = "warn",
+        keep_image_versions: Optional[int] = 5,
         metrics: bool = False,
         alarm_actions: Union[None, AlarmActionLike, Sequence[AlarmActionLike]] = None,
         dashboard: Optional[bool] = None,
@@ -88,6 +95,9 @@ class FleetStack(cdk.Stack):
             recipe_key=recipe_key,
             recipe_failure=recipe_failure,
             permissions_boundary=permissions_boundary,
+            retain_vms_on_delete=retain_vms_on_delete,
+            teardown_failure=teardown_failure,
+            keep_image_versions=keep_image_versions,
             metrics=metrics,
             alarm_actions=alarm_actions,
             dashboard=dashboard,

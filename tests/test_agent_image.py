@@ -16,6 +16,8 @@ from .conftest import EXAMPLE
 def synth_image(**props):
     app = new_app()
     stack = new_stack(app)
+    # The image's own pieces; its pruner's function, role and log group: tests/test_image_pruner.py.
+    props.setdefault("keep_image_versions", None)
     image = AgentImage(stack, "Image", **props)
     return app, stack, image, Template.from_stack(stack)
 
@@ -71,7 +73,7 @@ def test_asset_holds_the_folder_as_the_service_expects(tmp_path) -> None:
     (folder / ".dockerignore").write_text("# not shipped\ntests\n*.secret\n")
     app = new_app()
     stack = new_stack(app)
-    AgentImage(stack, "Image", folder=folder, image_name="agente")
+    AgentImage(stack, "Image", folder=folder, image_name="agente", keep_image_versions=None)  # no pruner code asset
     assembly = app.synth()
     (staged,) = [p for p in Path(assembly.directory).iterdir() if p.name.startswith("asset.")]
     files = sorted(str(p.relative_to(staged)) for p in staged.rglob("*") if p.is_file())

@@ -51,9 +51,12 @@ def test_example_resources(example) -> None:
     _, _, template = example
     template.resource_count_is("AWS::IAM::ManagedPolicy", 3)
     template.resource_count_is("Custom::RayitoRecipe", 1)
-    template.resource_count_is("AWS::Lambda::Function", 2)  # the recipe writer and the reconciler
+    # The recipe writer, the reconciler, the fleet's teardown and the image's pruner (#13).
+    template.resource_count_is("AWS::Lambda::Function", 4)
     template.resource_count_is("AWS::DynamoDB::Table", 3)  # the reconciler's ledger and budget, egress
-    template.resource_count_is("AWS::Scheduler::Schedule", 1)
+    template.resource_count_is("AWS::Scheduler::Schedule", 2)  # the reconciler's and the pruner's
+    template.resource_count_is("Custom::RayitoFleetTeardown", 1)
+    template.resource_count_is("Custom::RayitoImagePruner", 1)
     outputs = template.to_json()["Outputs"]
     assert set(outputs) == {
         "FleetName", "ImageArn", "RecipeParameterName", "ExecutionRoleArn", "CallerPolicyArn",
@@ -387,7 +390,7 @@ def test_permissions_boundary_on_the_stack_reaches_every_role() -> None:
     stack = FleetStack(app, "Bounded", project=AgentProject.load(EXAMPLE), permissions_boundary=boundary, **stack_props())
     iam.Role(stack, "AddedLater", assumed_by=iam.ServicePrincipal("lambda.amazonaws.com"))  # now and later
     roles = Template.from_stack(stack).find_resources("AWS::IAM::Role")
-    assert len(roles) == 6
+    assert len(roles) == 9  # with the teardown's, the pruner's and the pruner schedule's (#13)
     assert {k: r["Properties"].get("PermissionsBoundary") for k, r in roles.items()} == {k: arn for k in roles}
 
 
@@ -403,7 +406,7 @@ def test_permissions_boundary_on_a_fleet_reaches_its_roles_and_the_stack_writer(
     bounded = {k for k, r in roles.items() if r["Properties"].get("PermissionsBoundary") == expected}
     assert {k for k in roles if not k.startswith("Unrelated")} == bounded
     assert any(k.startswith("RayitoRecipeWriterRole") for k in bounded)  # the stack's writer, outside the fleet
-    assert len(bounded) == 6
+    assert len(bounded) == 9  # with the teardown's, the pruner's and the pruner schedule's (#13)
 
 
 def test_two_fleets_with_different_boundaries_in_one_stack_are_an_error() -> None:

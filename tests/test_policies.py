@@ -185,9 +185,46 @@ def test_recipe_writer_role_pinned(example) -> None:
     }
 
 
+def test_teardown_role_pinned(example) -> None:
+    """Issue #13: it stops this fleet's schedule, reads and fences this fleet's ledger items, and
+    ends VMs of this image (RunMicrovm only to resolve a lost answer by its token): no Suspend,
+    Resume or auth token."""
+    image = BUILT_IMAGE
+    assert pinned(example[1], "FleetTeardownmiagenteRole") == {
+        ("Logs", ("logs:CreateLogStream", "logs:PutLogEvents"), ("<FleetTeardownmiagenteLogs.Arn>",), ""),
+        ("ListMicrovms", ("lambda:ListMicrovms",), ("*",), ""),
+        ("RunMicrovm", ("lambda:RunMicrovm",), (image,), ""),
+        ("Microvms", ("lambda:GetMicrovm", "lambda:TerminateMicrovm"), tuple(sorted((image, f"{image}:*"))), ""),
+        ("PassNetworkConnectors", ("lambda:PassNetworkConnector",), (MANAGED_CONNECTORS,), ""),
+        ("PassExecutionRole", ("iam:PassRole",), ("<FleetExecutionRole.Arn>",), PASSED_TO_LAMBDA),
+        ("Ledger", ("dynamodb:DeleteItem", "dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:Query", "dynamodb:UpdateItem"),
+         ("<RayitoFleetLedgerTable.Arn>",), '{"ForAllValues:StringEquals": {"dynamodb:LeadingKeys": ["mi-agente"]}}'),
+        ("ReconcilerSchedule", ("scheduler:GetSchedule", "scheduler:UpdateSchedule"), ("<FleetReconcilerSchedule.Arn>",), ""),
+        ("PassScheduleRole", ("iam:PassRole",), ("<FleetReconcilerScheduleRole.Arn>",),
+         '{"StringEquals": {"iam:PassedToService": "scheduler.amazonaws.com"}}'),
+        ("StackStatus", ("cloudformation:DescribeStacks",), ("<AWS::StackId>",), ""),
+    }
+
+
+def test_pruner_roles_pinned(example) -> None:
+    """Issue #13: the pruner reads and deletes versions of this image only, and lists VMs."""
+    named = "arn:aws:lambda:us-east-1:123456789012:microvm-image:mi-agente"
+    assert pinned(example[1], "FleetImagePrunerRole") == {
+        ("Logs", ("logs:CreateLogStream", "logs:PutLogEvents"), ("<FleetImagePrunerLogs.Arn>",), ""),
+        ("ListMicrovms", ("lambda:ListMicrovms",), ("*",), ""),
+        ("MicrovmImages", ("lambda:DeleteMicrovmImageVersion", "lambda:GetMicrovmImage",
+                           "lambda:ListMicrovmImageVersions", "lambda:UpdateMicrovmImageVersion"),
+         (named, f"{named}:*"), ""),
+    }
+    assert pinned(example[1], "FleetImagePrunerScheduleRole") == {
+        (None, ("lambda:InvokeFunction",), ("<FleetImagePrunerFunction.Arn>", "<FleetImagePrunerFunction.Arn>:*"), ""),
+    }
+
+
 def test_every_role_of_the_example_is_pinned(example) -> None:
     roles = sorted(_norm(k) for k, r in example[1]["Resources"].items() if r["Type"] == "AWS::IAM::Role")
-    assert roles == ["FleetExecutionRole", "FleetImageBuildRole", "FleetReconcilerRole", "FleetReconcilerScheduleRole",
+    assert roles == ["FleetExecutionRole", "FleetImageBuildRole", "FleetImagePrunerRole", "FleetImagePrunerScheduleRole",
+                     "FleetReconcilerRole", "FleetReconcilerScheduleRole", "FleetTeardownmiagenteRole",
                      "RayitoRecipeWriterRole"]
     policies = sorted(_norm(k) for k, r in example[1]["Resources"].items() if r["Type"] == "AWS::IAM::ManagedPolicy")
     assert policies == ["FleetCallerPolicy", "FleetImagePublisherPolicy", "FleetSandboxLauncherPolicy"]

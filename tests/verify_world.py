@@ -9,8 +9,9 @@
   that runs moto's server: ``AWS::Lambda::MicrovmImage`` (created in the MicroVMs emulator through
   its CreateMicrovmImage, from the template's properties), ``Custom::RayitoRecipe`` (the library's
   own recipe writer, ``lambdas/recipe_writer``, writing to moto's SSM) and ``AWS::CloudWatch::Alarm``
-  (PutMetricAlarm into moto's CloudWatch). Types moto skips (the schedule, the queue policy, the
-  event invoke config) are simply absent, as in a partially deployed stack.
+  (PutMetricAlarm into moto's CloudWatch). Types moto skips (the queue policy, the event invoke
+  config) are simply absent, as in a partially deployed stack; schedules and the lifecycle
+  resources of issue #13 only resolve their references (``ScheduleResource``, ``LifecycleResource``).
 * The reconciler is the real handler (``lambdas/reconciler/index.py``) with the environment the
   stack gave its function, talking to the emulator and moto; its output goes to its log group with
   the platform report line Lambda adds (JSON log format).
@@ -208,12 +209,84 @@ class AlarmResource(CloudFormationModel):
         return cls(resource_name)
 
 
+class ScheduleResource(CloudFormationModel):
+    """``AWS::Scheduler::Schedule``: its name and ARN only, so what refers to it resolves (the
+    fleet's teardown names the reconciler's schedule); nothing is created in moto's scheduler, so
+    the schedule stays absent to verify, as before."""
+
+    __module__ = "tests.verify_world"
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    @staticmethod
+    def cloudformation_type() -> str:
+        return "AWS::Scheduler::Schedule"
+
+    @staticmethod
+    def cloudformation_name_type() -> str:
+        return "Name"
+
+    @property
+    def physical_resource_id(self) -> str:
+        return self.name
+
+    @classmethod
+    def has_cfn_attr(cls, attr: str) -> bool:
+        return attr == "Arn"
+
+    def get_cfn_attribute(self, attr: str) -> Any:
+        return f"arn:aws:scheduler:{REGION}:{ACCOUNT}:schedule/default/{self.name}"
+
+    @classmethod
+    def create_from_cloudformation_json(cls, resource_name: str, cloudformation_json: dict[str, Any],
+                                        account_id: str, region_name: str, **kwargs: Any) -> "ScheduleResource":
+        return cls(resource_name)
+
+
+class LifecycleResource(CloudFormationModel):
+    """``Custom::RayitoFleetTeardown`` and ``Custom::RayitoImagePruner`` (issue #13) answering a
+    create as their functions do (``armed``; nothing to prune before the image exists). Their
+    handlers are tested through their entry points in tests/test_fleet_teardown_handler.py and
+    tests/test_image_pruner_handler.py; here they only let the stack deploy."""
+
+    __module__ = "tests.verify_world"
+
+    def __init__(self, physical: str, data: dict[str, Any]) -> None:
+        self.physical, self.data = physical, data
+
+    @staticmethod
+    def cloudformation_type() -> str:
+        return "Custom::RayitoFleetTeardown"
+
+    @property
+    def physical_resource_id(self) -> str:
+        return self.physical
+
+    @classmethod
+    def has_cfn_attr(cls, attr: str) -> bool:
+        return True
+
+    def get_cfn_attribute(self, attr: str) -> Any:
+        return self.data.get(attr, "")
+
+    @classmethod
+    def create_from_cloudformation_json(cls, resource_name: str, cloudformation_json: dict[str, Any],
+                                        account_id: str, region_name: str, **kwargs: Any) -> "LifecycleResource":
+        props = cloudformation_json["Properties"]
+        if "FleetName" in props:
+            return cls(f"rayito-teardown:{props['FleetName']}@{props.get('LedgerTable', '')}", {"Outcome": "armed"})
+        return cls(f"rayito-pruner:{props.get('ImageName', '')}", {"Outcome": "no_image"})
+
+
 _original_class_for = parsing.resource_class_from_type
 
 
 def _class_for(resource_type: str) -> Any:
     if resource_type == "Custom::RayitoRecipe":
         return RecipeResource
+    if resource_type in ("Custom::RayitoFleetTeardown", "Custom::RayitoImagePruner"):
+        return LifecycleResource
     return _original_class_for(resource_type)
 
 

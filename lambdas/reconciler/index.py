@@ -18,7 +18,9 @@ Clients make one attempt per call: the reconciler's own budget and backoff decid
 every call it makes is one the budget admitted and the metrics count.
 
 Events: the scheduler's ``{"source": "schedule", ...}`` runs a tick; ``{"action": "redrive"}``
-resets dead-lettered slots to queued; anything else runs a tick on demand.
+resets dead-lettered slots to queued; anything else runs a tick on demand. Once the fleet's
+teardown turned it off (``ledger.FleetOff``), every invocation returns ``{"skipped": "fleet_off"}``
+without a call.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from botocore.config import Config
 
 from .budget import DynamoDBBudget
 from .core import DEAD, QUEUED, FleetSpec
-from .ledger import DynamoDBLedger, FencedOut
+from .ledger import DynamoDBLedger, FencedOut, FleetOff
 from .tick import Reconciler
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
@@ -166,10 +168,17 @@ def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
         # tick resets the reconciler's own state (lease holder, reservations) in begin_tick.
         _RECONCILER = build()
     reconciler = _RECONCILER
-    if isinstance(event, dict) and event.get("action") == "redrive":
-        return redrive(reconciler)
-    remaining = context.get_remaining_time_in_millis() / 1000 if context is not None else 60.0
-    deadline = min(float(os.environ.get("TICK_SECONDS", "50")), max(1.0, remaining - DEADLINE_MARGIN_SECONDS))
-    # The lease covers the whole invocation; past it, the fence (not the clock) keeps a late
-    # tick from writing or calling.
-    return reconciler.tick(deadline_seconds=deadline, lease_seconds=remaining + 5)
+    try:
+        if isinstance(event, dict) and event.get("action") == "redrive":
+            return redrive(reconciler)
+        remaining = context.get_remaining_time_in_millis() / 1000 if context is not None else 60.0
+        deadline = min(float(os.environ.get("TICK_SECONDS", "50")), max(1.0, remaining - DEADLINE_MARGIN_SECONDS))
+        # The lease covers the whole invocation; past it, the fence (not the clock) keeps a late
+        # tick from writing or calling.
+        return reconciler.tick(deadline_seconds=deadline, lease_seconds=remaining + 5)
+    except FleetOff:
+        # The fleet's teardown turned it off: the lease was never taken, nothing was called.
+        fleet = reconciler.spec.fleet
+        reconciler.telemetry.event(fleet, {"event": "tick_skipped", "reason": "fleet_off"})
+        reconciler.telemetry.flush()
+        return {"fleet": fleet, "skipped": "fleet_off"}

@@ -12,6 +12,12 @@ DynamoDB layout (partition key ``fleet``, sort key ``key``):
 * ``#stats``: ``epoch`` (part of every client token, so a re-created ledger never reuses a token
   of an earlier one), ``run_attempts`` and ``slots_filled`` (retry amplification), ``spec`` (the
   fingerprint of the spec the last tick ran) and ``strays`` (foreign VMs seen, as JSON).
+
+**Off.** The fleet's teardown (``teardown.py``, when the fleet is deleted) sets ``off`` on the
+``#tick`` item in the same update that increments the fence: a tick already running fails its next
+write (:class:`FencedOut`), and a tick that starts later cannot take the lease
+(:class:`FleetOff`): no RunMicrovm, resume or terminate of the reconciler goes out after it.
+``turn_on`` (the teardown resource's create or update) clears it.
 """
 
 from __future__ import annotations
@@ -26,6 +32,10 @@ from .core import Slot
 
 class FencedOut(Exception):
     """Another tick took the fleet's lease: this one must stop writing and calling."""
+
+
+class FleetOff(Exception):
+    """The fleet was turned off (its teardown began): no tick may take the lease."""
 
 
 def _new_stats() -> dict[str, Any]:
@@ -44,9 +54,12 @@ class MemoryLedger:
     def acquire_tick(self, fleet: str, holder: str, now: float, lease_seconds: float,
                      tick_until: Optional[float] = None) -> Optional[int]:
         """The lease and its new fence token (taken over from any earlier holder); ``tick_until``
-        (when the new holder's tick ends, its clock) tells later ticks how long to wait."""
+        (when the new holder's tick ends, its clock) tells later ticks how long to wait; raises
+        :class:`FleetOff` once the fleet is off."""
         with self._lock:
             lease = self._leases.setdefault(fleet, {"holder": None, "expires_at": 0.0, "fence": 0})
+            if lease.get("off"):
+                raise FleetOff(fleet)
             lease.update(holder=holder, expires_at=now + lease_seconds, fence=lease["fence"] + 1,
                          tick_until=tick_until)
             return lease["fence"]
@@ -56,6 +69,25 @@ class MemoryLedger:
         with self._lock:
             lease = self._leases.get(fleet)
             return lease.get("tick_until") if lease and lease.get("holder") else None
+
+    def turn_off(self, fleet: str, marker: str, now: float) -> int:
+        """Fence out every tick and keep new ones from starting; returns the new fence."""
+        with self._lock:
+            lease = self._leases.setdefault(fleet, {"holder": None, "expires_at": 0.0, "fence": 0})
+            lease.update(holder=marker, expires_at=0.0, fence=lease["fence"] + 1, off=marker, off_at=now,
+                         tick_until=None)
+            return lease["fence"]
+
+    def turn_on(self, fleet: str) -> None:
+        with self._lock:
+            lease = self._leases.get(fleet)
+            if lease:
+                lease.pop("off", None)
+                lease.pop("off_at", None)
+
+    def is_off(self, fleet: str) -> bool:
+        with self._lock:
+            return bool(self._leases.get(fleet, {}).get("off"))
 
     def release_tick(self, fleet: str, holder: str) -> None:
         with self._lock:
@@ -72,6 +104,20 @@ class MemoryLedger:
             slots = {k: Slot.from_dict(v) for k, v in self._slots.get(fleet, {}).items()}
             stats = self._stats.setdefault(fleet, _new_stats())
             return slots, json.loads(json.dumps(stats))
+
+    def peek(self, fleet: str) -> tuple[dict[str, Slot], Optional[dict[str, Any]]]:
+        with self._lock:
+            slots = {k: Slot.from_dict(v) for k, v in self._slots.get(fleet, {}).items()}
+            stats = self._stats.get(fleet)
+            return slots, (json.loads(json.dumps(stats)) if stats is not None else None)
+
+    def forget(self, fleet: str, slot_ids: Iterable[str], stats: bool = False) -> None:
+        with self._lock:
+            table = self._slots.get(fleet, {})
+            for slot_id in slot_ids:
+                table.pop(slot_id, None)
+            if stats:
+                self._stats.pop(fleet, None)
 
     def load_vm_ids(self, fleets: Iterable[str]) -> set[str]:
         """VM IDs the slots of other fleets hold (fleets sharing an image)."""
@@ -132,17 +178,51 @@ class DynamoDBLedger:
                      tick_until: Optional[float] = None) -> Optional[int]:
         """The lease and its new fence token (one UpdateItem), taken over from any earlier
         holder: the fence, not the clock, decides who may write (``expires_at`` and
-        ``tick_until``, when the holder's tick ends, only inform)."""
+        ``tick_until``, when the holder's tick ends, only inform). Refused, with
+        :class:`FleetOff`, once the fleet's teardown turned it off."""
+        try:
+            result = self._ddb.update_item(
+                TableName=self._table,
+                Key=self._key(fleet, "#tick"),
+                UpdateExpression="SET holder = :holder, expires_at = :expires, tick_until = :until ADD fence :one",
+                ConditionExpression="attribute_not_exists(#off)",
+                ExpressionAttributeNames={"#off": "off"},
+                ExpressionAttributeValues={":holder": {"S": holder}, ":expires": {"N": repr(now + lease_seconds)},
+                                           ":until": {"N": repr(float(tick_until if tick_until is not None else 0.0))},
+                                           ":one": {"N": "1"}},
+                ReturnValues="UPDATED_NEW",
+            )
+        except self._ddb.exceptions.ConditionalCheckFailedException:
+            raise FleetOff(fleet) from None
+        return int(result["Attributes"]["fence"]["N"])
+
+    def turn_off(self, fleet: str, marker: str, now: float) -> int:
+        """Fence out every tick of the fleet and keep new ones from taking the lease (one
+        UpdateItem: the fence and the mark together); returns the new fence. Idempotent."""
         result = self._ddb.update_item(
             TableName=self._table,
             Key=self._key(fleet, "#tick"),
-            UpdateExpression="SET holder = :holder, expires_at = :expires, tick_until = :until ADD fence :one",
-            ExpressionAttributeValues={":holder": {"S": holder}, ":expires": {"N": repr(now + lease_seconds)},
-                                       ":until": {"N": repr(float(tick_until if tick_until is not None else 0.0))},
+            UpdateExpression="SET holder = :marker, expires_at = :zero, tick_until = :zero, #off = :marker, "
+                             "off_at = :now ADD fence :one",
+            ExpressionAttributeNames={"#off": "off"},
+            ExpressionAttributeValues={":marker": {"S": marker}, ":zero": {"N": "0"}, ":now": {"N": repr(now)},
                                        ":one": {"N": "1"}},
             ReturnValues="UPDATED_NEW",
         )
         return int(result["Attributes"]["fence"]["N"])
+
+    def turn_on(self, fleet: str) -> None:
+        """Let ticks take the lease again (the fleet's teardown resource was created or updated)."""
+        self._ddb.update_item(
+            TableName=self._table,
+            Key=self._key(fleet, "#tick"),
+            UpdateExpression="REMOVE #off, off_at",
+            ExpressionAttributeNames={"#off": "off"},
+        )
+
+    def is_off(self, fleet: str) -> bool:
+        item = self._ddb.get_item(TableName=self._table, Key=self._key(fleet, "#tick"), ConsistentRead=True).get("Item")
+        return bool(item and "off" in item)
 
     def busy_until(self, fleet: str) -> Optional[float]:
         """When the tick holding the lease said it would end (None: free, or not said)."""
@@ -181,7 +261,8 @@ class DynamoDBLedger:
                 return items
             kwargs["ExclusiveStartKey"] = page["LastEvaluatedKey"]
 
-    def load(self, fleet: str) -> tuple[dict[str, Slot], dict[str, Any]]:
+    def peek(self, fleet: str) -> tuple[dict[str, Slot], Optional[dict[str, Any]]]:
+        """The slots and the stats as they are (``None`` when there are none), creating nothing."""
         slots: dict[str, Slot] = {}
         stats: Optional[dict[str, Any]] = None
         for item in self._query(fleet):
@@ -197,6 +278,18 @@ class DynamoDBLedger:
                     "spec": item.get("spec", {}).get("S"),
                     "strays": json.loads(item.get("strays", {}).get("S", "{}")),
                 }
+        return slots, stats
+
+    def forget(self, fleet: str, slot_ids: Iterable[str], stats: bool = False) -> None:
+        """Delete slot items (unfenced: the teardown, after turning the fleet off), and with
+        ``stats`` the ``#stats`` item too, so a fleet made again later starts a new epoch (new
+        client tokens: never the answer of a token of the fleet that was torn down)."""
+        keys = [f"slot#{slot_id}" for slot_id in slot_ids] + (["#stats"] if stats else [])
+        for key in keys:
+            self._ddb.delete_item(TableName=self._table, Key=self._key(fleet, key))
+
+    def load(self, fleet: str) -> tuple[dict[str, Slot], dict[str, Any]]:
+        slots, stats = self.peek(fleet)
         if stats is None:
             stats = _new_stats()
             try:
