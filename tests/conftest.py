@@ -31,6 +31,16 @@ def agent_folder(tmp_path: Path) -> Callable[..., Path]:
     return make
 
 
+@pytest.fixture(scope="session")
+def example_assembly(tmp_path_factory):
+    """What `make synth` writes (app.py, cdk.json's context), once per session (per xdist worker):
+    (the cloud assembly's folder, the stack's template). Read it; never change it."""
+    from .contract_support import synth_example
+
+    outdir = tmp_path_factory.mktemp("example-assembly") / "cdk.out"
+    return outdir, synth_example(outdir)
+
+
 @pytest.fixture
 def snapshot_json(snapshot):
     """syrupy JSON snapshots with asset hashes neutralized."""

@@ -31,9 +31,8 @@ HANDLER = "reconciler.index.handler"
 
 
 @pytest.fixture(scope="module")
-def deployed(tmp_path_factory):
-    outdir = tmp_path_factory.mktemp("contract") / "cdk.out"
-    template = cs.synth_example(outdir)
+def deployed(example_assembly):
+    outdir, template = example_assembly
     logical, resource = cs.function(template, HANDLER)
     code = cs.asset_code(outdir, resource, ROOT / "lambdas" / "reconciler")
     (schedule,) = [r for r in template["Resources"].values() if r["Type"] == "AWS::Scheduler::Schedule"
