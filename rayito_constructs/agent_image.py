@@ -32,8 +32,8 @@ from .names import claim
 from .options import MEMORY_CLASSES_MIB
 from .permissions import LAMBDA_SERVICE, Statement, image_arn_for, source_arn_condition
 
-_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,255}$")
+_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}\Z")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,255}\Z")
 #: Always left out of the uploaded folder, on top of its .dockerignore.
 DEFAULT_EXCLUDES = (".git", "cdk.out", "node_modules", "__pycache__", "*.pyc", ".venv", ".DS_Store")
 DEFAULT_BASE_IMAGE = "al2023-1"
@@ -41,7 +41,7 @@ DEFAULT_BASE_IMAGE = "al2023-1"
 #: list-managed-microvm-image-versions lists 0 and 1, create rejects "1.0" ("Expected a single
 #: major version number (e.g., 1)"), and Rayito pins "1". Whether "0" is accepted is not recorded.
 DEFAULT_BASE_IMAGE_VERSION = "1"
-_MAJOR_VERSION = re.compile(r"^[0-9]{1,9}$")
+_MAJOR_VERSION = re.compile(r"^[0-9]{1,9}\Z")
 #: How long the image's log group keeps the build logs and the VMs' output (agent output may hold
 #: conversations: a month, not forever).
 DEFAULT_LOG_RETENTION = logs.RetentionDays.ONE_MONTH

@@ -39,7 +39,7 @@ from .recipe_parameter import RecipeParameter
 from .reconciler import FleetReconciler
 
 _IMAGE_NAME = re.compile(r":microvm-image:([A-Za-z0-9_-]{1,64})$")
-_IMAGE_NAME_ONLY = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+_IMAGE_NAME_ONLY = re.compile(r"^[A-Za-z0-9_-]{1,64}\Z")
 
 
 def _image_name(image_arn: Optional[str], fleet_name: str) -> Optional[str]:

@@ -139,7 +139,7 @@ def test_fleet_with_a_given_image_arn_builds_nothing() -> None:
 
 
 @pytest.mark.parametrize("version, ok", [("1", True), ("0", True), ("12", True), ("1.0", False), ("latest", False),
-                                         ("", False), (" 1", False), ("1 ", False)])
+                                         ("", False), (" 1", False), ("1 ", False), ("1\n", False)])
 def test_base_image_version_is_a_major_number(version: str, ok: bool) -> None:
     """Measured: create rejects "1.0" ("Expected a single major version number (e.g., 1)")."""
     app = new_app()
@@ -169,3 +169,11 @@ def test_without_its_own_log_group_the_build_may_create_it() -> None:
     logs = [s for s in policy["Properties"]["PolicyDocument"]["Statement"] if s["Sid"] == "BuildLogs"][0]
     assert logs["Action"][0] == "logs:CreateLogGroup" and not image.owns_log_group
     assert nag(app) == []
+
+
+@pytest.mark.parametrize("name", ["agente\n", "\nagente", "agente\r", "a" * 65, "", "agénte"])
+def test_image_name_is_checked_whole(name: str) -> None:
+    """A trailing newline is not a name character (``$`` would have let ``'agente\\n'`` through)."""
+    stack = new_stack(new_app())
+    with pytest.raises(ValueError, match="must be 1 to 64 letters, digits"):
+        AgentImage(stack, "Image", folder=EXAMPLE, image_name=name)

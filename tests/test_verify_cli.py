@@ -160,3 +160,33 @@ def test_the_command_in_a_pipe(world: vw.World) -> None:
     assert piped.returncode == doc["exit_code"] and "Traceback" not in piped.stderr
     wrong = _subprocess(world, "nothing-here", "--json")
     assert wrong.returncode == 2 and wrong.stdout == "" and wrong.stderr.count("\n") == 1
+
+
+def test_a_closed_stderr_during_launch_still_terminates_the_vm(world: vw.World) -> None:
+    """``2>&1 | head -1`` closes verify's stderr while its VM runs: the notes cannot be written, yet
+    verify goes on and terminates what it started (SIGPIPE ignored only while launching, then
+    restored to what ``rayito-constructs`` set)."""
+    import signal
+
+    before = {vm["microvmId"] for vm in world.emulator.microvms_ever()}
+    seen: list[Any] = []
+
+    def probe(endpoint: str, headers: dict[str, str]) -> int:
+        seen.append(signal.getsignal(signal.SIGPIPE))
+        return 200
+
+    previous = signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    try:
+        args = _parser().parse_args(["verify", FLEET, "--launch", "--launch-timeout", "30", "--json"])
+        out = io.StringIO()
+        code = verify_cli.run(args, out, _ClosedPipe(), session=world.session(), attempts=2, probe=probe)
+        assert signal.getsignal(signal.SIGPIPE) == signal.SIG_DFL
+    finally:
+        signal.signal(signal.SIGPIPE, previous)
+    assert seen and seen[0] == signal.SIG_IGN
+    doc = json.loads(out.getvalue())
+    assert code == doc["exit_code"]
+    launched = [vm for vm in world.emulator.microvms_ever() if vm["microvmId"] not in before]
+    assert len(launched) == 1
+    states = [entry[1] for entry in launched[0]["history"]]
+    assert "TERMINATED" in states or "TERMINATING" in states, states

@@ -38,9 +38,9 @@ MAX_CLASS_VALUE_CHARS = 128
 
 _CONTROL = re.compile(r"[\x00-\x20\x7f]")
 _PERCENT = re.compile(r"%([0-9A-Fa-f]{2})")
-_HOST_ASCII = re.compile(r"^[a-z0-9_-]+(?:\.[a-z0-9_-]+)*$")
-_DIGITS = re.compile(r"^[0-9]+$")
-_HEX = re.compile(r"^0[xX][0-9a-fA-F]*$")
+_HOST_ASCII = re.compile(r"^[a-z0-9_-]+(?:\.[a-z0-9_-]+)*\Z")
+_DIGITS = re.compile(r"^[0-9]+\Z")
+_HEX = re.compile(r"^0[xX][0-9a-fA-F]*\Z")
 
 
 class TargetError(ValueError):

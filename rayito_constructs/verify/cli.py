@@ -8,11 +8,13 @@ first, before anything is started.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import os
+import signal
 import sys
 from pathlib import Path
-from typing import Any, Optional, TextIO
+from typing import Any, Iterator, Optional, TextIO
 
 from .report import render_json, render_table
 from .run import BadInput, Options, TargetNotFound, verify
@@ -68,11 +70,17 @@ def run(args: argparse.Namespace, out: Optional[TextIO] = None, err: Optional[Te
     err = err or sys.stderr
 
     def note(line: str) -> None:
-        err.write(line + "\n")
-        err.flush()
+        # A note that cannot be written (stderr closed, ``2>&1 | head``) must never stop verify
+        # between starting a VM and terminating it.
+        try:
+            err.write(line + "\n")
+            err.flush()
+        except (OSError, ValueError):
+            pass
 
     try:
-        report = verify(options_from(args), on_note=note, **kwargs)
+        with _pipes_cannot_kill(args.launch):
+            report = verify(options_from(args), on_note=note, **kwargs)
     except (TargetNotFound, BadInput) as exc:
         err.write(f"{exc}\n")
         return EXIT_INVALID
@@ -90,6 +98,26 @@ def run(args: argparse.Namespace, out: Optional[TextIO] = None, err: Optional[Te
         except (OSError, ValueError, AttributeError):
             pass
     return report.exit_code
+
+
+@contextlib.contextmanager
+def _pipes_cannot_kill(launching: bool) -> Iterator[None]:
+    """While a launched VM may be running, a closed pipe raises ``BrokenPipeError`` instead of
+    killing the process (``rayito-constructs`` restores SIGPIPE's default so that ``plan | head``
+    ends quietly; during ``--launch`` that default would end verify before it terminates its VM,
+    leaving it to its 600 s lifetime)."""
+    if not launching or not hasattr(signal, "SIGPIPE"):
+        yield
+        return
+    try:
+        previous = signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+    except ValueError:  # not the main thread: signals cannot be changed, and nothing was
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGPIPE, previous)
 
 
 def _color(out: TextIO) -> bool:

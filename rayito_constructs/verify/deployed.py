@@ -27,8 +27,8 @@ MICROVM_REGIONS = {
 }
 REGIONS_AS_OF = "2026-08-19"
 
-STACK_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9-]{0,127}$")
-REGION_NAME = re.compile(r"^[a-z]{2}(-[a-z]+)+-\d{1,2}$")
+STACK_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9-]{0,127}\Z")
+REGION_NAME = re.compile(r"^[a-z]{2}(-[a-z]+)+-\d{1,2}\Z")
 FLEET_STACK_PREFIX = "RayitoFleet-"  # app.py names its stack RayitoFleet-<fleet name>
 _HASH = "[0-9A-F]{8}"
 #: Resources that mark a fleet, and the part of the logical id after the fleet construct's prefix.
@@ -191,7 +191,7 @@ def load_resources(clients: Clients, stack: DeployedStack) -> None:
         stack.resources_error = error
 
 
-STACK_ARN = re.compile(r"^arn:aws[a-z-]*:cloudformation:[a-z0-9-]+:\d{12}:stack/[A-Za-z][A-Za-z0-9-]*/[0-9a-f-]+$")
+STACK_ARN = re.compile(r"^arn:aws[a-z-]*:cloudformation:[a-z0-9-]+:\d{12}:stack/[A-Za-z][A-Za-z0-9-]*/[0-9a-f-]+\Z")
 
 
 def candidates(target: str) -> list[str]:

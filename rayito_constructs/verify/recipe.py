@@ -23,7 +23,7 @@ from .report import Finding, fail, ok, warn
 from .template import Unresolved, resolve
 
 DEFAULT_KEY = "alias/aws/ssm"
-_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+_HEX64 = re.compile(r"^[0-9a-f]{64}\Z")
 _HASH_KEY = re.compile(r"(sha256|hash|digest)", re.IGNORECASE)
 
 
