@@ -183,12 +183,13 @@ class Run:
 
 
 def run_lambda(code: Path, resource: dict[str, Any], env: dict[str, str], events: list[Any],
-               *, timeout_seconds: Optional[float] = None) -> Run:
+               *, timeout_seconds: Optional[float] = None, pause_seconds: float = 0.0) -> Run:
     """Invoke the handler of ``resource`` with ``events`` in one new execution environment."""
     props = resource["Properties"]
     spec = {"code": str(code), "handler": props["Handler"], "events": events,
             "timeout_seconds": timeout_seconds if timeout_seconds is not None else props.get("Timeout", 3),
-            "function_name": env.get("AWS_LAMBDA_FUNCTION_NAME", "contract"), "memory_mb": props.get("MemorySize", 128)}
+            "function_name": env.get("AWS_LAMBDA_FUNCTION_NAME", "contract"), "memory_mb": props.get("MemorySize", 128),
+            "pause_seconds": pause_seconds}
     proc = subprocess.run([sys.executable, "-m", "tests.lambda_runner", json.dumps(spec)], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=PROCESS_TIMEOUT_SECONDS)
     assert proc.returncode == 0, proc.stderr[-4000:]

@@ -44,7 +44,9 @@ def main(argv: list[str]) -> int:
     sys.path.insert(0, spec["code"])
     module_name, _, function = spec["handler"].rpartition(".")
     handler = getattr(importlib.import_module(module_name), function)
-    for event in spec["events"]:
+    for number, event in enumerate(spec["events"]):
+        if number:
+            time.sleep(float(spec.get("pause_seconds", 0)))  # the schedule's gap between invocations
         context = LambdaContext(spec.get("function_name", "contract"), float(spec["timeout_seconds"]),
                                 int(spec.get("memory_mb", 128)))
         try:
