@@ -7,6 +7,10 @@
     npx cdk synth -c image_arn=arn:aws:lambda:...   # a MicroVM image published elsewhere
     npx cdk synth -c metadata_index=true            # with the session index
     npx cdk synth -c env.URL=https://a,b            # one env variable per key (or env=A=1,B=2, or JSON)
+    npx cdk synth -c metrics=true -c alarm_actions=arn:aws:sns:us-east-1:123456789012:ops
+                                                    # custom metrics, alarms, a dashboard (docs/operations.md)
+    npx cdk synth -c log_retention=30               # days the library's function logs are kept
+    npx cdk synth -c saved_queries=false            # no saved Logs Insights queries
 
 Every option of ``rayito-constructs plan`` is accepted as context under its library name
 (``min_vms``, ``memory_mib``, ``idle``, ``env``, ``save_recipe=false``...), checked like a key of
@@ -36,6 +40,7 @@ def main(app: "Optional[object]" = None) -> int:
     from jsii.errors import JSIIError
 
     from rayito_constructs import AgentProject, FleetStack, Problem, ProjectError
+    from rayito_constructs.monitoring import retention_from_days
     from rayito_constructs.overrides import name_what_was_typed, read_context
 
     app = app or cdk.App()
@@ -59,6 +64,11 @@ def main(app: "Optional[object]" = None) -> int:
             metadata_index=options.get("metadata_index", False),
             keep_recipe=options.get("keep_recipe", False),
             scope_microvm_actions_to_image=options.get("scope_microvm_actions_to_image", True),
+            metrics=options.get("metrics", False),
+            dashboard=options.get("dashboard"),
+            saved_queries=options.get("saved_queries", True),
+            alarm_actions=list(options.get("alarm_actions", ())) or None,
+            **({"log_retention": retention_from_days(options["log_retention"])} if "log_retention" in options else {}),
             env=cdk.Environment(
                 account=os.environ.get("CDK_DEFAULT_ACCOUNT"), region=os.environ.get("CDK_DEFAULT_REGION")
             ),

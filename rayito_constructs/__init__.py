@@ -41,6 +41,9 @@ _CONSTRUCTS = {
     "AgentImage": "agent_image",
     "ImageHooks": "agent_image",
     "EgressBudget": "egress_budget",
+    "FleetDashboard": "dashboard",
+    "FleetQueries": "queries",
+    "Operations": "monitoring",
 }
 
 __all__ = [

@@ -7,7 +7,9 @@ Every function gets
   given by the caller as :class:`~rayito_constructs.permissions.Statement`\\ s; each statement with
   a wildcard is vouched for on its own for cdk-nag (Sid, actions, resources), with the reason the
   caller gives: a statement added to the role later keeps its finding (``_nag``);
-* its own log group (retention configurable, deleted with the stack), JSON log format;
+* its own log group (deleted with the stack), JSON log format, kept for the retention given or
+  else the one of the fleet above it (``Operations.of``: ``AgentFleet(log_retention=...)``), so a
+  function added later follows the fleet's setting without being told;
 * Python 3.14 on arm64, code taken from ``lambdas/<name>`` as it is (no Docker, no bundling);
 * recursive-loop protection and, when asked, reserved concurrency.
 
@@ -32,13 +34,13 @@ from constructs import Construct
 
 from ._assets import lambda_code_dir
 from ._nag import acknowledge_statements
+from .monitoring import DEFAULT_LOG_RETENTION as DEFAULT_LOG_RETENTION  # re-exported
+from .monitoring import Operations
 from .permissions import Statement
 
 #: The runtime and architecture of every function of the library.
 RUNTIME = lambda_.Runtime.PYTHON_3_14
 ARCHITECTURE = lambda_.Architecture.ARM_64
-#: Default retention of the library's function logs.
-DEFAULT_LOG_RETENTION = logs.RetentionDays.THREE_MONTHS
 _EXCLUDE = ["__pycache__", "**/__pycache__", "*.pyc"]
 
 
@@ -88,7 +90,7 @@ def library_function(
     memory_size: int = 256,
     environment: Optional[Mapping[str, str]] = None,
     layers: Sequence[lambda_.ILayerVersion] = (),
-    log_retention: logs.RetentionDays = DEFAULT_LOG_RETENTION,
+    log_retention: Optional[logs.RetentionDays] = None,
     reserved_concurrency: Optional[int] = None,
     **function_props: object,
 ) -> LibraryFunction:
@@ -98,9 +100,12 @@ def library_function(
     :param statements: the role's permissions, each with a Sid (``Logs`` is added here).
     :param wildcard_reasons: ``{sid: reason}`` for every statement with a ``*`` in a resource.
     :param handler: Default: ``index.handler`` (``<name>.index.handler`` with ``as_package``).
+    :param log_retention: Default: the fleet's (``Operations.of(scope)``), three months outside a
+        fleet (``DEFAULT_LOG_RETENTION``).
     :param function_props: other ``lambda_.Function`` keyword arguments (retries, destinations...).
     """
-    log_group = logs.LogGroup(scope, "Logs", retention=log_retention, removal_policy=cdk.RemovalPolicy.DESTROY)
+    retention = log_retention if log_retention is not None else Operations.of(scope).log_retention
+    log_group = logs.LogGroup(scope, "Logs", retention=retention, removal_policy=cdk.RemovalPolicy.DESTROY)
     role = iam.Role(scope, "Role", assumed_by=iam.ServicePrincipal("lambda.amazonaws.com"), description=role_description)
     role.add_to_policy(
         iam.PolicyStatement(sid="Logs", actions=["logs:CreateLogStream", "logs:PutLogEvents"],

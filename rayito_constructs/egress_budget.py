@@ -13,6 +13,7 @@ from aws_cdk import aws_kms as kms
 from constructs import Construct
 
 from ._tables import state_table
+from .monitoring import Operations, create_alarm
 
 from .egress.client import LIMITER_UNAVAILABLE, REASONS
 from .egress.targets import declared_target
@@ -31,7 +32,11 @@ class EgressBudget(Construct):
     :param encryption_key: Default: an AWS managed key.
     :param removal_policy: Default: ``DESTROY``: buckets are seconds-long state; the envelope
         history goes with them (keep it with ``RETAIN``).
-    :param alarms: Default: True.
+    :param metrics: the agents' ``EmfRecorder`` sends the metrics (``RAYITO_METRICS=on`` in their
+        image, which ``AgentFleet`` sets when it builds the image). Default: the fleet's
+        ``metrics`` (off outside a fleet).
+    :param alarms: the alarms above; they watch custom metrics, so True while metrics are off is
+        a synth error. Default: when metrics are on.
     """
 
     def __init__(
@@ -43,9 +48,12 @@ class EgressBudget(Construct):
         envelopes: Sequence[EgressBudgetOptions] = (),
         encryption_key: Optional[kms.IKey] = None,
         removal_policy: cdk.RemovalPolicy = cdk.RemovalPolicy.DESTROY,
-        alarms: bool = True,
+        alarms: Optional[bool] = None,
+        metrics: Optional[bool] = None,
     ) -> None:
         super().__init__(scope, id)
+        self.metrics = Operations.of(self).metrics if metrics is None else metrics
+        """Whether the agents send the egress metrics."""
         self.fleet_name = fleet_name
         self.envelopes = tuple(envelopes)
         self.table = state_table(
@@ -54,17 +62,16 @@ class EgressBudget(Construct):
         )
         """The buckets and the envelope history."""
         self.alarms: list[cloudwatch.Alarm] = []
-        if alarms:
+        if self.metrics if alarms is None else alarms:
             for envelope in self.envelopes:
                 self.alarms.extend(self._alarms_for(envelope.target))
             # Failing closed means a store outage stops every agent's egress: say so, apart from
             # any target being exhausted.
-            self.alarms.append(self.metric_deferrals(LIMITER_UNAVAILABLE).create_alarm(
-                self, "StoreUnavailable", threshold=1, evaluation_periods=3,
+            self.alarms.append(self._alarm(
+                "StoreUnavailable", self.metric_deferrals(LIMITER_UNAVAILABLE), threshold=1, evaluation_periods=3,
                 comparison_operator=cloudwatch.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
                 alarm_description=f"{self.fleet_name}: the egress budget store did not answer for 3 minutes; "
-                                  "requests are deferred (fail closed)",
-                treat_missing_data=cloudwatch.TreatMissingData.NOT_BREACHING))
+                                  "requests are deferred (fail closed)"))
 
     @property
     def table_name(self) -> str:
@@ -100,24 +107,41 @@ class EgressBudget(Construct):
         return cloudwatch.Metric(namespace=NAMESPACE, metric_name="Deferrals",
                                  dimensions_map={"fleet": self.fleet_name, "reason": reason}, **props)
 
+    def metric_requests(self, target: str, **props: object) -> cloudwatch.Metric:
+        """Requests that belong to one envelope, granted or not, summed per period."""
+        props.setdefault("statistic", "Sum")
+        return self.metric("Requests", target, **props)
+
+    def metric_granted(self, target: str, **props: object) -> cloudwatch.Metric:
+        props.setdefault("statistic", "Sum")
+        return self.metric("Granted", target, **props)
+
+    def metric_target_deferrals(self, target: str, **props: object) -> cloudwatch.Metric:
+        """Requests one envelope deferred (every reason), summed per period."""
+        props.setdefault("statistic", "Sum")
+        return self.metric("Deferrals", target, **props)
+
     def metric_deferral_rate(self, target: str, **props: object) -> cloudwatch.Metric:
-        return self.metric("DeferralRate", target, statistic="Average", **props)
+        props.setdefault("statistic", "Average")
+        return self.metric("DeferralRate", target, **props)
 
     def metric_remaining(self, target: str, **props: object) -> cloudwatch.Metric:
-        return self.metric("RemainingAtDecision", target, statistic="Minimum", **props)
+        props.setdefault("statistic", "Minimum")
+        return self.metric("RemainingAtDecision", target, **props)
+
+    def _alarm(self, id: str, metric: cloudwatch.IMetric, **props: object) -> cloudwatch.Alarm:
+        return create_alarm(self, id, metric, option="alarms=True", metrics=self.metrics,
+                            off_hint="leave alarms unset", treat_missing_data=cloudwatch.TreatMissingData.NOT_BREACHING,
+                            **props)
 
     def _alarms_for(self, target: str) -> list[cloudwatch.Alarm]:
         key = hashlib.sha256(target.encode()).hexdigest()[:8]
-        missing = cloudwatch.TreatMissingData.NOT_BREACHING
         return [
-            self.metric_remaining(target).create_alarm(
-                self, f"Exhausted{key}", threshold=1, evaluation_periods=10,
-                comparison_operator=cloudwatch.ComparisonOperator.LESS_THAN_THRESHOLD,
-                alarm_description=f"{self.fleet_name}: the envelope of {target} has been exhausted for 10 minutes",
-                treat_missing_data=missing),
-            self.metric_deferral_rate(target, period=cdk.Duration.minutes(5)).create_alarm(
-                self, f"Deferrals{key}", threshold=20, evaluation_periods=3,
-                comparison_operator=cloudwatch.ComparisonOperator.GREATER_THAN_THRESHOLD,
-                alarm_description=f"{self.fleet_name}: over 20% of requests to {target} deferred for 15 minutes",
-                treat_missing_data=missing),
+            self._alarm(f"Exhausted{key}", self.metric_remaining(target), threshold=1, evaluation_periods=10,
+                        comparison_operator=cloudwatch.ComparisonOperator.LESS_THAN_THRESHOLD,
+                        alarm_description=f"{self.fleet_name}: the envelope of {target} has been exhausted for 10 minutes"),
+            self._alarm(f"Deferrals{key}", self.metric_deferral_rate(target, period=cdk.Duration.minutes(5)),
+                        threshold=20, evaluation_periods=3,
+                        comparison_operator=cloudwatch.ComparisonOperator.GREATER_THAN_THRESHOLD,
+                        alarm_description=f"{self.fleet_name}: over 20% of requests to {target} deferred for 15 minutes"),
         ]

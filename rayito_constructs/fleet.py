@@ -4,24 +4,41 @@ It makes the fleet's recipe (a SecureString written by a custom resource), its t
 policies, the execution role of its MicroVMs (unless one is given) and, on request, the metadata
 index. ``AgentFleet.from_fleet_name`` gives another stack or app the same ``grant_*`` methods on a
 fleet it does not own.
+
+Its operations surface (docs/operations.md): custom metrics on request (``metrics=True``; off they
+cost nothing, not one EMF line is printed), alarms from one factory that refuse at synth to watch a
+custom metric nobody sends, ``alarm_actions`` on every alarm below the fleet (an aspect, so alarms
+added later get them too), a dashboard, saved Logs Insights queries, and the retention of every
+log group the library makes.
 """
 
 from __future__ import annotations
 
 import re
-from typing import Mapping, Optional, Sequence
+from typing import Mapping, Optional, Sequence, Union
 
 import aws_cdk as cdk
 from aws_cdk import aws_dynamodb as dynamodb
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
+from aws_cdk import aws_cloudwatch as cloudwatch
 from aws_cdk import aws_logs as logs
 from constructs import Construct
 
 from .agent_image import DEFAULT_LOG_RETENTION, AgentImage
+from .dashboard import FleetDashboard
 from .egress_budget import EgressBudget
 from .execution_role import LOG_GROUP_PREFIX, MicrovmExecutionRole
 from .metadata_index import MetadataIndex
+from .monitoring import (
+    DEFAULT_LOG_RETENTION as DEFAULT_FUNCTION_LOG_RETENTION,
+    METRICS_ENV,
+    AlarmActionLike,
+    Operations,
+    check_alarm_actions,
+    metrics_value,
+    retention_days,
+)
 from .names import claim
 from .permissions import (
     FleetAccess,
@@ -34,6 +51,7 @@ from .permissions import (
 )
 from .policies import CallerPolicy, ImagePublisherPolicy, SandboxLauncherPolicy
 from .project import AgentProject
+from .queries import FleetQueries
 from .recipe import parameter_name, plan_recipe
 from .recipe_parameter import RecipeParameter
 from .reconciler import FleetReconciler
@@ -55,6 +73,33 @@ def _image_name(image_arn: Optional[str], fleet_name: str) -> Optional[str]:
             "(arn:<partition>:lambda:<region>:<account>:microvm-image:<name>)"
         )
     return match.group(1)
+
+
+#: Options that make alarms on custom metrics, and what their alarms watch (for the synth error).
+_NEEDS_METRICS = {
+    "reconciler_alarms": ("the amplification, deficit, dead-lettered-slot and stray alarms watch custom metrics "
+                          "of Rayito/Fleet", "leave reconciler_alarms unset (the dead-letter queue alarm needs none)"),
+    "recipe_alarm": ("the alarm watches RecipeNotSaved, a custom metric of Rayito/Fleet",
+                     "leave recipe_alarm unset (the RecipeOutcome output and the writer's log still tell)"),
+    "egress_alarms": ("the exhaustion, deferral-rate and store alarms watch custom metrics of Rayito/Egress",
+                      "leave egress_alarms unset"),
+    "dashboard": ("its graphs are the custom metrics of Rayito/Fleet and Rayito/Egress",
+                  "leave dashboard unset (the saved Logs Insights queries need no metric)"),
+}
+
+
+def _check_operations(metrics: object, asked: Mapping[str, object]) -> None:
+    """One line per mistake, before anything is built: a switch that is not a bool, or an alarm
+    (or the dashboard) on custom metrics while metrics are off."""
+    if not isinstance(metrics, bool):
+        raise ValueError(f"metrics: {metrics!r} is not True or False")
+    for option, value in asked.items():
+        if value is not None and not isinstance(value, bool):
+            raise ValueError(f"{option}: {value!r} is not True, False or None (None: when metrics are on)")
+        if value is True and not metrics:
+            what, instead = _NEEDS_METRICS[option]
+            raise ValueError(f"{option}=True: {what}, and metrics is False (the default); pass metrics=True "
+                             f"(their count and monthly cost: docs/operations.md) or {instead}")
 
 
 class _FleetGrants(Construct):
@@ -119,7 +164,8 @@ class AgentFleet(_FleetGrants):
         ``RecipeOutcome``, the writer's log, the ``RecipeNotSaved`` metric and alarm) and the
         deploy goes on, as the product page says; ``fail``: the deploy rolls back, and a recipe
         too large to save is a synth error. Default: ``warn``.
-    :param recipe_alarm: an alarm on ``RecipeNotSaved``. Default: True.
+    :param recipe_alarm: an alarm on ``RecipeNotSaved`` (a custom metric: True needs ``metrics``).
+        Default: when metrics are on.
     :param build_role: the image build role, for ``ImagePublisherPolicy``'s PassRole. Default: none.
     :param network_connectors: customer network connector ARNs the MicroVMs use. Default: none.
     :param scope_microvm_actions_to_image: MicroVM lifecycle actions on the fleet's image only
@@ -138,12 +184,32 @@ class AgentFleet(_FleetGrants):
     :param control_plane_budget: the budget table shared by every reconciler of the account and
         region. Default: one per stack (``ControlPlaneBudget.of``).
     :param control_plane_budgets: ``{operation: (rate, burst)}`` over the documented quotas.
-    :param reconciler_alarms: create the reconciler's alarms. Default: True.
+    :param reconciler_alarms: the reconciler's alarms: amplification, deficit, dead-lettered slots
+        and strays (custom metrics: True needs ``metrics``), and the dead-letter queue's depth (an
+        SQS metric). None: the ones the metrics allow; False: none. Default: None.
     :param share_image: let other fleets of the app run this fleet's image (every fleet on it
         must say so; see ``FleetReconciler``). Default: False.
     :param terminate_strays: let the reconciler end idle foreign VMs of the image. Default: False.
     :param reconciler_reserved_concurrency: Default: 1 (``None`` where the account's concurrency
         quota leaves no room to reserve).
+    :param metrics: the library sends custom metrics (EMF): the reconciler, the recipe writer, and
+        the agents' egress recorder (``RAYITO_METRICS`` in the image the fleet builds). Off, none of
+        them prints an EMF line: no custom metric, no EMF log bytes; decisions are still logged.
+        Their count and monthly cost: docs/operations.md. Default: False (opt-in, as every feature
+        of the product page but the recipe).
+    :param alarm_actions: what every alarm below the fleet does when it fires: an SNS topic
+        (``sns.ITopic`` or its ARN), any ``cloudwatch.IAlarmAction``, or a list of them. Applied by
+        an aspect to every alarm below the fleet at synth (the library's, later ones, yours).
+        Default: none.
+    :param egress_alarms: the egress budget's alarms (custom metrics: True needs ``metrics``).
+        Default: when metrics are on.
+    :param dashboard: a CloudWatch dashboard of the fleet (``FleetDashboard``; True needs
+        ``metrics``). Default: when metrics are on.
+    :param saved_queries: the fleet's Logs Insights queries as ``AWS::Logs::QueryDefinition``
+        (admission timeline, problems, egress per target; free until run). Default: True.
+    :param log_retention: retention of every function log group the library makes for the fleet
+        (the reconciler, the stack's recipe writer, any later function below the fleet). The
+        MicroVMs' own log group has ``microvm_log_retention``. Default: three months.
     """
 
     def __init__(
@@ -165,7 +231,7 @@ class AgentFleet(_FleetGrants):
         network_connectors: Sequence[str] = (),
         scope_microvm_actions_to_image: bool = True,
         recipe_failure: str = "warn",
-        recipe_alarm: bool = True,
+        recipe_alarm: Optional[bool] = None,
         permissions_boundary: Optional[iam.IManagedPolicy] = None,
         own_microvm_log_group: Optional[bool] = None,
         microvm_log_retention: logs.RetentionDays = DEFAULT_LOG_RETENTION,
@@ -173,10 +239,16 @@ class AgentFleet(_FleetGrants):
         max_lifetime_seconds: int = 28_800,
         control_plane_budget: Optional[dynamodb.ITable] = None,
         control_plane_budgets: Optional[Mapping[str, tuple[float, float]]] = None,
-        reconciler_alarms: bool = True,
+        reconciler_alarms: Optional[bool] = None,
         share_image: bool = False,
         terminate_strays: bool = False,
         reconciler_reserved_concurrency: Optional[int] = 1,
+        metrics: bool = False,
+        alarm_actions: Union[None, AlarmActionLike, Sequence[AlarmActionLike]] = None,
+        egress_alarms: Optional[bool] = None,
+        dashboard: Optional[bool] = None,
+        saved_queries: bool = True,
+        log_retention: logs.RetentionDays = DEFAULT_FUNCTION_LOG_RETENTION,
     ) -> None:
         if not project.has_fleet:
             raise ValueError(
@@ -190,8 +262,21 @@ class AgentFleet(_FleetGrants):
         if recipe_failure not in ("warn", "fail"):
             raise ValueError(f"recipe_failure: {recipe_failure!r} is not one of 'warn', 'fail'")
         image_name = image.image_name if image is not None else _image_name(image_arn, project.name)
+        _check_operations(metrics, {"reconciler_alarms": reconciler_alarms, "recipe_alarm": recipe_alarm,
+                                    "egress_alarms": egress_alarms, "dashboard": dashboard})
+        if not isinstance(saved_queries, bool):  # "false" would be truthy
+            raise ValueError(f"saved_queries: {saved_queries!r} is not True or False")
+        retention_days(log_retention)  # a logs.RetentionDays, or a one-line error
+        retention_days(microvm_log_retention, "microvm_log_retention")
+        check_alarm_actions(alarm_actions)
         super().__init__(scope, id)
         claim(self, "fleet", project.name)  # one fleet of a name per account and region in an app
+        self.operations = Operations.for_fleet(
+            self, metrics=metrics, alarm_actions=alarm_actions, log_retention=log_retention, fleet_name=project.name,
+        ).attach(self)
+        """Metrics, alarm actions and log retention of everything below the fleet (``Operations.of``)."""
+        self.metrics = metrics
+        """Whether the fleet sends custom metrics."""
         self.permissions_boundary = permissions_boundary
         """The boundary of every role the fleet creates, when given."""
         if permissions_boundary is not None:
@@ -199,7 +284,7 @@ class AgentFleet(_FleetGrants):
         folder = project.folder
         self.egress_budget: Optional[EgressBudget] = (
             EgressBudget(self, "EgressBudget", fleet_name=project.name, envelopes=project.egress.budgets,
-                         encryption_key=recipe_key)
+                         encryption_key=recipe_key, metrics=metrics, alarms=egress_alarms)
             if project.egress.budgets
             else None
         )
@@ -215,13 +300,21 @@ class AgentFleet(_FleetGrants):
                 architecture=project.image.architecture,
                 environment={
                     **project.env,
-                    **({"RAYITO_EGRESS_BUDGET_TABLE": self.egress_budget.table_name} if self.egress_budget else {}),
+                    # The agents' EmfRecorder follows the fleet's metrics switch through the image.
+                    **({"RAYITO_EGRESS_BUDGET_TABLE": self.egress_budget.table_name,
+                        METRICS_ENV: metrics_value(metrics)} if self.egress_budget else {}),
                 },
                 secret_looking_names="allow",  # the project already warned (env_looks_secret)
                 own_log_group=own_microvm_log_group is not False,
                 log_retention=microvm_log_retention,
                 encryption_key=recipe_key,
             )
+        if self.egress_budget is not None and metrics and not (image is not None and image.node.scope is self):
+            cdk.Annotations.of(self).add_warning_v2(
+                "rayito:egress_metrics_switch",
+                "egress_metrics_switch: the fleet does not build its image, so it cannot set RAYITO_METRICS=on in "
+                "it; set it where the image is published (or pass EmfRecorder(metrics=True)), or the egress "
+                "alarms and graphs get no data (docs/operations.md)")
         self.image: Optional[AgentImage] = image
         """The image the fleet builds or was given, when there is one."""
         if image is not None:
@@ -288,6 +381,8 @@ class AgentFleet(_FleetGrants):
                 encryption_key=recipe_key,
                 keep_recipe=keep_recipe,
                 recipe_failure=recipe_failure,
+                metrics=metrics,
+                log_retention=log_retention,
             )
             if plan.encoded is not None and plan.document is not None
             else None
@@ -297,8 +392,8 @@ class AgentFleet(_FleetGrants):
             if permissions_boundary is not None:
                 # The writer is the stack's, outside this fleet's scope: the boundary must reach it too.
                 self.recipe.writer.apply_boundary(permissions_boundary)
-            if recipe_alarm:
-                self.recipe.add_alarm()
+            if recipe_alarm is not False and metrics:
+                self.recipe.add_alarm(option="recipe_alarm=True")
 
         self.caller_policy = CallerPolicy(self, "CallerPolicy", fleet_name=project.name, access=self.access)
         """Managed policy for the deployer and the fleet client."""
@@ -328,9 +423,40 @@ class AgentFleet(_FleetGrants):
                 terminate_strays=terminate_strays,
                 reserved_concurrency=reconciler_reserved_concurrency,
                 encryption_key=recipe_key,
+                metrics=metrics,
+                log_retention=log_retention,
             )
-            if reconciler_alarms:
-                self.reconciler.add_alarms()
+            if reconciler_alarms is not False:
+                self.reconciler.add_alarms(custom_metrics=reconciler_alarms, option="reconciler_alarms=True")
+
+        self.queries: Optional[FleetQueries] = None
+        """The saved Logs Insights queries, unless ``saved_queries=False``."""
+        microvm_logs = f"{LOG_GROUP_PREFIX}{image_name}" if image_name is not None and self.egress_budget else None
+        if saved_queries and (self.reconciler is not None or microvm_logs is not None):
+            self.queries = FleetQueries(
+                self, "Queries", fleet_name=project.name,
+                reconciler_log_group=self.reconciler.log_group if self.reconciler is not None else None,
+                microvm_log_group_name=microvm_logs,
+            )
+        self.dashboard: Optional[FleetDashboard] = None
+        """The fleet's dashboard, with metrics on (unless ``dashboard=False``)."""
+        if dashboard is not False and metrics:
+            self.dashboard = FleetDashboard(
+                self, "Dashboard", fleet_name=project.name, reconciler=self.reconciler, recipe=self.recipe,
+                egress_budget=self.egress_budget, queries=self.queries, alarms=self.alarms,
+            )
+
+    @property
+    def alarms(self) -> list[cloudwatch.Alarm]:
+        """Every alarm the fleet made (reconciler, recipe, egress budget)."""
+        found: list[cloudwatch.Alarm] = []
+        if self.reconciler is not None:
+            found += self.reconciler.alarms
+        if self.recipe is not None and self.recipe.alarm is not None:
+            found.append(self.recipe.alarm)
+        if self.egress_budget is not None:
+            found += self.egress_budget.alarms
+        return found
 
     @property
     def metadata_table(self) -> Optional[dynamodb.ITable]:

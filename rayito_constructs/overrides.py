@@ -108,6 +108,11 @@ APP_CONTEXT: dict[str, str] = {
     "metadata_index": "true or false",
     "keep_recipe": "true or false",
     "scope_microvm_actions_to_image": "true or false",
+    "metrics": "true or false",
+    "dashboard": "true or false",
+    "saved_queries": "true or false",
+    "alarm_actions": "SNS topic ARNs, comma-separated",
+    "log_retention": "a CloudWatch Logs retention in days (90), 0 for never expire",
 }
 
 
@@ -170,7 +175,8 @@ def read_context(context: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, 
             problems.append(Problem(table, f"-c {table}: give the variables either as -c {table}=... or as -c {table}.NAME=..., not both"))
         else:
             raw[table] = variables
-    for key in ("metadata_index", "keep_recipe", "scope_microvm_actions_to_image"):
+    for key in ("metadata_index", "keep_recipe", "scope_microvm_actions_to_image", "metrics", "dashboard",
+                "saved_queries"):
         if key in app:
             flag = _flag(app[key])
             if not isinstance(flag, bool):
@@ -179,6 +185,10 @@ def read_context(context: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, 
     for key in ("project", "image_arn"):
         if key in app and (not isinstance(app[key], str) or not app[key].strip()):
             problems.append(Problem(key, f"-c {key}: {show(app[key])} is not {APP_CONTEXT[key]}"))
+    if "alarm_actions" in app:
+        app["alarm_actions"] = _topics(app["alarm_actions"], problems)
+    if "log_retention" in app:
+        app["log_retention"] = _retention(app["log_retention"], problems)
     overrides: dict[str, Any] = {}
     for key, value in raw.items():
         try:
@@ -186,6 +196,39 @@ def read_context(context: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, 
         except ProjectError as exc:
             problems.extend(name_what_was_typed(exc.problems, {key}, context=True))
     return overrides, app, problems
+
+
+def _topics(value: Any, problems: list[Problem]) -> tuple[str, ...]:
+    """``-c alarm_actions=arn1,arn2`` (or a JSON list): SNS topic ARNs, each checked."""
+    from .monitoring import SNS_TOPIC_ARN  # the CDK side's own rule (imported only for cdk synth)
+
+    arns = _names(value) if isinstance(value, (str, list, tuple)) else (value,)
+    arns = tuple(dict.fromkeys(a for a in arns if a != ""))  # the same topic twice is one action
+    for arn in arns:
+        if not isinstance(arn, str) or not SNS_TOPIC_ARN.match(arn):
+            problems.append(Problem("alarm_actions", f"-c alarm_actions: {show(arn)} is not an SNS topic ARN "
+                                                     "(arn:aws:sns:<region>:<account>:<topic>)"))
+    if not arns:
+        problems.append(Problem("alarm_actions", "-c alarm_actions: give at least one SNS topic ARN"))
+    from .monitoring import MAX_ALARM_ACTIONS
+
+    if len(arns) > MAX_ALARM_ACTIONS:
+        problems.append(Problem("alarm_actions", f"-c alarm_actions: {len(arns)} topics; a CloudWatch alarm takes "
+                                                 f"at most {MAX_ALARM_ACTIONS} actions"))
+    return arns
+
+
+def _retention(value: Any, problems: list[Problem]) -> Any:
+    """``-c log_retention=90``: days CloudWatch Logs offers (0: never expire)."""
+    from .monitoring import RETENTION_DAYS
+
+    days = _whole(value)
+    allowed = sorted(v for v in RETENTION_DAYS.values() if v is not None)
+    if isinstance(days, bool) or not isinstance(days, int) or (days != 0 and days not in allowed):
+        problems.append(Problem("log_retention", f"-c log_retention: {show(value)} is not a retention CloudWatch Logs "
+                                                 f"offers: {', '.join(map(str, allowed))} days, or 0 for never expire"))
+        return None
+    return days
 
 
 def _option_of(key: str) -> Optional[tuple[str, str]]:

@@ -10,8 +10,9 @@ the function code), and the resource carries only the object's name and its SHA-
 role may read exactly those objects and put and delete exactly the stack's recipe parameters.
 
 A failed save never fails the deploy (the product page): the writer answers SUCCESS with the
-outcome as attributes (``Saved``, ``Outcome``, ``Reason``, ``Encoding``...), logs it and emits the
-``RecipeNotSaved`` metric; ``recipe_failure="fail"`` rolls the deploy back instead.
+outcome as attributes (``Saved``, ``Outcome``, ``Reason``, ``Encoding``...), logs it and, when the
+fleet's metrics are on (the resource's ``Metrics`` property), emits the ``RecipeSaved`` and
+``RecipeNotSaved`` metrics; ``recipe_failure="fail"`` rolls the deploy back instead.
 
 Invoking the writer function is writing the recipe (docs/recipe.md): it acts only on requests for
 its own stack's recipe resources and answers only CloudFormation, but whoever may call
@@ -32,10 +33,12 @@ import jsii
 from aws_cdk import aws_cloudwatch as cloudwatch
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
+from aws_cdk import aws_logs as logs
 from aws_cdk import aws_s3_assets as s3_assets
 from constructs import Construct
 
 from ._function import library_function
+from .monitoring import Operations, create_alarm, longest, metrics_value, retention_days
 from .names import claim
 from .permissions import recipe_parameter_arn, via
 from .recipe import EncodedRecipe, canonical_json, decode_recipe
@@ -55,6 +58,9 @@ class RecipeWriter(Construct):
     (``ssm:PutParameter``/``ssm:DeleteParameter`` on the parameters), ``ReadRecipeDocuments``
     (``s3:GetObject`` on the documents) and, with a customer key, ``RecipeKeys`` (``kms:Encrypt``
     through SSM only).
+
+    Its log group keeps logs for the longest ``log_retention`` any of its recipes asks for (the
+    fleets of a stack share the writer; none of them loses logs it asked to keep).
     """
 
     def __init__(self, scope: Construct, id: str) -> None:
@@ -72,6 +78,7 @@ class RecipeWriter(Construct):
             },
         )
         self.log_group = made.log_group
+        self._retentions: list[logs.RetentionDays] = []
         self.role = made.role
         self.function = made.function
         self._write = iam.PolicyStatement(sid="WriteRecipes", actions=["ssm:PutParameter", "ssm:DeleteParameter"])
@@ -101,6 +108,13 @@ class RecipeWriter(Construct):
                 self._keys = iam.PolicyStatement(sid="RecipeKeys", actions=["kms:Encrypt"], conditions=via("ssm", region))
                 self.role.add_to_policy(self._keys)
             self._keys.add_resources(key.key_arn)
+
+    def use_retention(self, retention: logs.RetentionDays) -> None:
+        """A recipe's fleet asks its logs be kept ``retention``: the writer keeps the longest asked."""
+        self._retentions.append(retention)
+        days = retention_days(longest(*self._retentions))
+        cfn = self.log_group.node.default_child
+        cfn.retention_in_days = days  # type: ignore[union-attr]  # None: never expire
 
     def apply_boundary(self, boundary: iam.IManagedPolicy) -> None:
         """Put ``boundary`` on the writer's role; a different one already there is an error (the
@@ -165,6 +179,10 @@ class RecipeParameter(Construct):
     :param recipe_failure: ``warn`` (a failed save is reported: the ``Outcome`` attribute, the log,
         the ``RecipeNotSaved`` metric, and the deploy goes on, as the product page says) or
         ``fail`` (the deploy rolls back). Default: ``warn``.
+    :param metrics: the writer emits ``RecipeSaved``/``RecipeNotSaved`` (EMF) for this recipe; off,
+        it only logs the outcome. Default: the fleet's ``metrics`` (off outside a fleet).
+    :param log_retention: how long the stack's recipe writer keeps its logs (the longest any
+        recipe of the stack asks). Default: the fleet's ``log_retention``.
     """
 
     def __init__(
@@ -178,6 +196,8 @@ class RecipeParameter(Construct):
         encryption_key: Optional[kms.IKey] = None,
         keep_recipe: bool = False,
         recipe_failure: str = "warn",
+        metrics: Optional[bool] = None,
+        log_retention: Optional[logs.RetentionDays] = None,
     ) -> None:
         if recipe_failure not in FAILURE_MODES:
             raise ValueError(f"recipe_failure: {recipe_failure!r} is not one of 'warn', 'fail'")
@@ -186,6 +206,11 @@ class RecipeParameter(Construct):
             raise ValueError(f"recipe: the document is the recipe of {document.get('name')!r}, not of {fleet_name!r}")
         super().__init__(scope, id)
         stack = cdk.Stack.of(self)
+        operations = Operations.of(self)
+        self.metrics = operations.metrics if metrics is None else metrics
+        """Whether the writer emits this recipe's metrics."""
+        self.alarm: Optional[cloudwatch.Alarm] = None
+        """The ``NotSavedAlarm``, once ``add_alarm`` made it."""
         self.fleet_name = fleet_name
         self.parameter_name = f"/rayito/agents/{fleet_name}/recipe"
         claim(self, "recipe parameter", self.parameter_name)  # one writer of it per account and region
@@ -201,6 +226,7 @@ class RecipeParameter(Construct):
         )
         """The recipe document in the deployment bucket (only the writer reads it)."""
         writer = RecipeWriter.of(self)
+        writer.use_retention(log_retention if log_retention is not None else operations.log_retention)
         self.writer = writer
         properties: dict[str, Any] = {
             "ParameterName": self.parameter_name,
@@ -209,6 +235,7 @@ class RecipeParameter(Construct):
             "DocumentSha256": digest,
             "KeepOnDelete": "true" if keep_recipe else "false",
             "FailureMode": recipe_failure,
+            "Metrics": metrics_value(self.metrics),
         }
         if image_version is not None:
             properties["ImageVersion"] = image_version
@@ -256,11 +283,22 @@ class RecipeParameter(Construct):
         return cloudwatch.Metric(namespace=NAMESPACE, metric_name="RecipeNotSaved",
                                  dimensions_map={"fleet": self.fleet_name}, **props)
 
-    def add_alarm(self) -> cloudwatch.Alarm:
-        """An alarm when a deploy could not save the recipe."""
-        return self.metric_not_saved().create_alarm(
-            self, "NotSavedAlarm", threshold=1, evaluation_periods=1,
+    def metric_saved(self, **props: Any) -> cloudwatch.Metric:
+        """1 for a deploy that saved the recipe (the writer's ``RecipeSaved``)."""
+        props.setdefault("period", cdk.Duration.minutes(5))
+        props.setdefault("statistic", "Maximum")
+        return cloudwatch.Metric(namespace=NAMESPACE, metric_name="RecipeSaved",
+                                 dimensions_map={"fleet": self.fleet_name}, **props)
+
+    def add_alarm(self, *, option: str = "add_alarm()") -> cloudwatch.Alarm:
+        """An alarm when a deploy could not save the recipe (on a custom metric: refused when the
+        recipe's metrics are off, naming ``option``)."""
+        self.alarm = create_alarm(
+            self, "NotSavedAlarm", self.metric_not_saved(), option=option, metrics=self.metrics,
+            off_hint="leave the recipe alarm out (the RecipeOutcome output and the writer's log still tell)",
+            threshold=1, evaluation_periods=1,
             comparison_operator=cloudwatch.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
             treat_missing_data=cloudwatch.TreatMissingData.NOT_BREACHING,
             alarm_description=f"{self.fleet_name}: a deploy could not save the fleet recipe (see the RecipeOutcome output)",
         )
+        return self.alarm

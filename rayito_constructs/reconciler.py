@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import weakref
-from typing import Callable, Mapping, Optional
+from typing import Any, Callable, Mapping, Optional
 
 import jsii
 
@@ -20,6 +20,7 @@ from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
 from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_lambda_destinations as destinations
+from aws_cdk import aws_logs as logs
 from aws_cdk import aws_scheduler as scheduler
 from aws_cdk import aws_scheduler_targets as scheduler_targets
 from aws_cdk import aws_sqs as sqs
@@ -29,6 +30,7 @@ from ._function import library_function
 from ._nag import acknowledge_wildcard_resources
 from .control_plane_budget import ControlPlaneBudget
 from .fleet_ledger import FleetLedger
+from .monitoring import METRICS_ENV, Operations, create_alarm, metrics_value
 from .permissions import FleetAccess, Statement, microvm_statements, table_key_statement, wildcard_reasons
 from .project import AgentProject
 
@@ -38,6 +40,9 @@ _IMAGE_USERS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 #: Powertools for AWS Lambda (Python) v3 public layer, pinned (override with powertools_layer_arn).
 POWERTOOLS_LAYER_VERSION = 27
 POWERTOOLS_ACCOUNT = "017000801446"
+#: The MicroVMs operations the reconciler calls under its budget: ``Deferrals`` and ``Throttles``
+#: carry one of these as their ``operation`` dimension.
+OPERATIONS = ("RunMicrovm", "ListMicrovms", "GetMicrovm", "SuspendMicrovm", "ResumeMicrovm", "TerminateMicrovm")
 
 
 @jsii.implements(cdk.IStableStringProducer)
@@ -92,6 +97,11 @@ class FleetReconciler(Construct):
         start at 10, and Lambda keeps 100 unreserved). Default: 1.
     :param encryption_key: customer key of the stack's ledger and control-plane budget (made with
         it on first use); the role may use it through DynamoDB only. Default: AWS managed keys.
+    :param metrics: emit the custom metrics below (EMF, namespace ``Rayito/Fleet``); off, the
+        function prints no EMF line at all, and its decisions stay in its log. Default: the
+        fleet's ``metrics`` (off outside a fleet).
+    :param log_retention: retention of the function's log group. Default: the fleet's
+        ``log_retention`` (three months outside a fleet).
     """
 
     def __init__(
@@ -119,9 +129,14 @@ class FleetReconciler(Construct):
         stray_grace_seconds: int = 3600,
         reserved_concurrency: Optional[int] = 1,
         encryption_key: Optional[kms.IKey] = None,
+        metrics: Optional[bool] = None,
+        log_retention: Optional[logs.RetentionDays] = None,
     ) -> None:
         super().__init__(scope, id)
         stack = cdk.Stack.of(self)
+        operations = Operations.of(self)
+        self.metrics = operations.metrics if metrics is None else metrics
+        """Whether the function emits custom metrics."""
         if reserved_concurrency is not None and reserved_concurrency < 1:
             raise ValueError(f"reserved_concurrency: {reserved_concurrency} is not at least 1 (None: no reservation)")
         if not 60 <= stray_grace_seconds <= 28_800:
@@ -131,6 +146,8 @@ class FleetReconciler(Construct):
         if tick_seconds >= schedule.to_seconds():
             raise ValueError(f"tick_seconds: {tick_seconds} leaves no room before the next tick ({schedule.to_seconds()} s)")
         self.fleet_name = project.name
+        self.alarms: list[cloudwatch.Alarm] = []
+        """The alarms ``add_alarms`` made."""
         budget_table = control_plane_budget or ControlPlaneBudget.of(self, encryption_key=encryption_key).table
         ledger_table = ledger or FleetLedger.of(self, encryption_key=encryption_key).table
         self.share_image = share_image
@@ -175,7 +192,12 @@ class FleetReconciler(Construct):
             "DEAD_LETTER_QUEUE_URL": self.dead_letter_queue.queue_url,
             "POWERTOOLS_SERVICE_NAME": "rayito-reconciler",
             "POWERTOOLS_METRICS_NAMESPACE": NAMESPACE,
+            METRICS_ENV: metrics_value(self.metrics),
         }
+        if not self.metrics:
+            # Our telemetry adds no metric when off; Powertools' own switch as well, so nothing it
+            # might add on its own (a cold-start metric) is printed either.
+            environment["POWERTOOLS_METRICS_DISABLED"] = "true"
         if project.scaling.idle:
             environment["IDLE_SECONDS"] = str(project.scaling.idle)
         if image_version:
@@ -230,7 +252,10 @@ class FleetReconciler(Construct):
             # One tick of a fleet at a time: a second delivery (the scheduler delivers at least
             # once, a deploy invokes on demand) waits in Lambda's async queue, up to the 60 s above.
             reserved_concurrency=reserved_concurrency,
+            log_retention=log_retention,
         )
+        self.log_group = made.log_group
+        """The function's log group: the timeline of its decisions (docs/operations.md)."""
         self.function = made.function
         """The reconciler function (invoke it on demand; ``{"action": "redrive"}`` retries dead slots)."""
         schedule_role = iam.Role(
@@ -294,69 +319,96 @@ class FleetReconciler(Construct):
         return cloudwatch.Metric(namespace=NAMESPACE, metric_name=name, dimensions_map=dimensions, **props)
 
     def metric_live_base_vms(self, **props: object) -> cloudwatch.Metric:
-        return self.metric("LiveBaseVMs", statistic="Minimum", **props)
+        props.setdefault("statistic", "Minimum")
+        return self.metric("LiveBaseVMs", **props)
 
     def metric_parked_slots(self, **props: object) -> cloudwatch.Metric:
-        return self.metric("ParkedSlots", statistic="Minimum", **props)
+        props.setdefault("statistic", "Minimum")
+        return self.metric("ParkedSlots", **props)
 
     def metric_deficit(self, **props: object) -> cloudwatch.Metric:
-        return self.metric("Deficit", statistic="Maximum", **props)
+        props.setdefault("statistic", "Maximum")
+        return self.metric("Deficit", **props)
 
     def metric_wait_time(self, **props: object) -> cloudwatch.Metric:
-        return self.metric("WaitTime", statistic="p90", **props)
+        props.setdefault("statistic", "p90")
+        return self.metric("WaitTime", **props)
 
     def metric_claim_to_complete(self, **props: object) -> cloudwatch.Metric:
-        return self.metric("ClaimToComplete", statistic="p90", **props)
+        props.setdefault("statistic", "p90")
+        return self.metric("ClaimToComplete", **props)
 
     def metric_retry_amplification(self, **props: object) -> cloudwatch.Metric:
-        return self.metric("RetryAmplification", statistic="Maximum", **props)
+        props.setdefault("statistic", "Maximum")
+        return self.metric("RetryAmplification", **props)
 
     def metric_dead_lettered_slots(self, **props: object) -> cloudwatch.Metric:
-        return self.metric("DeadLetteredSlots", statistic="Maximum", **props)
+        props.setdefault("statistic", "Maximum")
+        return self.metric("DeadLetteredSlots", **props)
 
     def metric_deferrals(self, operation: str = "RunMicrovm", **props: object) -> cloudwatch.Metric:
-        return self.metric("Deferrals", operation=operation, statistic="Sum", **props)
+        props.setdefault("statistic", "Sum")
+        return self.metric("Deferrals", operation=operation, **props)
 
     def metric_throttles(self, operation: str = "RunMicrovm", **props: object) -> cloudwatch.Metric:
-        return self.metric("Throttles", operation=operation, statistic="Sum", **props)
+        props.setdefault("statistic", "Sum")
+        return self.metric("Throttles", operation=operation, **props)
+
+    def metric_dead_letters(self, **props: object) -> cloudwatch.Metric:
+        """Messages waiting in the dead-letter queue (an SQS metric: no custom metric needed)."""
+        props.setdefault("period", cdk.Duration.minutes(1))
+        return self.dead_letter_queue.metric_approximate_number_of_messages_visible(**props)
 
     def metric_stray_vms(self, **props: object) -> cloudwatch.Metric:
         """Foreign VMs of the image (no slot of the ledger started them)."""
-        return self.metric("StrayVMs", statistic="Maximum", **props)
+        props.setdefault("statistic", "Maximum")
+        return self.metric("StrayVMs", **props)
 
     def metric_oldest_stray_age(self, **props: object) -> cloudwatch.Metric:
         """Seconds the oldest foreign VM has been seen unowned."""
-        return self.metric("OldestStrayAge", statistic="Maximum", **props)
+        props.setdefault("statistic", "Maximum")
+        return self.metric("OldestStrayAge", **props)
 
     def add_alarms(self, *, amplification_threshold: float = 1.5, deficit_minutes: int = 10,
-                   stray_seconds: int = 3600) -> list[cloudwatch.Alarm]:
-        """Alarms on retry amplification, a sustained deficit, dead-lettered slots, DLQ depth, and
-        a foreign VM of the image unowned for ``stray_seconds`` (Default: 3,600)."""
+                   stray_seconds: int = 3600, custom_metrics: Optional[bool] = None,
+                   option: str = "add_alarms(custom_metrics=True)") -> list[cloudwatch.Alarm]:
+        """Alarms on retry amplification, a sustained deficit, dead-lettered slots and a foreign VM
+        of the image unowned for ``stray_seconds`` (custom metrics), and on the dead-letter queue's
+        depth (an SQS metric, free of custom metrics).
+
+        :param custom_metrics: make the alarms on custom metrics. True while the reconciler's
+            metrics are off is a synth error naming ``option``. Default: when metrics are on.
+        """
         missing = cloudwatch.TreatMissingData.NOT_BREACHING
-        alarms = [
-            self.metric_retry_amplification(period=cdk.Duration.minutes(5)).create_alarm(
-                self, "AmplificationAlarm", threshold=amplification_threshold, evaluation_periods=3,
-                alarm_description=f"{self.fleet_name}: RunMicrovm attempts per slot filled above {amplification_threshold}",
-                treat_missing_data=missing),
-            self.metric_deficit().create_alarm(
-                self, "DeficitAlarm", threshold=0, evaluation_periods=deficit_minutes,
-                comparison_operator=cloudwatch.ComparisonOperator.GREATER_THAN_THRESHOLD,
-                alarm_description=f"{self.fleet_name}: slots without a VM for {deficit_minutes} minutes",
-                treat_missing_data=missing),
-            self.metric_dead_lettered_slots().create_alarm(
-                self, "DeadLetteredSlotsAlarm", threshold=1, evaluation_periods=1,
+        custom = self.metrics if custom_metrics is None else custom_metrics
+        off_hint = "leave the alarms on custom metrics out (the dead-letter queue alarm needs none)"
+
+        def alarm(id: str, metric: cloudwatch.IMetric, **props: Any) -> cloudwatch.Alarm:
+            return create_alarm(self, id, metric, option=option, metrics=self.metrics, off_hint=off_hint,
+                                treat_missing_data=missing, **props)
+
+        alarms = []
+        if custom:
+            alarms += [
+                alarm("AmplificationAlarm", self.metric_retry_amplification(period=cdk.Duration.minutes(5)),
+                      threshold=amplification_threshold, evaluation_periods=3,
+                      alarm_description=f"{self.fleet_name}: RunMicrovm attempts per slot filled above {amplification_threshold}"),
+                alarm("DeficitAlarm", self.metric_deficit(), threshold=0, evaluation_periods=deficit_minutes,
+                      comparison_operator=cloudwatch.ComparisonOperator.GREATER_THAN_THRESHOLD,
+                      alarm_description=f"{self.fleet_name}: slots without a VM for {deficit_minutes} minutes"),
+                alarm("DeadLetteredSlotsAlarm", self.metric_dead_lettered_slots(), threshold=1, evaluation_periods=1,
+                      comparison_operator=cloudwatch.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
+                      alarm_description=f"{self.fleet_name}: a slot failed to start repeatedly and was dead-lettered"),
+            ]
+        alarms.append(alarm(
+            "DeadLetterQueueAlarm", self.metric_dead_letters(), threshold=1, evaluation_periods=1,
+            comparison_operator=cloudwatch.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
+            alarm_description=f"{self.fleet_name}: reconciler dead letters waiting"))
+        if custom:
+            alarms.append(alarm(
+                "StrayVMsAlarm", self.metric_oldest_stray_age(period=cdk.Duration.minutes(5)),
+                threshold=stray_seconds, evaluation_periods=1,
                 comparison_operator=cloudwatch.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
-                alarm_description=f"{self.fleet_name}: a slot failed to start repeatedly and was dead-lettered",
-                treat_missing_data=missing),
-            self.dead_letter_queue.metric_approximate_number_of_messages_visible(period=cdk.Duration.minutes(1)).create_alarm(
-                self, "DeadLetterQueueAlarm", threshold=1, evaluation_periods=1,
-                comparison_operator=cloudwatch.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
-                alarm_description=f"{self.fleet_name}: reconciler dead letters waiting",
-                treat_missing_data=missing),
-            self.metric_oldest_stray_age(period=cdk.Duration.minutes(5)).create_alarm(
-                self, "StrayVMsAlarm", threshold=stray_seconds, evaluation_periods=1,
-                comparison_operator=cloudwatch.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
-                alarm_description=f"{self.fleet_name}: a VM of the fleet's image no slot owns, for {stray_seconds} s or more",
-                treat_missing_data=missing),
-        ]
+                alarm_description=f"{self.fleet_name}: a VM of the fleet's image no slot owns, for {stray_seconds} s or more"))
+        self.alarms = alarms
         return alarms

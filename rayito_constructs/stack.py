@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Optional, Sequence, Union
 
 import aws_cdk as cdk
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
+from aws_cdk import aws_logs as logs
 from constructs import Construct
 
+from .agent_image import DEFAULT_LOG_RETENTION as DEFAULT_MICROVM_LOG_RETENTION
 from .fleet import AgentFleet
+from .monitoring import DEFAULT_LOG_RETENTION, AlarmActionLike
 from .names import is_stack_name, safe_stack_name
 from .project import AgentProject
 
@@ -27,12 +30,21 @@ class FleetStack(cdk.Stack):
     :param recipe_failure: see :class:`AgentFleet`. Default: ``warn``.
     :param permissions_boundary: a managed policy set as the permissions boundary of every role in
         the stack, now and later, the recipe writer included. Default: none.
+    :param metrics: custom metrics (see :class:`AgentFleet`; docs/operations.md for their count
+        and cost). Default: False.
+    :param alarm_actions: an SNS topic (or its ARN), any ``cloudwatch.IAlarmAction``, or a list,
+        applied to every alarm of the fleet. Default: none.
+    :param dashboard: see :class:`AgentFleet`. Default: when metrics are on.
+    :param saved_queries: the fleet's Logs Insights queries (see :class:`AgentFleet`). Default: True.
+    :param log_retention: the library's function logs. Default: three months.
+    :param microvm_log_retention: the MicroVMs' log group, when the stack owns it. Default: one month.
     :param stack_props: ``cdk.Stack`` keyword arguments (``env``, ``description``, ``synthesizer``...).
         Default ``stack_name``: CDK's (the id), or one derived from it when the id is not a valid
         stack name (``Fleet-my_agent`` → ``Fleet-my-agent-<hash>``).
 
     Outputs include ``RecipeOutcome`` and ``RecipeSaved``: what the deploy did with the recipe
-    (``saved``, or the warning code and ``RecipeReason`` when it could not save it).
+    (``saved``, or the warning code and ``RecipeReason`` when it could not save it), and
+    ``DashboardName`` when the fleet has a dashboard.
     """
 
     def __init__(
@@ -48,6 +60,12 @@ class FleetStack(cdk.Stack):
         recipe_key: Optional[kms.IKey] = None,
         recipe_failure: str = "warn",
         permissions_boundary: Optional[iam.IManagedPolicy] = None,
+        metrics: bool = False,
+        alarm_actions: Union[None, AlarmActionLike, Sequence[AlarmActionLike]] = None,
+        dashboard: Optional[bool] = None,
+        saved_queries: bool = True,
+        log_retention: logs.RetentionDays = DEFAULT_LOG_RETENTION,
+        microvm_log_retention: logs.RetentionDays = DEFAULT_MICROVM_LOG_RETENTION,
         **stack_props: Any,
     ) -> None:
         stack_props.setdefault("description", f"Rayito agent fleet {project.name} (rayito_constructs)")
@@ -70,6 +88,12 @@ class FleetStack(cdk.Stack):
             recipe_key=recipe_key,
             recipe_failure=recipe_failure,
             permissions_boundary=permissions_boundary,
+            metrics=metrics,
+            alarm_actions=alarm_actions,
+            dashboard=dashboard,
+            saved_queries=saved_queries,
+            log_retention=log_retention,
+            microvm_log_retention=microvm_log_retention,
         )
         """The fleet."""
         fleet = self.fleet
@@ -96,3 +120,5 @@ class FleetStack(cdk.Stack):
             cdk.CfnOutput(self, "EgressBudgetTableName", value=fleet.egress_budget.table_name)
         if fleet.metadata_index:
             cdk.CfnOutput(self, "MetadataIndexTableName", value=fleet.metadata_index.table_name)
+        if fleet.dashboard:
+            cdk.CfnOutput(self, "DashboardName", value=fleet.dashboard.dashboard_name)

@@ -55,14 +55,21 @@ def snapshot_json(snapshot):
 # tests/iam_invariants.py (the launcher never writes the recipe, wildcards only where the
 # allow-list says, PassRole on roles with iam:PassedToService): Template.from_stack is wrapped to
 # keep each one, and the session fails at the end if any has a finding (cfn-lint's W3005, the
-# DependsOn CDK adds on purpose, aside).
+# DependsOn CDK adds on purpose, aside). Templates taken from a stack object also keep the
+# operations invariants of tests/monitoring_invariants.py: below a fleet, no alarm on a custom
+# metric while metrics are off, and every alarm carries the fleet's alarm_actions when it has any.
 _TEMPLATES: dict[str, dict] = {}
+_FLEETS: dict[str, list] = {}
 
 
-def record_template(name: str, template: dict) -> None:
-    """Put one synthesized template under the session gate."""
+def record_template(name: str, template: dict, fleets: list | None = None) -> None:
+    """Put one synthesized template under the session gate (``fleets``: what
+    ``monitoring_invariants.expectations`` read from its stack)."""
     test = os.environ.get("PYTEST_CURRENT_TEST", "").split(" ")[0]
-    _TEMPLATES[f"{test} {name}#{len(_TEMPLATES)}"] = template
+    key = f"{test} {name}#{len(_TEMPLATES)}"
+    _TEMPLATES[key] = template
+    if fleets:
+        _FLEETS[key] = fleets
 
 
 def pytest_configure(config) -> None:
@@ -71,8 +78,10 @@ def pytest_configure(config) -> None:
     original = Template.from_stack  # a bound classmethod
 
     def from_stack(cls, stack, *args, **kwargs):
+        from .monitoring_invariants import expectations
+
         template = original(stack, *args, **kwargs)
-        record_template(stack.node.path, template.to_json())
+        record_template(stack.node.path, template.to_json(), expectations(stack))
         return template
 
     Template.from_stack = classmethod(from_stack)
@@ -85,9 +94,12 @@ def _lint(templates: dict[str, dict]) -> tuple[int, list[str]]:
     from cfnlint.api import ManualArgs, lint
 
     from .iam_invariants import iam_violations
+    from .monitoring_invariants import violations as operations_violations
 
     findings: list[str] = []
     iam_findings: list[str] = []
+    ops_findings = [f"{name}: OPS {v}" for name, fleets in _FLEETS.items() if name in templates
+                    for v in operations_violations(templates[name], fleets)]
     seen: set[str] = set()
     for name, template in templates.items():
         text = _json.dumps(template, sort_keys=True)
@@ -97,7 +109,7 @@ def _lint(templates: dict[str, dict]) -> tuple[int, list[str]]:
         for match in lint(_json.dumps(template), config=ManualArgs(regions=["us-east-1"], ignore_checks=["W3005"])):
             findings.append(f"{name}: {match.rule.id} {match.message}")
         iam_findings.extend(f"{name}: IAM {v}" for v in iam_violations(template))
-    return len(seen), findings + iam_findings
+    return len(seen), findings + iam_findings + ops_findings
 
 
 # Under pytest-xdist (make test runs two workers) each worker lints the templates its own tests
@@ -118,7 +130,8 @@ def pytest_sessionfinish(session, exitstatus) -> None:
     gates = list(_FROM_WORKERS)
     if _TEMPLATES and exitstatus == 0:
         distinct, findings = _lint(_TEMPLATES)
-        gates.append({"distinct": distinct, "findings": findings})
+        gates.append({"distinct": distinct, "findings": findings, "fleets": sum(len(f) for f in _FLEETS.values()),
+                      "with_actions": sum(f["actions"] > 0 for fl in _FLEETS.values() for f in fl)})
     if worker:
         if gates:
             session.config.workeroutput["template_gate"] = gates[-1]
@@ -130,9 +143,12 @@ def pytest_sessionfinish(session, exitstatus) -> None:
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
     if reporter is not None:
         iam = sum(1 for f in findings if ": IAM " in f)
+        ops = sum(1 for f in findings if ": OPS " in f)
         reporter.write_line(
             f"cfn-lint: {distinct} distinct templates synthesized by the tests (per worker), "
-            f"{len(findings) - iam} findings; IAM invariants: {iam} violations"
+            f"{len(findings) - iam - ops} findings; IAM invariants: {iam} violations; operations invariants: "
+            f"{ops} violations over {sum(g.get('fleets', 0) for g in gates)} fleets, "
+            f"{sum(g.get('with_actions', 0) for g in gates)} with alarm actions"
         )
     if findings:
         for finding in findings:

@@ -36,8 +36,10 @@ ROLE_ARN = "arn:aws:iam::123456789012:role/mi-agente-microvm"
 
 
 @lru_cache(maxsize=None)
-def synthesized_environment(**overrides: Any) -> tuple[tuple[str, Any], ...]:
-    """The reconciler function's ``Environment.Variables`` from the example fleet's template."""
+def synthesized_environment(metrics: bool = True, **overrides: Any) -> tuple[tuple[str, Any], ...]:
+    """The reconciler function's ``Environment.Variables`` from the example fleet's template,
+    synthesized with ``metrics`` (on here, so the tests can read the EMF the handler prints; the
+    default fleet's ``metrics=False`` is run in tests/test_monitoring_runtime.py)."""
     from aws_cdk.assertions import Template
 
     from rayito_constructs import AgentProject, FleetStack
@@ -46,7 +48,8 @@ def synthesized_environment(**overrides: Any) -> tuple[tuple[str, Any], ...]:
     from .conftest import EXAMPLE
 
     app = new_app()
-    stack = FleetStack(app, "MiAgente", project=AgentProject.load(EXAMPLE, **overrides), **stack_props())
+    stack = FleetStack(app, "MiAgente", project=AgentProject.load(EXAMPLE, **overrides), metrics=metrics,
+                       **stack_props())
     template = Template.from_stack(stack).to_json()
     (function,) = [r for r in template["Resources"].values() if r["Type"] == "AWS::Lambda::Function"
                    and r["Properties"].get("Handler") == "reconciler.index.handler"]
@@ -204,8 +207,10 @@ def emulator_env(aws: str, endpoint: str) -> dict[str, str]:
 @contextmanager
 def deployed_fleet(aws: str, *, clock: Optional[VirtualClock] = None, emulator: Optional[MicrovmsEmulator] = None,
                    fleet: str = "mi-agente", overrides: Optional[dict[str, Any]] = None,
-                   env: Optional[dict[str, str]] = None, **emulator_options: Any) -> Iterator[Fleet]:
-    """The example fleet's reconciler environment against moto and a (new) emulator."""
+                   env: Optional[dict[str, str]] = None, metrics: bool = True,
+                   **emulator_options: Any) -> Iterator[Fleet]:
+    """The example fleet's reconciler environment (synthesized with ``metrics``) against moto and
+    a (new) emulator."""
     clock = clock or (emulator.clock if emulator is not None else VirtualClock())
     own = emulator is None
     if own:
@@ -214,7 +219,7 @@ def deployed_fleet(aws: str, *, clock: Optional[VirtualClock] = None, emulator: 
         emulator_options.setdefault("terminating_seconds", 3)
         emulator = MicrovmsEmulator(clock=clock, seed=emulator_options.pop("seed", 7), **emulator_options).start()
     try:
-        template_env = dict(synthesized_environment(**(overrides or {})))
+        template_env = dict(synthesized_environment(metrics, **(overrides or {})))
         tokens = {k for k, v in template_env.items() if not isinstance(v, str)}
         assert tokens <= SUBSTITUTED, f"the construct sets {tokens - SUBSTITUTED} from references: substitute them"
         ddb, sqs = aws_client("dynamodb", aws), aws_client("sqs", aws)

@@ -118,6 +118,8 @@ def test_fleet_builds_its_image_and_grants_the_publisher() -> None:
             {"Key": "GREETING", "Value": "Hola"}, {"Key": "LOG_LEVEL", "Value": "info"},
             # The example declares egress budgets: the agents find their table here.
             {"Key": "RAYITO_EGRESS_BUDGET_TABLE", "Value": {"Ref": Match.string_like_regexp("^FleetEgressBudgetTable")}},
+            # ... and whether their EmfRecorder sends metrics (the fleet's metrics=, off by default).
+            {"Key": "RAYITO_METRICS", "Value": "off"},
         ],
     })
     publisher = [p for k, p in template.find_resources("AWS::IAM::ManagedPolicy").items() if k.startswith("FleetImagePublisher")][0]

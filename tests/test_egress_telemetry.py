@@ -31,7 +31,8 @@ def fleet() -> tuple[dict[str, Any], dict[str, Any]]:
     app = new_app()
     stack = new_stack(app, "MiAgente")
     # The fleet as AgentFleet builds it (its image and reconciler aside: they add nothing here).
-    fleet = AgentFleet(stack, "Fleet", project=AgentProject.load(EXAMPLE), reconciler=False, build_image=False)
+    fleet = AgentFleet(stack, "Fleet", project=AgentProject.load(EXAMPLE), reconciler=False, build_image=False,
+                       metrics=True)
     template = Template.from_stack(stack)
     (resource,) = template.find_resources("Custom::RayitoRecipe").values()
     # The recipe document is an asset of the stack; the template names it by its hash.
@@ -39,6 +40,7 @@ def fleet() -> tuple[dict[str, Any], dict[str, Any]]:
     assert hashlib.sha256(staged).hexdigest() == resource["Properties"]["DocumentSha256"]
     recipe = json.loads(staged)
     alarms = template.find_resources("AWS::CloudWatch::Alarm", {"Properties": {"Namespace": "Rayito/Egress"}})
+    assert len(alarms) == 5  # two per declared envelope, one for the store
     return recipe, alarms
 
 
@@ -83,7 +85,7 @@ def test_every_alarm_watches_a_metric_the_recorder_emits(fleet, store) -> None:
     client = ddb(store.endpoint)
     virtual_store_time(client, clock)
     out = io.StringIO()
-    recorder = EmfRecorder(recipe["name"], out=out, clock=clock, background=False)
+    recorder = EmfRecorder(recipe["name"], out=out, clock=clock, background=False, metrics=True)
     budget = BudgetClient.from_recipe(recipe, table_name=table, dynamodb=client, clock=clock, on_decision=recorder,
                                       calibrate=False)
     budget.sync_clock()
@@ -130,7 +132,7 @@ def test_every_alarm_watches_a_metric_the_recorder_emits(fleet, store) -> None:
 
 def test_a_window_is_written_without_another_decision() -> None:
     out = io.StringIO()
-    recorder = EmfRecorder("f", out=out, window_seconds=0.2)
+    recorder = EmfRecorder("f", out=out, window_seconds=0.2, metrics=True)
     recorder(Granted(API, 4.0, 0, "s", (API,), 1.0, 5))
     deadline = time.monotonic() + 20
     while not emf(out) and time.monotonic() < deadline:
@@ -144,7 +146,7 @@ def test_a_window_is_written_without_another_decision() -> None:
 def test_emf_per_envelope_with_steps() -> None:
     out = io.StringIO()
     clock = Clock()
-    with EmfRecorder("mi-agente", out=out, window_seconds=3600, clock=clock, background=False) as recorder:
+    with EmfRecorder("mi-agente", out=out, window_seconds=3600, clock=clock, background=False, metrics=True) as recorder:
         recorder(Granted(API, 4.0, 2, "step-1"))
         recorder(Deferral(API, 0.5, "budget_empty", 0.0, 2, "step-2"))
         recorder(Deferral(API, 1.0, "limiter_unavailable", None, 0, "step-3", "ReadTimeoutError"))
@@ -164,7 +166,7 @@ def test_emf_per_envelope_with_steps() -> None:
 
 def test_a_closed_stream_does_not_break_the_recorder() -> None:
     out = io.StringIO()
-    recorder = EmfRecorder("f", out=out, background=False)
+    recorder = EmfRecorder("f", out=out, background=False, metrics=True)
     out.close()
     recorder(Granted(API, 1.0, 0))
     assert recorder.close()[0]["Granted"] == 1
@@ -172,7 +174,7 @@ def test_a_closed_stream_does_not_break_the_recorder() -> None:
 
 def test_an_outage_only_window_has_no_remaining_and_logging_can_be_off() -> None:
     out = io.StringIO()
-    recorder = EmfRecorder("f", out=out, log_decisions=False, background=False)
+    recorder = EmfRecorder("f", out=out, log_decisions=False, background=False, metrics=True)
     recorder(Deferral(API, 1.0, "limiter_unavailable", None, 0, None, "EndpointConnectionError"))
     (record, by_reason) = recorder.close()
     assert "RemainingAtDecision" not in record and record["Deferrals"] == 1 and record["DeferralRate"] == 100.0

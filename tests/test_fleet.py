@@ -33,6 +33,13 @@ def example() -> tuple[cdk.App, FleetStack, Template]:
 
 
 @pytest.fixture(scope="module")
+def with_metrics() -> tuple[cdk.App, FleetStack, Template]:
+    app = new_app()
+    stack = FleetStack(app, "MiAgente", project=AgentProject.load(EXAMPLE), metrics=True, **stack_props())
+    return app, stack, Template.from_stack(stack)
+
+
+@pytest.fixture(scope="module")
 def with_index() -> tuple[cdk.App, FleetStack, Template]:
     app = new_app()
     project = AgentProject.load(EXAMPLE, sessions="dedicated", max_concurrency=1)
@@ -433,8 +440,10 @@ def test_recipe_failure_fail_is_strict() -> None:
         AgentFleet(stack, "Odd", project=AgentProject.load(EXAMPLE, name="odd"), recipe_failure="ignore")
 
 
-def test_an_alarm_tells_a_recipe_not_saved(example) -> None:
-    _, _, template = example
+def test_an_alarm_tells_a_recipe_not_saved(example, with_metrics) -> None:
+    # RecipeNotSaved is a custom metric: its alarm comes with metrics=True, never without.
+    assert not example[2].find_resources("AWS::CloudWatch::Alarm", {"Properties": {"MetricName": "RecipeNotSaved"}})
+    _, _, template = with_metrics
     (alarm,) = template.find_resources("AWS::CloudWatch::Alarm", {"Properties": {"MetricName": "RecipeNotSaved"}}).values()
     assert alarm["Properties"]["Namespace"] == "Rayito/Fleet"
     assert alarm["Properties"]["Dimensions"] == [{"Name": "fleet", "Value": "mi-agente"}]
@@ -470,8 +479,9 @@ def test_synth_is_stable_across_runs(example) -> None:
     assert Template.from_stack(again).to_json() == example[2].to_json()
 
 
-def test_egress_budget_of_the_example(example) -> None:
-    _, stack, template = example
+def test_egress_budget_of_the_example(example, with_metrics) -> None:
+    assert not example[2].find_resources("AWS::CloudWatch::Alarm", {"Properties": {"Namespace": "Rayito/Egress"}})
+    _, stack, template = with_metrics
     budget = stack.fleet.egress_budget
     assert [e.target for e in budget.envelopes] == ["https://api.example.com", "https://api.example.com/v1/search?region"]
     template.has_resource_properties("AWS::DynamoDB::Table", {

@@ -212,7 +212,7 @@ def run(event: dict[str, Any], context: Context | None = None) -> None:
 
 
 def test_create_writes_the_recipe_the_template_describes(aws, capsys) -> None:
-    run(aws.event("Create"))
+    run(aws.event("Create", Metrics="on"))  # as synthesized with metrics=True (off: no EMF, test_monitoring_runtime)
     expected = encode_recipe(build_recipe(aws.synthesized.project, BUILT_VERSION))
     assert aws.stored() == expected.value
     assert decode_recipe(aws.stored())["image"]["version"] == BUILT_VERSION  # filled in at deploy
@@ -243,7 +243,7 @@ def test_the_template_holds_no_recipe(aws) -> None:
     for key, value in doc["env"].items():
         assert json.dumps({"Key": key, "Value": value}) in template
     assert set(aws.synthesized.properties) == {"ServiceToken", "ParameterName", "DocumentBucket", "DocumentKey",
-                                                "DocumentSha256", "ImageVersion", "KeepOnDelete", "FailureMode",
+                                                "DocumentSha256", "ImageVersion", "KeepOnDelete", "FailureMode", "Metrics",
                                                 "ServiceTimeout"}
 
 
@@ -296,7 +296,7 @@ def test_too_large_at_deploy_is_reported_and_the_previous_recipe_deleted(aws, ca
     run(aws.event("Create"))
     assert aws.stored() is not None
     big = build_recipe(AgentProject.from_dict({"instructions": _noise(9000)}, name="mi-agente"))
-    run(aws.event("Update", physical=NAME, **aws.upload(big)))
+    run(aws.event("Update", physical=NAME, Metrics="on", **aws.upload(big)))
     answer = aws.answer
     assert answer["Status"] == "SUCCESS"
     assert answer["Data"]["Outcome"] == "recipe_too_large" and answer["Data"]["Saved"] == "false"

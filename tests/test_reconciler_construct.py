@@ -97,7 +97,14 @@ def test_tables(synth) -> None:
 
 
 def test_alarms(synth) -> None:
+    # Metrics off (the default): the dead-letter queue's alarm alone, on an SQS metric.
     _, _, template, _ = synth
+    alarms = {k: a for k, a in template.find_resources("AWS::CloudWatch::Alarm").items() if k.startswith("FleetReconciler")}
+    assert [a["Properties"]["Namespace"] for a in alarms.values()] == ["AWS/SQS"]
+    # Metrics on: the alarms on the reconciler's own metrics too.
+    app = new_app()
+    stack = FleetStack(app, "Fleet", project=AgentProject.load(EXAMPLE), metrics=True, **stack_props())
+    template = Template.from_stack(stack)
     alarms = {k: a for k, a in template.find_resources("AWS::CloudWatch::Alarm").items() if k.startswith("FleetReconciler")}
     names = sorted(a["Properties"].get("MetricName", "ApproximateNumberOfMessagesVisible") for a in alarms.values())
     assert names == ["ApproximateNumberOfMessagesVisible", "DeadLetteredSlots", "Deficit", "OldestStrayAge",

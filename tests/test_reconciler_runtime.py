@@ -54,7 +54,7 @@ def test_handler_runs_a_tick_on_the_old_sdk() -> None:
             "AWS_ENDPOINT_URL_LAMBDA_MICROVMS": emulator.endpoint_url,
             "FLEET_NAME": "viejo", "IMAGE_ARN": image, "MIN_VMS": "2", "MAX_VMS": "4", "WARM_VMS": "1",
             "LEDGER_TABLE": f"ledger-{suffix}", "BUDGET_TABLE": f"budget-{suffix}", "DEAD_LETTER_QUEUE_URL": queue,
-            "TICK_SECONDS": "8", "POWERTOOLS_METRICS_NAMESPACE": "Rayito/Fleet",
+            "TICK_SECONDS": "8", "POWERTOOLS_METRICS_NAMESPACE": "Rayito/Fleet", "RAYITO_METRICS": "on",
         }
         code = (
             "import botocore, json\n"

@@ -33,7 +33,7 @@ STACK = "RayitoFleet-mi-agente"
 
 @pytest.fixture(scope="module")
 def example() -> vw.Assembly:
-    return vw.synth("example", vw.fleet_stack(AgentProject.load(EXAMPLE)))
+    return vw.synth("example", vw.fleet_stack(AgentProject.load(EXAMPLE), metrics=True))
 
 
 @pytest.fixture(scope="module")

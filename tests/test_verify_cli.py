@@ -26,7 +26,7 @@ FLEET = "mi-agente"
 
 @pytest.fixture(scope="module")
 def world() -> Iterator[vw.World]:
-    assembly = vw.synth("example", vw.fleet_stack(AgentProject.load(EXAMPLE)))
+    assembly = vw.synth("example", vw.fleet_stack(AgentProject.load(EXAMPLE), metrics=True))
     with pytest.MonkeyPatch.context() as monkeypatch, vw.world(monkeypatch) as world:
         world.deploy(assembly)
         world.tick(f"RayitoFleet-{FLEET}")

@@ -12,12 +12,14 @@ nothing when even that does not fit: the same rules as ``rayito_constructs.recip
 Properties (strings): ``ParameterName``, ``DocumentBucket``, ``DocumentKey``, ``DocumentSha256``,
 ``ImageVersion`` (optional: the version the stack built), ``KeyId`` (optional customer key),
 ``KeepOnDelete`` (``"true"`` keeps the parameter on delete), ``FailureMode`` (``warn``: a failed save
-is reported and the deploy goes on, the product page's rule; ``fail``: the deploy rolls back).
+is reported and the deploy goes on, the product page's rule; ``fail``: the deploy rolls back),
+``Metrics`` (``on``: emit the metrics below; anything else or nothing: emit none).
 
 The outcome is answered as response ``Data`` (``Saved``, ``Outcome``, ``Reason``, ``Encoding``,
-``Bytes``, ``ImageVersion``), logged as one JSON line and emitted as the ``RecipeSaved`` and
-``RecipeNotSaved`` metrics (embedded metric format, namespace ``Rayito/Fleet``, dimension
-``fleet``). Outcomes: ``saved``, ``kept``, ``deleted``, and the page's warning codes
+``Bytes``, ``ImageVersion``), logged as one JSON line and, when ``Metrics`` is ``on``, emitted as
+the ``RecipeSaved`` and ``RecipeNotSaved`` metrics (embedded metric format, namespace
+``Rayito/Fleet``, dimension ``fleet``): with metrics off (the fleet's default) the function prints
+no EMF line, so the fleet pays for no custom metric. Outcomes: ``saved``, ``kept``, ``deleted``, and the page's warning codes
 ``recipe_too_large``, ``recipe_access_denied``, ``recipe_not_saved``.
 
 Who may invoke this function may write the fleets' recipes. So it acts only on events for its own
@@ -381,7 +383,8 @@ def handler(event: Mapping[str, Any], context: Any, clients_factory: Callable[[]
     outcome.setdefault("Bytes", "0")
     outcome.setdefault("ImageVersion", "")
     outcome["ParameterName"] = name
-    _emit(fleet, str(kind), outcome)
+    if str(props.get("Metrics", "")).strip().lower() in ("on", "true", "1", "yes"):
+        _emit(fleet, str(kind), outcome)
     failed = outcome["Outcome"] not in ("saved", "kept", "deleted", "skipped")
     LOG.log(logging.WARNING if failed else logging.INFO,
             json.dumps({"action": kind, "parameter": name, **{k: outcome[k] for k in ("Outcome", "Reason", "Encoding", "Bytes")}}))

@@ -9,7 +9,8 @@ Configuration comes from the environment the construct sets:
 ``IMAGE_VERSION`` (the version to roll onto), ``BASE_ROLLOUT`` (``on_expiry`` or ``rolling``),
 ``SHARED_WITH`` (JSON list of the other fleets on the image, whose ledger items in the same table
 say which VMs are theirs), ``TERMINATE_STRAYS`` (``1``: end idle foreign VMs),
-``STRAY_GRACE_SECONDS``.
+``STRAY_GRACE_SECONDS``, ``RAYITO_METRICS`` (``on``: send the custom metrics; off or unset: send
+none, print no EMF line; the log lines are the same either way).
 
 The Lambda Python runtime's bundled botocore may predate ``lambda-microvms`` (botocore 1.43.35):
 the service model ships with this function (``data/``) and is put first on botocore's search path.
@@ -84,18 +85,22 @@ def spec_from_env(env: Optional[dict[str, str]] = None) -> FleetSpec:
     )
 
 
-def telemetry_for(fleet: str) -> Any:
-    """Powertools when its layer is there; otherwise EMF and JSON lines of our own, same format."""
+def telemetry_for(fleet: str, env: Optional[dict[str, str]] = None) -> Any:
+    """Powertools when its layer is there; otherwise EMF and JSON lines of our own, same format.
+    Metrics only when ``RAYITO_METRICS`` says on."""
+    from .telemetry import metrics_enabled
+
+    metrics = metrics_enabled(env)
     try:
         from .telemetry import PowertoolsTelemetry
 
-        return PowertoolsTelemetry(fleet)
+        return PowertoolsTelemetry(fleet, metrics=metrics)
     except ImportError:
         # The Powertools layer is missing (a wrong ARN, a region without it): keep ticking and
         # keep telling, in the same format.
         from .telemetry import EmfTelemetry
 
-        return EmfTelemetry(fleet)
+        return EmfTelemetry(fleet, metrics=metrics)
 
 
 def build(env: Optional[dict[str, str]] = None, telemetry: Any = None) -> Reconciler:
@@ -105,7 +110,7 @@ def build(env: Optional[dict[str, str]] = None, telemetry: Any = None) -> Reconc
     dynamodb = aws.client("dynamodb", config=STORE_CONFIG)
     budgets = {k: tuple(v) for k, v in json.loads(env.get("BUDGETS") or "{}").items()}
     spec = spec_from_env(env)
-    telemetry = telemetry if telemetry is not None else telemetry_for(spec.fleet)
+    telemetry = telemetry if telemetry is not None else telemetry_for(spec.fleet, env)
     queue_url = env.get("DEAD_LETTER_QUEUE_URL")
     sqs = aws.client("sqs", config=STORE_CONFIG) if queue_url else None
 

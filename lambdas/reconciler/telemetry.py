@@ -2,6 +2,10 @@
 CloudWatch embedded metric format, namespace ``Rayito/Fleet``, dimension ``fleet`` (and
 ``operation`` for deferrals and throttles).
 
+Metrics are sent only when the fleet turned them on (``RAYITO_METRICS=on``, which the construct
+sets from ``AgentFleet(metrics=...)``, off by default): off, not one EMF line is printed, so the fleet
+pays for no custom metric, and the decisions still go to the log, line for line the same.
+
 Event fields never use a name ``logging.LogRecord`` reserves (``message``, ``name``, ``msg``,
 ``args``, ...): Python's logging raises ``KeyError: "Attempt to overwrite 'message' in LogRecord"``
 on them, which under Powertools crashed the tick on its first API error. :func:`safe_fields`
@@ -18,6 +22,16 @@ from typing import Any, Optional
 
 NAMESPACE = "Rayito/Fleet"
 SERVICE = "rayito-reconciler"
+#: The switch: ``on`` (or true, 1, yes) sends metrics; anything else, or nothing, sends none.
+METRICS_ENV = "RAYITO_METRICS"
+
+
+def metrics_enabled(env: Optional[dict] = None) -> bool:
+    """Whether this function sends custom metrics (``RAYITO_METRICS``)."""
+    import os
+
+    value = (os.environ if env is None else env).get(METRICS_ENV, "")
+    return str(value).strip().lower() in ("on", "true", "1", "yes")
 
 #: Metric names and units; the construct's ``metric_*`` methods use the same names.
 METRICS = {
@@ -82,21 +96,25 @@ class MemoryTelemetry:
 class PowertoolsTelemetry:
     """Powertools Logger (timeline) and Metrics (EMF) in the Lambda function."""
 
-    def __init__(self, fleet: str) -> None:
+    def __init__(self, fleet: str, *, metrics: bool = True) -> None:
         from aws_lambda_powertools import Logger, Metrics
         from aws_lambda_powertools.metrics import MetricUnit
 
         self._unit = MetricUnit
         self.logger = Logger(service=SERVICE, log_uncaught_exceptions=True)
         self.logger.append_keys(fleet=fleet)
-        self.metrics = Metrics(namespace=NAMESPACE, service=SERVICE)
-        self.metrics.set_default_dimensions(fleet=fleet)
+        self.metrics = None
+        if metrics:  # off: no Metrics object at all, so nothing can print an EMF line
+            self.metrics = Metrics(namespace=NAMESPACE, service=SERVICE)
+            self.metrics.set_default_dimensions(fleet=fleet)
         self._fleet = fleet
 
     def event(self, fleet: str, event: dict[str, Any]) -> None:
         self.logger.info(event["event"], extra=safe_fields({k: v for k, v in event.items() if k != "event"}))
 
     def metric(self, fleet: str, name: str, value: float, operation: Optional[str] = None) -> None:
+        if self.metrics is None:
+            return
         unit = self._unit(unit_of(name))  # by value: MetricUnit("Seconds"), MetricUnit("None") = NoUnit
         if operation is None:
             self.metrics.add_metric(name=name, unit=unit, value=value)
@@ -108,15 +126,17 @@ class PowertoolsTelemetry:
             metric.add_dimension(name="operation", value=operation)
 
     def flush(self) -> None:
-        self.metrics.flush_metrics()
+        if self.metrics is not None:
+            self.metrics.flush_metrics()
 
 
 class EmfTelemetry:
     """Embedded metric format and JSON log lines without Powertools (when its layer is missing)."""
 
-    def __init__(self, fleet: str, out: Any = None) -> None:
+    def __init__(self, fleet: str, out: Any = None, *, metrics: bool = True) -> None:
         self.fleet = fleet
         self.out = out or sys.stdout
+        self.send_metrics = metrics
         self._metrics: list[tuple[str, float, Optional[str]]] = []
 
     def event(self, fleet: str, event: dict[str, Any]) -> None:
@@ -125,7 +145,8 @@ class EmfTelemetry:
                                    "message": event["event"], **fields}, default=str) + "\n")
 
     def metric(self, fleet: str, name: str, value: float, operation: Optional[str] = None) -> None:
-        self._metrics.append((name, value, operation))
+        if self.send_metrics:
+            self._metrics.append((name, value, operation))
 
     def flush(self) -> None:
         import time as _time

@@ -10,12 +10,18 @@ outage is not an exhausted envelope), and the envelope in force: ``EnvelopeVersi
 ``EnvelopeRate`` (per second), ``EnvelopeBurst``. Per reason (dimensions ``fleet, target,
 reason`` and ``fleet, reason``): ``Deferrals``, so ``limiter_unavailable`` (the store) is told
 apart from ``budget_empty`` and ``backoff`` (the target).
+
+The EMF records are written only when metrics are on: ``EmfRecorder(metrics=True)``, or, by
+default, ``RAYITO_METRICS=on`` in the environment, which ``AgentFleet`` sets in the image it builds
+from its own ``metrics=`` (off by default: custom metrics cost money). Off, the recorder writes no
+EMF record at all, and the decision log lines (what the per-target queries read) stay.
 """
 
 from __future__ import annotations
 
 import atexit
 import json
+import os
 import sys
 import threading
 import time
@@ -27,6 +33,8 @@ from .client import BUDGET_EMPTY, BACKOFF, Decision, Deferral
 from .targets import envelope_of
 
 NAMESPACE = "Rayito/Egress"
+#: The switch the fleet sets in the image it builds: ``on`` (or true, 1, yes) writes metrics.
+METRICS_ENV = "RAYITO_METRICS"
 #: Reasons that belong to one envelope (the one that refused); the others are the whole request's.
 _ENVELOPE_REASONS = (BUDGET_EMPTY, BACKOFF)
 
@@ -54,11 +62,18 @@ class EmfRecorder:
     :param out: where EMF records and log lines go. Default: standard output.
     :param log_decisions: one JSON line per decision. Default: True.
     :param background: flush from a daemon thread once a window. Default: True.
+    :param metrics: write the EMF records (custom metrics, billed per metric and dimension values
+        per month). Default: ``RAYITO_METRICS`` of the environment (``on``, true, 1 or yes); unset
+        is off, like the fleet's ``metrics=``.
     """
 
     def __init__(self, fleet: str, *, window_seconds: float = 60.0, out: TextIO = sys.stdout,
-                 log_decisions: bool = True, clock: Callable[[], float] = time.time, background: bool = True) -> None:
+                 log_decisions: bool = True, clock: Callable[[], float] = time.time, background: bool = True,
+                 metrics: Optional[bool] = None) -> None:
         self.fleet = fleet
+        self.metrics = (os.environ.get(METRICS_ENV, "").strip().lower() in ("on", "true", "1", "yes")
+                        if metrics is None else bool(metrics))
+        """Whether EMF records are written (the decision log lines are, either way)."""
         self.window = window_seconds
         self.out = out
         self.log_decisions = log_decisions
@@ -102,7 +117,7 @@ class EmfRecorder:
             self._write(json.dumps(line))
         if self.clock() - self._start >= self.window:
             self.flush()
-        elif self._background and self._thread is None and not self._closed.is_set():
+        elif self.metrics and self._background and self._thread is None and not self._closed.is_set():
             self._start_thread()
 
     def _start_thread(self) -> None:
@@ -131,10 +146,12 @@ class EmfRecorder:
 
     def flush(self) -> list[dict[str, Any]]:
         """Write the window's EMF records (one per envelope, one per envelope and reason); returns
-        them. An empty window writes nothing."""
+        them. An empty window writes nothing, and so does any window while metrics are off."""
         with self._lock:
             counts, self._counts = self._counts, {}
             self._start = self.clock()
+        if not self.metrics:
+            return []
         records: list[dict[str, Any]] = []
         stamp = int(self.clock() * 1000)
         for target, c in sorted(counts.items()):

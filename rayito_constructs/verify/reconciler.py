@@ -297,7 +297,8 @@ def alarms(ctx: Context, check_id: str, keep: Any) -> Finding:
     """The state of the fleet's alarms whose logical id ``keep`` accepts."""
     names = [r.physical_id for r in ctx.fleet.alarms if r.physical_id and keep(r.logical_id)]
     if not names:
-        return warn(check_id, "no alarms deployed", "nothing to do unless the fleet should have them")
+        return warn(check_id, "no alarms deployed", "nothing to do unless the fleet should have them (alarms on "
+                    "custom metrics need the fleet's metrics=True, off by default: docs/operations.md)")
     found = []
     try:
         for start in range(0, len(names), 100):
