@@ -34,12 +34,15 @@ ROLE_ARN = "arn:aws:iam::123456789012:role/rayito-contract"
 
 
 def synth_example(outdir: Path) -> dict[str, Any]:
-    """app.py on the default project with cdk.json's context (``make synth``); the stack's template."""
+    """app.py on the default project with cdk.json's context and ``-c metrics=true`` (``make synth
+    CDK_ARGS="-c metrics=true"``); the stack's template."""
     import importlib.util
 
     import aws_cdk as cdk
 
-    context = json.loads((ROOT / "cdk.json").read_text())["context"]
+    # `make synth -c metrics=true` (CDK_ARGS): the fleet whose telemetry the contract reads (since
+    # issue #15 custom metrics are opt-in; the default fleet publishes none)
+    context = {**json.loads((ROOT / "cdk.json").read_text())["context"], "metrics": "true"}
     spec = importlib.util.spec_from_file_location("rayito_app_contract", ROOT / "app.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
