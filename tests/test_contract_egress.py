@@ -40,7 +40,10 @@ def agent(example_assembly, monkeypatch):
         ddb = aws_client("dynamodb", aws)
         only = {"Resources": {table_logical: template["Resources"][table_logical]}}
         made = cs.provision(only, ddb, None, types=("AWS::DynamoDB::Table",))
-        for key, value in {"RAYITO_EGRESS_BUDGET_TABLE": made.names[table_logical], "AWS_ENDPOINT_URL_DYNAMODB": aws,
+        from rayito_constructs.egress.telemetry import METRICS_ENV
+
+        (switch,) = set(_values_of(template, METRICS_ENV))  # the metrics switch the fleet sets in its image
+        for key, value in {METRICS_ENV: switch, "RAYITO_EGRESS_BUDGET_TABLE": made.names[table_logical], "AWS_ENDPOINT_URL_DYNAMODB": aws,
                            "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
                            "AWS_DEFAULT_REGION": "us-east-1", "AWS_REGION": "us-east-1"}.items():
             monkeypatch.setenv(key, value)
