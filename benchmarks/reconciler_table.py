@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 KEYS = [
-    ("convergence_seconds", "conv s"), ("lower_bound_seconds", "bound s"), ("violations_max_vms", "> max"),
+    ("hours", "h"), ("convergence_seconds", "conv s"), ("lower_bound_seconds", "bound s"), ("violations_max_vms", "> max"),
     ("duplicate_vms", "dup"), ("dips_below_min", "dips s"), ("foreign_vms_touched", "foreign"),
     ("amplification", "ampl"), ("throttles_under_default_quotas", "429"), ("requests_held", "held"),
     ("api_calls_ratio", "calls/min"), ("wall_seconds", "wall s"), ("peak_memory_mb", "MB"),

@@ -246,38 +246,12 @@ def deployed_fleet(aws: str, *, clock: Optional[VirtualClock] = None, emulator: 
             emulator.stop()
 
 
-def wire_fault(client: Any, operation: str, code: str, status: int, *, times: Optional[int] = None,
-               message: str = "injected") -> dict[str, int]:
-    """Answer ``operation`` on this boto3 client with an error the emulator cannot make (an
-    AccessDenied from IAM, say), at the HTTP layer: botocore parses it as it would AWS's."""
-    from botocore.awsrequest import AWSResponse
-
-    state = {"left": -1 if times is None else times, "sent": 0}
-
-    class _Raw:
-        def __init__(self, data: bytes) -> None:
-            self._data = data
-
-        def stream(self, **_: Any) -> Iterator[bytes]:
-            yield self._data
-
-    def send(request: Any, **_: Any) -> Any:
-        if state["left"] == 0:
-            return None
-        state["left"] -= 1
-        state["sent"] += 1
-        body = json.dumps({"message": message}).encode()
-        return AWSResponse(request.url, status, {"x-amzn-ErrorType": code, "Content-Type": "application/json"}, _Raw(body))
-
-    client.meta.events.register_first(f"before-send.lambda-microvms.{operation}", send)
-    return state
+#: The access key the handler's clients sign with (``emulator_env``): the emulator's faults can
+#: be narrowed to it, so a fault hits the reconciler and not the test's own client.
+RECONCILER_CALLER = "testing"
 
 
-def list_lag(client: Any, clock: VirtualClock, seconds: float) -> None:
-    """ListMicrovms answers omit VMs younger than ``seconds`` (eventually consistent lists)."""
-
-    def hide(parsed: Any, **_: Any) -> None:
-        now = clock.now()
-        parsed["items"] = [i for i in parsed.get("items", []) if now - i["startedAt"].timestamp() >= seconds]
-
-    client.meta.events.register("after-call.lambda-microvms.ListMicrovms", hide)
+def list_lag(fleet: Fleet, seconds: float) -> Any:
+    """ListMicrovms answers to the reconciler omit VMs younger than ``seconds`` (eventually
+    consistent lists), injected in the emulator so the lists show in its request log."""
+    return fleet.emulator.inject("ListMicrovms", "list_lag", seconds=seconds, times=None, caller=RECONCILER_CALLER)

@@ -368,3 +368,24 @@ def test_budget_defaults_are_the_quotas_the_emulator_enforces() -> None:
     from rayito_constructs.testing.microvms import DEFAULT_RATE_LIMITS
 
     assert {op: DEFAULT_RATE_LIMITS[op] for op in DEFAULT_BUDGETS} == DEFAULT_BUDGETS
+
+
+@pytest.mark.parametrize(("min_vms", "warm_vms"), [(6, 2), (2, 4), (1, 0), (0, 3), (8, 1)])
+def test_parked_slots_are_spread_over_a_fleets_starts_from_the_first(min_vms, warm_vms) -> None:
+    """SuspendMicrovm (2 a second) is the tightest quota: parked slots come early and evenly, so
+    parking runs beside the starts instead of trailing them (convergence from empty)."""
+    from lambdas.reconciler import core
+
+    spec = FleetSpec(fleet="f", image_arn="arn", min_vms=min_vms, max_vms=min_vms + warm_vms, warm_vms=warm_vms)
+    order = [s for s, _ in sorted(core.desired_slot_ids(spec), key=lambda s: core.slot_order(*s, spec))]
+    assert sorted(order) == sorted(s for s, _ in core.desired_slot_ids(spec))
+    warm = [i for i, s in enumerate(order) if s.startswith("warm-")]
+    base = [s for s in order if s.startswith("base-")]
+    assert base == [f"base-{i}" for i in range(min_vms)]  # each role keeps its own order
+    if warm:
+        assert warm[0] == 0  # the first start of the fleet is a parked slot's
+        gaps = [b - a for a, b in zip(warm, warm[1:])]
+        assert not gaps or max(gaps) - min(gaps) <= 1  # evenly spread
+    # first lifetimes are still spread (stagger), in the new order
+    lifetimes = [core.first_lifetime(spec, s, r) for s, r in core.desired_slot_ids(spec)]
+    assert len(set(lifetimes)) == (len(lifetimes) if len(lifetimes) > 1 else 1)

@@ -20,7 +20,7 @@ from lambdas.reconciler.ledger import FencedOut
 from rayito_constructs.testing import MicrovmsEmulator, VirtualClock
 
 from .moto_server import moto_server
-from .reconciler_harness import deployed_fleet, list_lag, wire_fault
+from .reconciler_harness import RECONCILER_CALLER, deployed_fleet, list_lag
 
 LIVE = ("PENDING", "RUNNING", "SUSPENDING", "SUSPENDED")
 
@@ -123,6 +123,44 @@ def test_a_newer_invocation_takes_the_lease_and_the_older_tick_stops(aws, monkey
         assert fleet.emulator.calls["RunMicrovm"] == runs
 
 
+def test_an_overlapping_invocation_waits_for_the_holder_to_end(aws, monkeypatch) -> None:
+    """The deploy's invocation and the first scheduled one overlap: the newer waits until the
+    holder's tick says it ends (taken over at once, the holder would drop the budget tokens it
+    reserved), then works for the rest of its own deadline. A killed holder holds the fleet back
+    no longer than that."""
+    with deployed_fleet(aws, env={"MIN_VMS": "2", "WARM_VMS": "0", "MAX_VMS": "2"}) as fleet:
+        older = fleet.reconciler(monkeypatch)
+        start = fleet.clock.now()
+        assert older.begin_tick(120, 20)  # holds the lease; its tick ends in 20 s
+        run = fleet.invoke(monkeypatch)
+        (waiting,) = run.events("tick_waiting")
+        assert 20 <= waiting["wait"] <= 20.1
+        first = min(r.time for r in fleet.emulator.requests if r.caller == RECONCILER_CALLER)
+        assert first >= start + 20
+        assert "skipped" not in run.result and len(fleet.ours()) == 2
+        runs = fleet.emulator.calls["RunMicrovm"]
+        fleet.emulator.client().terminate_microvm(microvmIdentifier=fleet.ours()[0]["microvmId"])
+        fleet.clock.advance(5)
+        with pytest.raises(FencedOut):
+            older.step()  # it would replace the ended VM: the newer tick holds the fence
+        assert fleet.emulator.calls["RunMicrovm"] == runs
+        assert_no_duplicates(fleet)
+
+
+@pytest.mark.parametrize("says", [600.0, -5.0])
+def test_a_holder_that_ends_too_late_or_already_is_taken_over_at_once(aws, monkeypatch, says) -> None:
+    """A holder whose tick would end after this one's could (a skewed clock, a longer timeout),
+    or has ended without releasing (killed): no wait, the fence stops the holder."""
+    with deployed_fleet(aws, env={"MIN_VMS": "1", "WARM_VMS": "0", "MAX_VMS": "1"}) as fleet:
+        older = fleet.reconciler(monkeypatch)
+        start = fleet.clock.now()
+        older.ledger.acquire_tick(fleet.fleet, "someone", start, 120, tick_until=start + says)
+        run = fleet.invoke(monkeypatch)
+        assert run.events("tick_waiting") == []
+        assert min(r.time for r in fleet.emulator.requests) == pytest.approx(start, abs=0.01)
+        assert len(fleet.ours()) == 1
+
+
 # --------------------------------------------------------------------------- #11.1 ownership
 
 
@@ -188,11 +226,9 @@ def test_foreign_vms_count_toward_max_vms_but_never_fill_a_slot(aws, monkeypatch
 def test_lists_that_omit_young_vms_make_no_duplicates_and_no_excess(aws, monkeypatch) -> None:
     """#11.2: lists omit VMs younger than 30 s: the run answers are what counts."""
     with deployed_fleet(aws, env={"MIN_VMS": "3", "WARM_VMS": "2", "MAX_VMS": "6"}) as fleet:
+        list_lag(fleet, 30)
         for _ in range(6):
-            r = fleet.reconciler(monkeypatch)
-            list_lag(r.microvms, fleet.clock, 30)
-            index._RECONCILER = r
-            fleet.invoke(monkeypatch, cold=False)
+            fleet.invoke(monkeypatch, cold=True)
             assert len(fleet.live()) <= 6
             fleet.clock.advance(20)
         assert len(fleet.ours()) == 5
@@ -388,16 +424,11 @@ def test_request_errors_dead_letter_after_max_start_attempts(aws, monkeypatch, c
     if case == "not_found":
         env["IMAGE_ARN"] = "arn:aws:lambda:us-east-1:123456789012:microvm-image:nadie"
     with deployed_fleet(aws, env=env) as fleet:
-        r = fleet.reconciler(monkeypatch)
-        if case == "access_denied":
-            wire_fault(r.microvms, "RunMicrovm", "AccessDeniedException", 403)
-        if case == "validation":
-            wire_fault(r.microvms, "RunMicrovm", "ValidationException", 400, message="1 validation error detected")
-        if case == "conflict":
-            wire_fault(r.microvms, "RunMicrovm", "ConflictException", 409, message="token used with other parameters")
-        index._RECONCILER = r
+        kind = {"access_denied": "AccessDenied", "validation": "Validation", "conflict": "Conflict"}.get(case)
+        if kind:  # in the emulator, so the refused requests show in its request log
+            fleet.emulator.inject("RunMicrovm", kind, times=None, caller=RECONCILER_CALLER)
         for _ in range(5):
-            fleet.invoke(monkeypatch, cold=False)
+            fleet.invoke(monkeypatch)
             fleet.clock.advance(60)
         (letter,) = fleet.dead_letters()
         assert letter["kind"] == "request" and letter["errors"] == 3
@@ -405,6 +436,9 @@ def test_request_errors_dead_letter_after_max_start_attempts(aws, monkeypatch, c
                 "conflict": "Conflict"}[case]
         assert letter["reason"].startswith(code)
         assert fleet.ledger_slots()["base-0"]["phase"] == "dead"
+        runs = [r for r in fleet.emulator.requests if r.operation == "RunMicrovm"]
+        assert len(runs) == 3 and {r.error for r in runs} == {f"{code}Exception"}
+        assert {r.caller for r in runs} == {RECONCILER_CALLER} and fleet.live() == []
 
 
 def test_a_list_the_service_refuses_ends_the_tick(aws, monkeypatch) -> None:
@@ -538,3 +572,38 @@ def test_idle_strays_end_only_when_opted_in(aws, monkeypatch) -> None:
         fleet.emulator.client().suspend_microvm(microvmIdentifier=idle)
         fleet.every_minute(monkeypatch, 15)
         assert fleet.emulator.state_of(idle) == "SUSPENDED"
+
+
+# --------------------------------------------------------------------------- the shared budget
+
+
+def test_a_busy_shared_budget_is_waited_for_and_due_tokens_are_spent_on_a_recent_list(aws, monkeypatch) -> None:
+    """Other fleets' reconcilers hold the account's RunMicrovm budget for the next 6 s and, once
+    this fleet has listed, its ListMicrovms budget too: the tick waits for the budget (no
+    ListMicrovms on every try), and the tokens that come due while no list can be had are spent
+    on its last list (a few seconds old) instead of being given up. Nothing goes past the quota."""
+    with deployed_fleet(aws, env={"MIN_VMS": "2", "WARM_VMS": "0", "MAX_VMS": "2"}) as fleet:
+        ddb, table, t0 = fleet.ddb, fleet.env["BUDGET_TABLE"], fleet.clock.now()
+
+        def busy(operation: str, until: float) -> None:
+            ddb.put_item(TableName=table, Item={"operation": {"S": operation}, "tat": {"N": repr(until)}})
+
+        busy("RunMicrovm", t0 + 6)
+        lists: list[float] = []
+
+        def on_request(record: Any) -> None:
+            if record.operation == "ListMicrovms" and record.caller == RECONCILER_CALLER:
+                lists.append(record.time)
+                if len(lists) == 1:
+                    busy("ListMicrovms", record.time + 6)
+
+        fleet.emulator.subscribe(on_request)
+        run = fleet.invoke(monkeypatch)
+        runs = [r for r in fleet.emulator.requests if r.operation == "RunMicrovm"]
+        assert len(runs) == 2 and all(r.status == 200 for r in runs)
+        assert min(r.time for r in runs) >= t0 + 3  # after the budget had room for them
+        assert lists[0] == pytest.approx(t0, abs=0.01)
+        assert not [t for t in lists if t0 < t < min(r.time for r in runs)]  # no list while waiting
+        assert run.metrics("Deferrals")  # told
+        assert len(fleet.ours()) == 2
+        assert_no_duplicates(fleet)

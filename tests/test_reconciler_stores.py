@@ -49,3 +49,15 @@ def test_the_memory_budget_reserves_backs_off_and_resets_a_skewed_bucket() -> No
     assert implausible(now, 1 / 9.5, 9) < now + 300
     assert isinstance(budget.acquire("ListMicrovms", now), Granted)
     assert budget.shape("Unknown") == (0.1, 10.0)
+
+
+def test_the_lease_tells_when_its_holders_tick_ends() -> None:
+    ledger = MemoryLedger()
+    assert ledger.busy_until("f") is None
+    ledger.acquire_tick("f", "a", 100.0, 60, tick_until=150.0)
+    assert ledger.busy_until("f") == 150.0
+    ledger.acquire_tick("f", "b", 101.0, 60)  # a holder that does not say
+    assert ledger.busy_until("f") is None
+    ledger.acquire_tick("f", "c", 102.0, 60, tick_until=152.0)
+    ledger.release_tick("f", "c")
+    assert ledger.busy_until("f") is None

@@ -214,18 +214,24 @@ def desired_slot_ids(spec: FleetSpec) -> list[tuple[str, str]]:
     return [(f"base-{i}", BASE) for i in range(spec.min_vms)] + [(f"warm-{i}", WARM) for i in range(spec.warm_vms)]
 
 
-def slot_order(slot_id: str, role: str) -> tuple[int, int, str]:
-    """base-0, warm-0, base-1, warm-1...: every fleet gets its first parked slot early, so parking
-    (SuspendMicrovm, the tightest quota) overlaps with the runs instead of trailing."""
+def slot_order(slot_id: str, role: str, spec: Optional["FleetSpec"] = None) -> tuple[float, int, str]:
+    """Parked slots spread evenly over the fleet's starts from the first one on (with 6 base and
+    2 parked slots: warm-0, base-0, base-1, base-2, warm-1, base-3...), so parking
+    (SuspendMicrovm, the tightest quota: 2 a second) runs beside the starts from the beginning
+    instead of trailing them. Without a spec: base-0, warm-0, base-1, warm-1..."""
     tail = slot_id.rsplit("-", 1)[-1]
-    return (int(tail) if tail.isdigit() else 0, role != BASE, slot_id)
+    rank = int(tail) if tail.isdigit() else 0
+    count = (spec.warm_vms if role == WARM else spec.min_vms) if spec is not None else 0
+    if count <= 0:
+        return (float(rank), role != BASE, slot_id)
+    return (rank / count if role == WARM else (rank + 0.5) / count, role != BASE, slot_id)
 
 
 def first_lifetime(spec: FleetSpec, slot_id: str, role: str) -> int:
     """The lifetime of a slot's first VM: spread over half a lifetime by the slot's rank, so
     VMs started together (a fleet from empty) do not all expire together."""
     life = spec.max_lifetime_seconds
-    order = sorted(desired_slot_ids(spec), key=lambda s: slot_order(*s))
+    order = sorted(desired_slot_ids(spec), key=lambda s: slot_order(*s, spec))
     ids = [s for s, _ in order]
     if not spec.stagger or slot_id not in ids or len(ids) < 2:
         return life
@@ -468,7 +474,7 @@ def plan(spec: FleetSpec, ledger: Mapping[str, Slot], observed: Iterable[Observe
     runs: list[Intent] = []
     successors: list[Intent] = []
     wake_at: Optional[float] = None
-    ordered = sorted(slots.values(), key=lambda s: slot_order(s.slot_id, s.role))
+    ordered = sorted(slots.values(), key=lambda s: slot_order(s.slot_id, s.role, spec))
     for slot in ordered:
         if slot.role == MEMBER or slot.phase == DEAD or slot.draining:
             continue

@@ -41,12 +41,21 @@ class MemoryLedger:
         self._leases: dict[str, dict[str, Any]] = {}
         self._stats: dict[str, dict[str, Any]] = {}
 
-    def acquire_tick(self, fleet: str, holder: str, now: float, lease_seconds: float) -> Optional[int]:
-        """The lease and its new fence token (taken over from any earlier holder)."""
+    def acquire_tick(self, fleet: str, holder: str, now: float, lease_seconds: float,
+                     tick_until: Optional[float] = None) -> Optional[int]:
+        """The lease and its new fence token (taken over from any earlier holder); ``tick_until``
+        (when the new holder's tick ends, its clock) tells later ticks how long to wait."""
         with self._lock:
             lease = self._leases.setdefault(fleet, {"holder": None, "expires_at": 0.0, "fence": 0})
-            lease.update(holder=holder, expires_at=now + lease_seconds, fence=lease["fence"] + 1)
+            lease.update(holder=holder, expires_at=now + lease_seconds, fence=lease["fence"] + 1,
+                         tick_until=tick_until)
             return lease["fence"]
+
+    def busy_until(self, fleet: str) -> Optional[float]:
+        """When the tick holding the lease said it would end (None: free, or not said)."""
+        with self._lock:
+            lease = self._leases.get(fleet)
+            return lease.get("tick_until") if lease and lease.get("holder") else None
 
     def release_tick(self, fleet: str, holder: str) -> None:
         with self._lock:
@@ -119,18 +128,29 @@ class DynamoDBLedger:
     def _key(self, fleet: str, key: str) -> dict[str, Any]:
         return {"fleet": {"S": fleet}, "key": {"S": key}}
 
-    def acquire_tick(self, fleet: str, holder: str, now: float, lease_seconds: float) -> Optional[int]:
+    def acquire_tick(self, fleet: str, holder: str, now: float, lease_seconds: float,
+                     tick_until: Optional[float] = None) -> Optional[int]:
         """The lease and its new fence token (one UpdateItem), taken over from any earlier
-        holder: the fence, not the clock, decides who may write (``expires_at`` only informs)."""
+        holder: the fence, not the clock, decides who may write (``expires_at`` and
+        ``tick_until``, when the holder's tick ends, only inform)."""
         result = self._ddb.update_item(
             TableName=self._table,
             Key=self._key(fleet, "#tick"),
-            UpdateExpression="SET holder = :holder, expires_at = :expires ADD fence :one",
+            UpdateExpression="SET holder = :holder, expires_at = :expires, tick_until = :until ADD fence :one",
             ExpressionAttributeValues={":holder": {"S": holder}, ":expires": {"N": repr(now + lease_seconds)},
+                                       ":until": {"N": repr(float(tick_until if tick_until is not None else 0.0))},
                                        ":one": {"N": "1"}},
             ReturnValues="UPDATED_NEW",
         )
         return int(result["Attributes"]["fence"]["N"])
+
+    def busy_until(self, fleet: str) -> Optional[float]:
+        """When the tick holding the lease said it would end (None: free, or not said)."""
+        item = self._ddb.get_item(TableName=self._table, Key=self._key(fleet, "#tick"), ConsistentRead=True).get("Item")
+        if not item or "holder" not in item:
+            return None
+        until = float(item.get("tick_until", {}).get("N", "0"))
+        return until or None
 
     def release_tick(self, fleet: str, holder: str) -> None:
         try:

@@ -35,6 +35,8 @@ from . import core
 from .budget import Deferral, Granted
 from .ledger import FencedOut
 
+#: A tick waits for an overlapping one of its fleet only if this much of its own time is left.
+HOLDER_WAIT_SPARE_SECONDS = 5.0
 #: A step waiting for our own suspend or resume to show looks again after this long.
 TRANSITION_POLL_SECONDS = 5.0
 MIN_WAIT_SECONDS = 0.05
@@ -42,6 +44,9 @@ MIN_WAIT_SECONDS = 0.05
 #: that list is at most this old (with the VMs it started since): reserved calls then go out on
 #: time instead of waiting for a list of their own, which would bunch them up behind others'.
 OBSERVATION_TTL_SECONDS = 2.0
+#: ... and, when the shared ListMicrovms budget has no token for a step holding due tokens, at most
+#: this old (our own VMs come from the ledger and the run answers; only others' are older).
+STALE_OBSERVATION_SECONDS = 10.0
 #: GetMicrovm answers are reused within a tick for this long (a VM a list missed is asked once).
 CONFIRM_TTL_SECONDS = 20.0
 #: A step may look at the last list plus GetMicrovm answers this long after the list was made.
@@ -105,7 +110,8 @@ class Reconciler:
         """One scheduled run: take the tick lease, step until done or the deadline, release."""
         sleep = sleep or self.sleep
         start = self.clock()
-        if not self.begin_tick(lease_seconds, deadline_seconds):
+        self._wait_for_holder(start, deadline_seconds, sleep)
+        if not self.begin_tick(lease_seconds, start + deadline_seconds - self.clock()):
             return {"fleet": self.spec.fleet, "skipped": "tick_in_progress"}
         steps = 0
         calls = self.api_calls
@@ -126,12 +132,35 @@ class Reconciler:
             self.end_tick()
         return {"fleet": self.spec.fleet, "steps": steps, "api_calls": self.api_calls - calls, **outcome}
 
+    def _wait_for_holder(self, start: float, deadline_seconds: float, sleep: Callable[[float], None]) -> None:
+        """A tick that overlaps another one of the fleet (the deploy's invocation and the first
+        scheduled one, a duplicate delivery) waits for it to end, as long as that leaves this one
+        time to work: taken over, the other would drop the budget tokens it reserved (a share of
+        the account's quota nobody uses) and this one would list again. A holder that says it
+        ends later than this tick could, or implausibly late (a skewed clock), is taken over at
+        once; a killed one holds the fleet back at most until its own deadline."""
+        busy_until = getattr(self.ledger, "busy_until", None)
+        if busy_until is None:
+            return
+        try:
+            until = busy_until(self.spec.fleet)
+        except (ClientError, BotoCoreError):
+            return  # the lease item cannot be read: take over (the fence keeps both safe)
+        if until is None:
+            return
+        wait = until - self.clock() + MIN_WAIT_SECONDS
+        if 0 < wait <= deadline_seconds - HOLDER_WAIT_SPARE_SECONDS - (self.clock() - start):
+            self._emit({"event": "tick_waiting", "reason": "another tick of the fleet ends first",
+                        "wait": round(wait, 3)})
+            sleep(wait)
+
     def begin_tick(self, lease_seconds: float = 120.0, deadline_seconds: float = 50.0) -> bool:
         """Take the fleet's tick lease, from a tick still holding it too: the newest invocation
         has the latest deadline (and a killed one's lease must not hold the fleet back). The
         older tick's next ledger write fails on the fence and it stops (``lease_lost``)."""
         holder = uuid.uuid4().hex  # each tick its own holder: a second tick of this object waits too
-        fence = self.ledger.acquire_tick(self.spec.fleet, holder, self.clock(), lease_seconds)
+        now = self.clock()
+        fence = self.ledger.acquire_tick(self.spec.fleet, holder, now, lease_seconds, tick_until=now + deadline_seconds)
         if fence:
             self.holder, self.fence = holder, fence
             self._deadline = self.clock() + deadline_seconds
@@ -183,6 +212,12 @@ class Reconciler:
             observed = self._list(now)
             if not isinstance(observed, Deferral):
                 self._observation = (now, list(observed))
+            elif (ready and self._observation is not None and observed.reason == "budget_empty"
+                  and now - self._observation[0] <= STALE_OBSERVATION_SECONDS):
+                # No list to be had now (ListMicrovms is shared by every fleet): tokens that came
+                # due are spent on the last list, a few seconds old, with the VMs started since,
+                # rather than given up (a refill of the shared quota that nobody would use).
+                observed = list(self._observation[1])
         if isinstance(observed, Deferral):
             self._drop_due(now)  # reserved calls cannot wait for a list: given up, never sent late
             if self.clock() + observed.retry_after_seconds >= self._deadline:

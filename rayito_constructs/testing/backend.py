@@ -496,7 +496,8 @@ class MicrovmsBackend:
 
     def _carry_out(self, operation: str, params: dict[str, Any], caller: Optional[str]) -> dict[str, Any]:
         with self._lock:
-            delay = self._faults.before(operation) if self._faults else 0.0
+            delay = (self._faults.before(operation, caller, str(params.get("imageIdentifier") or "*"))
+                     if self._faults else 0.0)
         if delay:
             time.sleep(delay)  # latency faults are real time: they are for client timeouts
         if operation not in IMPLEMENTED:
@@ -750,6 +751,8 @@ class MicrovmsBackend:
             candidates = self._by_image.get(name, []) if f"{base}:microvm-image:{name}" == self.image_arn(name) else []
         seen_at = now - self._consistency.lag()
         late = self._consistency.new_vms_listed_late
+        lagging = self._faults.take("ListMicrovms", "list_lag", caller=caller) if self._faults else None
+        hidden_after = now - lagging.seconds if lagging is not None else float("inf")
         start = bisect.bisect_right(candidates, tuple(after), key=_list_key) if after is not None else 0
         items: list[dict[str, Any]] = []
         last: Optional[Microvm] = None
@@ -757,6 +760,8 @@ class MicrovmsBackend:
         for vm in candidates[start:]:
             if late and vm.started_at > seen_at:
                 continue  # not in this replica yet: a new VM may be missing from a list for a while
+            if vm.started_at > hidden_after:
+                continue  # an injected list lag: younger than its seconds
             if version and vm.image_version != version:
                 continue
             advance(vm, now, self.timings)
