@@ -21,9 +21,22 @@ synth: $(STAMP)/synth $(STAMP)/node
 	npx cdk synth --quiet --no-notices --no-version-reporting $(CDK_ARGS)
 	$(BIN)/python -m rayito_constructs assembly cdk.out
 
+# make test: the suite on $(WORKERS) pytest-xdist workers under coverage (branches, and every
+# subprocess a test starts, through coverage's subprocess patch: pyproject.toml), then the report
+# and the floor of issue #17 (tests/coverage_floor.py: 95% lines, 90% branches for each Lambda under
+# lambdas/ and for rayito_constructs/egress). A partial run (PYTEST_ARGS=tests/test_x.py) skips
+# the floor with COVERAGE_FLOOR=0. --dist loadfile keeps each file's tests on one worker, in order:
+# module-scoped synths are made once, and tests/test_fleet.py's stability check compares two
+# synths of one file's run, as it does without xdist.
+WORKERS ?= 2
+COVERAGE_FLOOR ?= 1
 test: $(STAMP)/python
 	$(BIN)/ruff check --select F,E9 rayito_constructs lambdas benchmarks tests app.py
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	rm -rf $(STAMP)/coverage && mkdir -p $(STAMP)/coverage
+	$(BIN)/python -m coverage run -m pytest -n $(WORKERS) --dist loadfile $(PYTEST_ARGS)
+	$(BIN)/python -m coverage combine --quiet
+	$(BIN)/python -m coverage report
+	test "$(COVERAGE_FLOOR)" = 0 || $(BIN)/python -m tests.coverage_floor
 
 bench: $(STAMP)/python
 	$(BIN)/python -m benchmarks.synth

@@ -31,6 +31,16 @@ def agent_folder(tmp_path: Path) -> Callable[..., Path]:
     return make
 
 
+@pytest.fixture(scope="session")
+def example_assembly(tmp_path_factory):
+    """What `make synth` writes (app.py, cdk.json's context), once per session (per xdist worker):
+    (the cloud assembly's folder, the stack's template). Read it; never change it."""
+    from .contract_support import synth_example
+
+    outdir = tmp_path_factory.mktemp("example-assembly") / "cdk.out"
+    return outdir, synth_example(outdir)
+
+
 @pytest.fixture
 def snapshot_json(snapshot):
     """syrupy JSON snapshots with asset hashes neutralized."""
@@ -77,9 +87,8 @@ def pytest_configure(config) -> None:
     Template.from_stack = classmethod(from_stack)
 
 
-def pytest_sessionfinish(session, exitstatus) -> None:
-    if not _TEMPLATES or exitstatus not in (0,):
-        return
+def _lint(templates: dict[str, dict]) -> tuple[int, list[str]]:
+    """cfn-lint and the IAM invariants over distinct templates: (how many, findings)."""
     import json as _json
 
     from cfnlint.api import ManualArgs, lint
@@ -87,28 +96,61 @@ def pytest_sessionfinish(session, exitstatus) -> None:
     from .iam_invariants import iam_violations
     from .monitoring_invariants import violations as operations_violations
 
-    findings = []
-    iam_findings = []
-    ops_findings = [f"{name}: {v}" for name, fleets in _FLEETS.items()
-                    for v in operations_violations(_TEMPLATES[name], fleets)]
+    findings: list[str] = []
+    iam_findings: list[str] = []
+    ops_findings = [f"{name}: OPS {v}" for name, fleets in _FLEETS.items() if name in templates
+                    for v in operations_violations(templates[name], fleets)]
     seen: set[str] = set()
-    for name, template in _TEMPLATES.items():
+    for name, template in templates.items():
         text = _json.dumps(template, sort_keys=True)
         if text in seen:  # the same template synthesized twice (from_stack, then nag) is linted once
             continue
         seen.add(text)
         for match in lint(_json.dumps(template), config=ManualArgs(regions=["us-east-1"], ignore_checks=["W3005"])):
             findings.append(f"{name}: {match.rule.id} {match.message}")
-        iam_findings.extend(f"{name}: {v}" for v in iam_violations(template))
+        iam_findings.extend(f"{name}: IAM {v}" for v in iam_violations(template))
+    return len(seen), findings + iam_findings + ops_findings
+
+
+# Under pytest-xdist (make test runs two workers) each worker lints the templates its own tests
+# synthesized and hands the result to the controller in its workeroutput; the controller adds them
+# up and fails the run. Without xdist the single process does both.
+_FROM_WORKERS: list[dict] = []
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error) -> None:
+    gate = getattr(node, "workeroutput", {}).get("template_gate")
+    if gate is not None:
+        _FROM_WORKERS.append(gate)
+
+
+def pytest_sessionfinish(session, exitstatus) -> None:
+    worker = hasattr(session.config, "workerinput")
+    gates = list(_FROM_WORKERS)
+    if _TEMPLATES and exitstatus == 0:
+        distinct, findings = _lint(_TEMPLATES)
+        gates.append({"distinct": distinct, "findings": findings, "fleets": sum(len(f) for f in _FLEETS.values()),
+                      "with_actions": sum(f["actions"] > 0 for fl in _FLEETS.values() for f in fl)})
+    if worker:
+        if gates:
+            session.config.workeroutput["template_gate"] = gates[-1]
+        return
+    if not gates:
+        return
+    distinct = sum(g["distinct"] for g in gates)
+    findings = [f for g in gates for f in g["findings"]]
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
     if reporter is not None:
+        iam = sum(1 for f in findings if ": IAM " in f)
+        ops = sum(1 for f in findings if ": OPS " in f)
         reporter.write_line(
-            f"cfn-lint: {len(seen)} distinct templates synthesized by the tests, {len(findings)} findings; "
-            f"IAM invariants: {len(iam_findings)} violations; operations invariants: {len(ops_findings)} "
-            f"violations over {sum(len(f) for f in _FLEETS.values())} fleets, "
-            f"{sum(f['actions'] > 0 for fl in _FLEETS.values() for f in fl)} with alarm actions"
+            f"cfn-lint: {distinct} distinct templates synthesized by the tests (per worker), "
+            f"{len(findings) - iam - ops} findings; IAM invariants: {iam} violations; operations invariants: "
+            f"{ops} violations over {sum(g.get('fleets', 0) for g in gates)} fleets, "
+            f"{sum(g.get('with_actions', 0) for g in gates)} with alarm actions"
         )
-    if findings or iam_findings or ops_findings:
-        for finding in (*findings, *iam_findings, *ops_findings):
+    if findings:
+        for finding in findings:
             reporter.write_line(finding) if reporter else print(finding)
         session.exitstatus = 1

@@ -1,15 +1,27 @@
-"""moto in server mode on 127.0.0.1: the Lambdas talk to it over real HTTP with real boto3 clients."""
+"""moto in server mode on 127.0.0.1: the Lambdas talk to it over real HTTP with real boto3 clients.
+
+The server binds port 0 itself and the test reads the port back from the bound socket: nothing
+probes a port and binds it later (two xdist workers probing at once could be handed the same one).
+"""
 
 from __future__ import annotations
 
+import logging
 import socket
+import threading
 from contextlib import contextmanager
 from typing import Iterator
 
 import boto3
 
+#: Seconds a stopping server may take to finish its requests before the test fails instead of hanging.
+STOP_TIMEOUT_SECONDS = 30.0
+
 
 def free_port() -> int:
+    """A port free *now*. Racy by nature (another process may take it before the caller binds it):
+    kept only for tests/testing/test_wire.py (owned elsewhere), which starts the emulator's own
+    command line with ``--port``. Servers started here bind port 0 themselves instead."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
@@ -17,16 +29,25 @@ def free_port() -> int:
 
 @contextmanager
 def moto_server() -> Iterator[str]:
-    """Start a moto server; yields its endpoint URL."""
-    from moto.server import ThreadedMotoServer
+    """Start a moto server on a port the OS picks; yields its endpoint URL."""
+    from moto.moto_server.werkzeug_app import DomainDispatcherApplication, MotoRequestHandler, create_backend_app
+    from werkzeug.serving import make_server
 
-    port = free_port()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
+    # What moto's ThreadedMotoServer does, minus its port argument and its unbounded wait for a
+    # thread that may have failed to bind: the socket is bound here, in the caller's thread.
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)  # one line per request otherwise
+    server = make_server("127.0.0.1", 0, DomainDispatcherApplication(create_backend_app), threaded=True,
+                         request_handler=MotoRequestHandler)
+    port = server.server_address[1]
+    thread = threading.Thread(target=server.serve_forever, name=f"moto-{port}", daemon=True)
+    thread.start()
     try:
         yield f"http://127.0.0.1:{port}"
     finally:
-        server.stop()
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=STOP_TIMEOUT_SECONDS)
+        assert not thread.is_alive(), f"moto server on port {port} did not stop in {STOP_TIMEOUT_SECONDS} s"
 
 
 def client(service: str, endpoint: str) -> object:

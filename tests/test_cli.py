@@ -106,7 +106,7 @@ def test_invalid_input_exit_2_one_line_each(capsys) -> None:
 def test_usage_errors_are_one_line_no_traceback() -> None:
     result = subprocess.run(
         [sys.executable, "-m", "rayito_constructs", "plan", str(EXAMPLE), "--max-vmz", "3"],
-        capture_output=True, text=True, cwd=ROOT,
+        capture_output=True, text=True, cwd=ROOT, timeout=120,
     )
     assert result.returncode == 2 and result.stdout == ""
     assert result.stderr.strip().splitlines() == ["rayito-constructs: unrecognized arguments: --max-vmz 3"]

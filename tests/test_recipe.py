@@ -219,3 +219,54 @@ def test_too_large_once_the_version_is_filled_in() -> None:
     assert encode_recipe(build_recipe(project)).encoding == "json"
     plan = plan_recipe(project, image_version="${Token[TOKEN.7]}")
     assert plan.encoded is None and [w.code for w in plan.warnings] == ["recipe_too_large"]
+
+
+@settings(max_examples=40, deadline=None)
+@given(body=st.dictionaries(st.text(max_size=8), json_values, max_size=4), delta=st.integers(-3, 3))
+def test_the_4096_byte_edge_between_json_and_compressed(body, delta) -> None:
+    """JSON of exactly 4,096 + delta bytes: at most 4,096 stays JSON, one byte more is compressed
+    (the library and the writer alike). Each example sits on the edge by construction."""
+    from hypothesis import assume
+
+    from lambdas.recipe_writer import index as writer
+
+    doc = {**body, "version": 1, "name": "x", "image": {"version": "1.0"}, "padding": ""}
+    pad = STANDARD_PARAMETER_BYTES + delta - len(canonical_json(doc))
+    assume(pad >= 0)
+    doc["padding"] = "a" * pad
+    assert len(canonical_json(doc)) == STANDARD_PARAMETER_BYTES + delta
+    encoded = encode_recipe(doc)
+    assert encoded.encoding == ("json" if delta <= 0 else "compressed")
+    assert writer.encode(doc) == (encoded.value, encoded.encoding, encoded.json_bytes)
+    assert decode_recipe(encoded.value) == doc
+
+
+@settings(max_examples=15, deadline=None)
+@given(seed=st.integers(0, 2**32))
+def test_the_edge_between_compressed_and_too_large(seed) -> None:
+    """Random text grown one character at a time until its compressed form passes 4,096 bytes: the
+    last size that fits is saved compressed, the first that does not is too large (both sides)."""
+    import base64
+    import zlib
+
+    from lambdas.recipe_writer import index as writer
+
+    def doc_of(size: int) -> dict:
+        return {"version": 1, "name": "x", "image": {"version": "1.0"}, "padding": _noise(seed, size)}
+
+    def packed(size: int) -> int:
+        return len(COMPRESSED_PREFIX) + len(base64.b64encode(zlib.compress(canonical_json(doc_of(size)), 9)))
+
+    low, high = STANDARD_PARAMETER_BYTES, 4 * STANDARD_PARAMETER_BYTES  # packed(low) fits, packed(high) does not
+    assert packed(low) <= STANDARD_PARAMETER_BYTES < packed(high)
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (middle, high) if packed(middle) <= STANDARD_PARAMETER_BYTES else (low, middle)
+    fits = encode_recipe(doc_of(low))
+    assert fits.encoding == "compressed" and fits.bytes <= STANDARD_PARAMETER_BYTES < fits.json_bytes
+    assert writer.encode(doc_of(low))[1] == "compressed"
+    with pytest.raises(RecipeTooLarge):
+        encode_recipe(doc_of(high))
+    with pytest.raises(writer.NotSaved) as info:
+        writer.encode(doc_of(high))
+    assert info.value.code == "recipe_too_large"

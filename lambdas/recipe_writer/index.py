@@ -192,13 +192,20 @@ class _Deadline:
             raise NotSaved("recipe_not_saved", f"not enough time left for {what} before the function's timeout")
 
 
+def _response(exc: Exception) -> Mapping[str, Any]:
+    """The parsed AWS error of ``exc``, or ``{}``. botocore's connection errors carry
+    ``response = None`` (a store that hangs up was reported as ``AttributeError`` before)."""
+    response = getattr(exc, "response", None)
+    return response if isinstance(response, Mapping) else {}
+
+
 def _error_code(exc: Exception) -> str:
-    return str(getattr(exc, "response", {}).get("Error", {}).get("Code", "")) or type(exc).__name__
+    return str((_response(exc).get("Error") or {}).get("Code") or "") or type(exc).__name__
 
 
 def _not_saved(exc: Exception, what: str) -> NotSaved:
     code = _error_code(exc)
-    status = getattr(exc, "response", {}).get("ResponseMetadata", {}).get("HTTPStatusCode")
+    status = (_response(exc).get("ResponseMetadata") or {}).get("HTTPStatusCode")
     denied = code in ("AccessDeniedException", "AccessDenied") or status == 403
     return NotSaved("recipe_access_denied" if denied else "recipe_not_saved", f"{what}: {code}")
 
