@@ -24,6 +24,7 @@ from aws_cdk import aws_kms as kms
 from constructs import Construct, IDependable
 
 from ._function import library_function
+from .monitoring import METRICS_ENV, Operations, metrics_value
 from .permissions import FleetAccess, Statement, microvm_statements, table_key_statement, wildcard_reasons
 from .reconciler import FleetReconciler
 
@@ -148,6 +149,7 @@ class FleetTeardown(Construct):
                 "STACK_ID": cdk.Aws.STACK_ID,
                 "RESOURCES": cdk.Lazy.string(_Producer(self._resource_map)),
                 "TERMINATE_RATE": f"{float(terminate_rate):g}",
+                METRICS_ENV: metrics_value(Operations.of(scope).metrics),
             },
             retry_attempts=0,  # CloudFormation's request is answered once; a retry would answer twice
         )

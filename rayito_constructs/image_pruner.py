@@ -29,6 +29,7 @@ from aws_cdk import aws_scheduler_targets as scheduler_targets
 from constructs import Construct
 
 from ._function import library_function
+from .monitoring import METRICS_ENV, Operations, metrics_value
 from ._nag import acknowledge_wildcard_resources
 from .permissions import LIST_ACTIONS, Statement, image_and_versions, wildcard_reasons
 
@@ -122,6 +123,7 @@ class ImagePruner(Construct):
                 "STACK_ID": cdk.Aws.STACK_ID,
                 "RESOURCES": cdk.Lazy.string(_Producer(self._resource_map)),
                 "DEPLOY_BUDGET_SECONDS": f"{deploy_budget.to_seconds():g}",
+                METRICS_ENV: metrics_value(Operations.of(scope).metrics),
             },
             retry_attempts=0,  # the next scheduled run tries again; a CloudFormation request is answered once
         )

@@ -78,8 +78,8 @@ def assert_one_at_a_time(emulator: MicrovmsEmulator) -> None:
 
 def test_versions_beyond_keep_are_deleted_oldest_first_one_at_a_time(emulator, cfn, monkeypatch) -> None:
     image_with(emulator, 12)
-    world = pruner_world(emulator, emulator.clock, cfn)
-    assert world.env["KEEP_VERSIONS"] == "5"
+    world = pruner_world(emulator, emulator.clock, cfn, metrics=True)  # the fleet sends custom metrics
+    assert world.env["KEEP_VERSIONS"] == "5" and world.env["RAYITO_METRICS"] == "on"
     report, answered, records = world.invoke(monkeypatch, SCHEDULE)
     assert answered is None  # a scheduled run answers nobody
     assert report["Outcome"] == "pruned" and report["Deleted"] == 7
@@ -294,3 +294,16 @@ def test_forged_requests_delete_nothing(emulator, cfn, monkeypatch, forgery) -> 
     _, answer, _ = world.invoke(monkeypatch, event, env=env)
     assert answer["Status"] == "FAILED" and answer["Reason"].startswith("refused")
     assert len(live_versions(emulator)) == 9
+
+
+def test_with_metrics_off_the_report_is_a_plain_log_line(emulator, cfn, monkeypatch) -> None:
+    """A fleet's metrics are off by default (docs/operations.md): the pruner makes no custom metric,
+    its numbers stay in the log line."""
+    image_with(emulator, 7)
+    world = pruner_world(emulator, emulator.clock, cfn)
+    assert world.env["RAYITO_METRICS"] == "off"
+    report, _, records = world.invoke(monkeypatch, SCHEDULE)
+    assert report["Deleted"] == 2
+    assert not [r for r in records if "_aws" in r]
+    (line,) = [r for r in records if "ImageVersionsDeleted" in r]
+    assert (line["ImageVersionsDeleted"], line["ImageVersions"], line["image"]) == (2.0, 5.0, "mi-agente")

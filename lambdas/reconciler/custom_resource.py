@@ -21,6 +21,8 @@ import urllib.parse
 import urllib.request
 from typing import Any, Mapping, Optional
 
+from .telemetry import metrics_enabled
+
 #: An answer is sent up to this many times (S3 answers a pre-signed PUT with a 5xx now and then).
 RESPONSE_ATTEMPTS = 3
 RESPONSE_TIMEOUT = 10
@@ -133,7 +135,12 @@ def respond(event: Mapping[str, Any], status: str, physical: str, data: Mapping[
 def emit(namespace: str, dimensions: Mapping[str, str], metrics: Mapping[str, tuple[float, str]],
          fields: Optional[Mapping[str, Any]] = None) -> None:
     """One JSON line on stdout: the report's fields and its metrics in embedded metric format
-    (extracted by CloudWatch as the line is ingested, so the numbers outlive the log group)."""
+    (extracted by CloudWatch as the line is ingested, so the numbers outlive the log group).
+    With the fleet's metrics off (``RAYITO_METRICS`` not ``on``: docs/operations.md) the same
+    numbers are logged as plain fields and no custom metric is made."""
+    if not metrics_enabled():
+        log({**dict(dimensions), **{name: value for name, (value, _) in metrics.items()}, **dict(fields or {})})
+        return
     record = {
         "_aws": {"Timestamp": int(time.time() * 1000), "CloudWatchMetrics": [{
             "Namespace": namespace, "Dimensions": [sorted(dimensions)],
