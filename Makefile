@@ -43,6 +43,7 @@ bench: $(STAMP)/python
 	$(BIN)/python -m benchmarks.emulator
 	$(BIN)/python -m benchmarks.egress
 	$(BIN)/python -m benchmarks.reconciler --fleets 100 --seed 1
+	$(BIN)/python -m benchmarks.metrics
 
 $(STAMP)/synth: requirements-synth.txt pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)

@@ -924,6 +924,22 @@ def run_side(kind: str, fleets_count: int, seed: int, hours: float) -> dict[str,
     return result
 
 
+def _result_of(proc: Any, queue: Any) -> tuple[str, Any]:
+    """What a side's process put on its queue; a process that died without a word is a failure
+    (a bare ``queue.get()`` would wait for it forever)."""
+    import queue as queues
+
+    while True:
+        try:
+            return queue.get(timeout=5)
+        except queues.Empty:
+            if not proc.is_alive():
+                try:
+                    return queue.get(timeout=5)
+                except queues.Empty:
+                    return "error", f"the process ended (exit code {proc.exitcode}) without a result"
+
+
 def _child(kind: str, fleets: int, seed: int, hours: float, queue: Any) -> None:
     try:
         queue.put(("ok", run_side(kind, fleets, seed, hours)))
@@ -958,8 +974,8 @@ def main(argv: Optional[list[str]] = None) -> None:
             proc.start()
             running.append((kind, proc, queue))
         kind, proc, queue = running.pop(0)
-        status, value = queue.get()
-        proc.join()
+        status, value = _result_of(proc, queue)
+        proc.join(timeout=60)
         if status != "ok":
             sys.exit(f"benchmark failed: {value}")
         if not args.details:

@@ -7,7 +7,6 @@ probes a port and binds it later (two xdist workers probing at once could be han
 from __future__ import annotations
 
 import logging
-import socket
 import threading
 from contextlib import contextmanager
 from typing import Iterator
@@ -16,15 +15,6 @@ import boto3
 
 #: Seconds a stopping server may take to finish its requests before the test fails instead of hanging.
 STOP_TIMEOUT_SECONDS = 30.0
-
-
-def free_port() -> int:
-    """A port free *now*. Racy by nature (another process may take it before the caller binds it):
-    kept only for tests/testing/test_wire.py (owned elsewhere), which starts the emulator's own
-    command line with ``--port``. Servers started here bind port 0 themselves instead."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @contextmanager

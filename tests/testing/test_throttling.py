@@ -149,8 +149,13 @@ def test_rate_limits_are_configurable(clock) -> None:
         clock.advance(1)
         run(client, image)
         assert error(lambda: run(client, image))["Error"]["Code"] == "ThrottlingException"
+        before = emu.calls.get("GetMicrovm", 0)
         for _ in range(300):
-            client.get_microvm(microvmIdentifier=vm_id)  # unlimited
+            assert client.get_microvm(microvmIdentifier=vm_id)["microvmId"] == vm_id  # unlimited
+        # 300 at one virtual instant, far past GetMicrovm's documented rate: none held, none refused.
+        assert emu.calls["GetMicrovm"] - before == 300
+        assert emu.throttled.get("GetMicrovm", 0) == 0
+        assert not [r for r in emu.requests if r.operation == "GetMicrovm" and (r.status != 200 or r.held_seconds)]
         with pytest.raises(ValueError):
             emu.set_rate_limit("RunMicrovm", float("nan"), 1)
         with pytest.raises(ValueError):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import email.utils
 import http.client
 import json
+import queue
 import re
 import subprocess
 import sys
@@ -20,7 +21,6 @@ from rayito_constructs.testing import MicrovmsBackend, MicrovmsEmulator, Virtual
 from rayito_constructs.testing.microvms import IMPLEMENTED
 
 from ..emulator_helpers import assert_fits_model, microvms_client
-from ..moto_server import free_port
 from .helpers import BASE, ROLE, error, run
 
 ARN = "arn:aws:lambda:us-east-1:123456789012:microvm-image:x"
@@ -239,16 +239,32 @@ def test_many_threads_at_once_over_http(emulator, image) -> None:
     assert len(emulator.microvms()) == 40
 
 
+def _lines_of(stream) -> "queue.Queue[str]":
+    """``stream``'s lines, read in a thread: ``get(timeout=...)`` fails a test instead of hanging it."""
+    lines: "queue.Queue[str]" = queue.Queue()
+
+    def read() -> None:
+        for line in stream:
+            lines.put(line)
+
+    threading.Thread(target=read, daemon=True).start()
+    return lines
+
+
 def test_command_line_server() -> None:
-    port = free_port()
+    # --port 0: the server binds a free port itself and prints it (no probe-then-bind race).
     proc = subprocess.Popen(
-        [sys.executable, "-m", "rayito_constructs.testing.microvms", "--port", str(port), "--virtual-clock",
+        [sys.executable, "-m", "rayito_constructs.testing.microvms", "--port", "0", "--virtual-clock",
          "--pending-seconds", "5", "--consistency-seconds", "0", "--image", "cli-agente:1024"],
         stdout=subprocess.PIPE, text=True,
     )
     try:
-        image = proc.stdout.readline().strip()
-        assert proc.stdout.readline().strip() == f"MicroVMs emulator on http://127.0.0.1:{port}"
+        lines = _lines_of(proc.stdout)
+        image = lines.get(timeout=60).strip()
+        announced = re.fullmatch(r"MicroVMs emulator on http://127\.0\.0\.1:(\d+)", lines.get(timeout=60).strip())
+        assert announced, "the emulator did not say where it listens"
+        port = int(announced.group(1))
+        assert port > 0
         client = microvms_client(f"http://127.0.0.1:{port}")
         vm_id = client.run_microvm(imageIdentifier=image)["microvmId"]
 
