@@ -11,6 +11,8 @@
                                                     # custom metrics, alarms, a dashboard (docs/operations.md)
     npx cdk synth -c log_retention=30               # days the library's function logs are kept
     npx cdk synth -c saved_queries=false            # no saved Logs Insights queries
+    npx cdk synth -c keep_image_versions=10         # image versions kept (none: never prune; docs/image.md)
+    npx cdk synth -c retain_vms_on_delete=true      # cdk destroy leaves the VMs running (docs/teardown.md)
 
 Every option of ``rayito-constructs plan`` is accepted as context under its library name
 (``min_vms``, ``memory_mib``, ``idle``, ``env``, ``save_recipe=false``...), checked like a key of
@@ -67,6 +69,8 @@ def main(app: "Optional[object]" = None) -> int:
             metrics=options.get("metrics", False),
             dashboard=options.get("dashboard"),
             saved_queries=options.get("saved_queries", True),
+            retain_vms_on_delete=options.get("retain_vms_on_delete", False),
+            keep_image_versions=options.get("keep_image_versions", 5),
             alarm_actions=list(options.get("alarm_actions", ())) or None,
             **({"log_retention": retention_from_days(options["log_retention"])} if "log_retention" in options else {}),
             env=cdk.Environment(

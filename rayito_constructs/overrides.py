@@ -113,6 +113,8 @@ APP_CONTEXT: dict[str, str] = {
     "saved_queries": "true or false",
     "alarm_actions": "SNS topic ARNs, comma-separated",
     "log_retention": "a CloudWatch Logs retention in days (90), 0 for never expire",
+    "retain_vms_on_delete": "true or false",
+    "keep_image_versions": "a whole number of image versions from 1 to 49 (5), or none",
 }
 
 
@@ -176,7 +178,7 @@ def read_context(context: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, 
         else:
             raw[table] = variables
     for key in ("metadata_index", "keep_recipe", "scope_microvm_actions_to_image", "metrics", "dashboard",
-                "saved_queries"):
+                "saved_queries", "retain_vms_on_delete"):
         if key in app:
             flag = _flag(app[key])
             if not isinstance(flag, bool):
@@ -189,6 +191,8 @@ def read_context(context: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, 
         app["alarm_actions"] = _topics(app["alarm_actions"], problems)
     if "log_retention" in app:
         app["log_retention"] = _retention(app["log_retention"], problems)
+    if "keep_image_versions" in app:
+        app["keep_image_versions"] = _versions_kept(app["keep_image_versions"], problems)
     overrides: dict[str, Any] = {}
     for key, value in raw.items():
         try:
@@ -216,6 +220,19 @@ def _topics(value: Any, problems: list[Problem]) -> tuple[str, ...]:
         problems.append(Problem("alarm_actions", f"-c alarm_actions: {len(arns)} topics; a CloudWatch alarm takes "
                                                  f"at most {MAX_ALARM_ACTIONS} actions"))
     return arns
+
+
+def _versions_kept(value: Any, problems: list[Problem]) -> Any:
+    """``-c keep_image_versions=5`` (``none``: never prune). The limits are ``ImagePruner``'s: an
+    image holds at most 50 versions, and the next build needs room for one."""
+    if isinstance(value, str) and value.strip().lower() == "none":
+        return None
+    kept = _whole(value)
+    if isinstance(kept, bool) or not isinstance(kept, int) or not 1 <= kept <= 49:
+        problems.append(Problem("keep_image_versions", f"-c keep_image_versions: {show(value)} is not "
+                                                       f"{APP_CONTEXT['keep_image_versions']}"))
+        return 5
+    return kept
 
 
 def _retention(value: Any, problems: list[Problem]) -> Any:

@@ -95,8 +95,15 @@ def test_names_plan_accepts_synthesize(monkeypatch, tmp_path, capsys, agent, fol
             "-c env: GITHUB_TOKEN looks like a secret (it ends in _TOKEN); pass it with --secret-env "
             "GITHUB_TOKEN=<secret> so the recipe keeps only its name"
         ]),
+        ({"keep_image_versions": "50", "retain_vms_on_delete": "perhaps"}, [
+            "-c retain_vms_on_delete: 'perhaps' is not true or false",
+            "-c keep_image_versions: '50' is not a whole number of image versions from 1 to 49 (5), or none",
+        ]),
+        ({"keep_image_versions": "٣"}, None),
+        ({"keep_image_versions": "2.5"}, None),
     ],
-    ids=["unknown-key", "dotdot", "name-and-idle", "flag-and-limit", "project", "image-arn", "env-secret"],
+    ids=["unknown-key", "dotdot", "name-and-idle", "flag-and-limit", "project", "image-arn", "env-secret",
+         "lifecycle", "versions-unicode-digit", "versions-fraction"],
 )
 def test_mistakes_are_one_line_each_and_exit_2(monkeypatch, tmp_path, capsys, context, lines) -> None:
     code, err, outdir = synth(monkeypatch, tmp_path, capsys, **context)
@@ -154,3 +161,22 @@ def test_the_banner_is_the_users_choice() -> None:
                             capture_output=True, text=True, timeout=300)
     node = subprocess.run(["node", "--version"], capture_output=True, text=True, timeout=30).stdout
     assert (BANNER in result.stderr) is node.startswith("v20.")
+
+
+def test_lifecycle_context_reaches_the_stack(monkeypatch, tmp_path, capsys) -> None:
+    """``-c retain_vms_on_delete`` and ``-c keep_image_versions`` (docs/teardown.md, docs/image.md)."""
+    code, err, outdir = synth(monkeypatch, tmp_path, capsys, keep_image_versions="9")
+    assert code == 0, err
+    (template,) = stacks(outdir).values()
+    (pruner,) = [r for r in template["Resources"].values() if r["Type"] == "Custom::RayitoImagePruner"]
+    assert pruner["Properties"]["KeepVersions"] == "9"
+    (teardown,) = [r for r in template["Resources"].values() if r["Type"] == "Custom::RayitoFleetTeardown"]
+    assert teardown["Properties"]["RetainVms"] == "false"  # off means off by default
+    code, err, outdir = synth(monkeypatch, tmp_path / "b", capsys, keep_image_versions="none",
+                              retain_vms_on_delete="true")
+    assert code == 0, err
+    (template,) = stacks(outdir).values()
+    types = {r["Type"] for r in template["Resources"].values()}
+    assert "Custom::RayitoImagePruner" not in types
+    (teardown,) = [r for r in template["Resources"].values() if r["Type"] == "Custom::RayitoFleetTeardown"]
+    assert teardown["Properties"]["RetainVms"] == "true"
