@@ -160,3 +160,20 @@ def test_a_failed_peek_at_a_pending_parked_vm_falls_back_to_a_list(aws, monkeypa
         fleet.invoke(monkeypatch)
         assert Counter(vm["state"] for vm in fleet.live()) == {"RUNNING": 1, "SUSPENDED": 2}
         _tokens_unique(fleet)
+
+
+def test_with_max_vms_equal_to_min_vms_a_successor_starts_the_second_its_predecessor_ends(aws, monkeypatch) -> None:
+    """No headroom and nothing parked: the successor cannot start before the expiry (that would be
+    above max_vms); the tick running at the expiry wakes one second after it instead of leaving the
+    slot to the next scheduled minute."""
+    env = {"MIN_VMS": "1", "WARM_VMS": "0", "MAX_VMS": "1", "MAX_LIFETIME_SECONDS": "620",
+           "SUCCESSOR_LEAD_SECONDS": "300", "IDLE_SECONDS": ""}
+    with deployed_fleet(aws, env=env, pending_seconds=2) as fleet:
+        for _ in range(13):
+            fleet.every_minute(monkeypatch, 1)
+            assert len(fleet.live()) <= 1
+        vms = sorted(fleet.emulator._ever, key=lambda vm: vm.started_at)
+        assert len(vms) == 2 and vms[0].max_duration == 620
+        ended = next(at for at, state, *_ in vms[0].history if state == "TERMINATING")
+        assert 0 <= vms[1].started_at - ended <= 3
+        assert len(fleet.live(("RUNNING",))) == 1
