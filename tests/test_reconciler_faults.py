@@ -177,3 +177,26 @@ def test_with_max_vms_equal_to_min_vms_a_successor_starts_the_second_its_predece
         ended = next(at for at, state, *_ in vms[0].history if state == "TERMINATING")
         assert 0 <= vms[1].started_at - ended <= 3
         assert len(fleet.live(("RUNNING",))) == 1
+
+
+def test_a_redrive_of_a_slot_dead_in_doubt_asks_its_token_again_first(aws, monkeypatch) -> None:
+    """A slot dead-lettered after 500s (each may have made a VM: in doubt) keeps its generation
+    when redriven: the first call after it is the same token, which returns the VM a lost call
+    made, if any; never a second VM for the slot."""
+    with deployed_fleet(aws, env={"MIN_VMS": "1", "WARM_VMS": "0", "MAX_VMS": "2"}) as fleet:
+        outage = fleet.emulator.inject("RunMicrovm", "InternalServer", times=None, caller=RECONCILER_CALLER)
+        fleet.every_minute(monkeypatch, 3)
+        (letter,) = fleet.dead_letters()
+        assert letter["kind"] == "service" and letter["in_doubt"] is True
+        before = fleet.ledger_slots()["base-0"]
+        tokens = {r.client_token for r in fleet.emulator.requests if r.operation == "RunMicrovm"}
+        assert len(tokens) == 1
+        fleet.emulator.remove_fault(outage)
+        redriven = fleet.invoke(monkeypatch, {"action": "redrive"})
+        assert redriven.result["redriven"] == ["base-0"]
+        after = fleet.ledger_slots()["base-0"]
+        assert after["phase"] == "queued" and after["generation"] == before["generation"]
+        fleet.every_minute(monkeypatch, 1)
+        runs = [r for r in fleet.emulator.requests if r.operation == "RunMicrovm"]
+        assert {r.client_token for r in runs} == tokens and runs[-1].status == 200
+        assert Counter(vm["state"] for vm in fleet.live()) == {"RUNNING": 1}
