@@ -135,7 +135,7 @@ def redrive(reconciler: Reconciler, lease_seconds: float = 60.0) -> dict[str, An
     """Reset dead-lettered slots so the next step tries them again (under the tick lease)."""
     fleet = reconciler.spec.fleet
     if not reconciler.begin_tick(lease_seconds, lease_seconds):
-        return {"fleet": fleet, "skipped": "tick_in_progress"}
+        return {"fleet": fleet, "skipped": "tick_in_progress"}  # pragma: no cover - both ledgers' acquire_tick always takes the lease (a fenced takeover)
     reset = []
     try:
         slots, _ = reconciler.ledger.load(fleet)
