@@ -863,9 +863,14 @@ def _intervals(vm: dict[str, Any]) -> list[tuple[float, float, str]]:
 
 
 def _end_of(vm: dict[str, Any]) -> Optional[float]:
+    """When the VM ended, or, for one still live when the day stops, when the service will end it
+    (``startedAt + maximumDurationInSeconds``): a successor started within the retiring window of
+    that expiry is a successor, not a duplicate, whether or not the expiry falls inside the day."""
     for at, state, _ in vm["history"]:
         if state in ("TERMINATING", "TERMINATED"):
             return at
+    if vm.get("maximumDurationInSeconds") and vm.get("startedAt") is not None:
+        return float(vm["startedAt"]) + float(vm["maximumDurationInSeconds"])
     return None
 
 

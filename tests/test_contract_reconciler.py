@@ -152,7 +152,7 @@ def test_the_template_names_what_the_handler_needs(deployed) -> None:
     env = deployed["resource"]["Properties"]["Environment"]["Variables"]
     assert {k for k, v in env.items() if not isinstance(v, str)} == {
         "IMAGE_ARN", "IMAGE_VERSION", "EXECUTION_ROLE_ARN", "LEDGER_TABLE", "BUDGET_TABLE", "DEAD_LETTER_QUEUE_URL"}
-    assert deployed["event"] == {"source": "schedule"}
+    assert deployed["event"] == {"source": "schedule", "fleet": "mi-agente"}  # the schedule names its fleet (#13)
     assert deployed["resource"]["Properties"]["Timeout"] > float(env["TICK_SECONDS"]) + 8  # the margin index.py keeps
 
 

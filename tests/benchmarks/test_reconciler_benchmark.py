@@ -91,6 +91,23 @@ def test_duplicates_are_live_fleet_vms_beyond_one_per_slot_retiring_ones_aside()
     assert measure(fleet(), replaced)["duplicates_peak"] == 0
 
 
+def test_a_successor_of_a_vm_that_expires_after_the_day_is_not_a_duplicate() -> None:
+    """The day stops (END = START + 3600) before the service ends the predecessor: its end is its
+    expiry (startedAt + maximumDurationInSeconds), and only a successor within the retiring window
+    of it is one (found at 37 fleets, seed 5: one VM counted twice at the day's last sample)."""
+    def expiring(at: float, lifetime: float) -> dict[str, Any]:
+        made = vm("rec-0-1", [(at, "PENDING"), (at + 2, "RUNNING")])
+        made["maximumDurationInSeconds"] = lifetime
+        return made
+
+    base = [vm("rec-0-1", [(0, "PENDING"), (2, "RUNNING")])]
+    successor = vm("rec-0-1", [(3000, "PENDING"), (3002, "RUNNING")])
+    # Expires 4000 s after START, 1000 s after its successor started: within the 1200 s window.
+    assert measure(fleet(), [*base, expiring(0, 4000), successor])["duplicates_peak"] == 0
+    # Expires 10,000 s after START: the "successor" came 7000 s early, so it is a duplicate.
+    assert measure(fleet(), [*base, expiring(0, 10_000), successor])["duplicates_peak"] == 1
+
+
 def test_a_raised_min_is_owed_after_the_grace_a_lowered_one_at_once() -> None:
     f = fleet(min_vms=1)
     f.changes.append((600.0, 3, 4, 0))
