@@ -327,3 +327,44 @@ def test_the_teardown_refuses_an_update_naming_another_fleet_or_ledger(aws, cfn,
             assert answer.calls == {}
         assert world.claim_item() == claim  # the claim is as the Create left it
         assert world.schedule_state() == "ENABLED" and "off" not in world.tick_item()
+
+
+# --------------------------------------------------------------------------- the pruner's refusals by the service
+
+SCHEDULE = {"source": "schedule", "image": "mi-agente"}
+
+
+def test_an_image_within_keep_is_not_touched(emulator, cfn, monkeypatch) -> None:
+    image_with(emulator, 3)
+    world = pruner_world(emulator, emulator.clock, cfn)
+    report, _, _ = world.invoke(monkeypatch, SCHEDULE)
+    assert (report["Outcome"], report["VersionsBefore"], report["Deleted"]) == ("nothing_to_prune", 3, 0)
+    assert version_calls(emulator) == [] and live_versions(emulator) == ["1.0", "2.0", "3.0"]
+
+
+@pytest.mark.parametrize("kind, why", [("AccessDenied", "status_inactive:AccessDeniedException"),
+                                       ("Conflict", "status_inactive:conflicts")])
+def test_a_version_that_cannot_be_made_inactive_is_never_deleted(emulator, cfn, monkeypatch, kind, why) -> None:
+    image_with(emulator, 7)
+    emulator.inject("UpdateMicrovmImageVersion", kind, times=None)
+    world = pruner_world(emulator, emulator.clock, cfn)
+    report, _, _ = world.invoke(monkeypatch, SCHEDULE)
+    assert report["Outcome"] == "nothing_pruned" and report["Deleted"] == 0
+    assert report["Skipped"] == f"1.0:{why},2.0:{why}"
+    assert "DeleteMicrovmImageVersion" not in version_calls(emulator)
+    assert len(live_versions(emulator)) == 7
+    updates = [r for r in emulator.requests if r.operation == "UpdateMicrovmImageVersion"]
+    assert len(updates) == (2 * pruner.MAX_CONFLICTS if kind == "Conflict" else 2)  # bounded, never a hot loop
+
+
+def test_a_delete_that_always_conflicts_gives_up_and_leaves_the_version_inactive(emulator, cfn, monkeypatch) -> None:
+    image_with(emulator, 7)
+    emulator.inject("DeleteMicrovmImageVersion", "Conflict", times=None)
+    world = pruner_world(emulator, emulator.clock, cfn)
+    report, _, _ = world.invoke(monkeypatch, SCHEDULE)
+    assert report["Outcome"] == "nothing_pruned" and report["Skipped"] == "1.0:delete:conflicts,2.0:delete:conflicts"
+    deletes = [r for r in emulator.requests if r.operation == "DeleteMicrovmImageVersion"]
+    assert len(deletes) == 2 * pruner.MAX_CONFLICTS
+    items = emulator.client().list_microvm_image_versions(imageIdentifier=world.image_arn)["items"]
+    status = {v["imageVersion"]: v["status"] for v in items}
+    assert (status["1.0"], status["2.0"], status["3.0"]) == ("INACTIVE", "INACTIVE", "ACTIVE")
