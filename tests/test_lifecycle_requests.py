@@ -368,3 +368,45 @@ def test_a_delete_that_always_conflicts_gives_up_and_leaves_the_version_inactive
     items = emulator.client().list_microvm_image_versions(imageIdentifier=world.image_arn)["items"]
     status = {v["imageVersion"]: v["status"] for v in items}
     assert (status["1.0"], status["2.0"], status["3.0"]) == ("INACTIVE", "INACTIVE", "ACTIVE")
+
+
+# --------------------------------------------------------------------------- the teardown when the service refuses
+
+LIVE = ("PENDING", "RUNNING", "SUSPENDING", "SUSPENDED")
+
+
+@pytest.mark.parametrize("at_teardown, expected", [
+    (("InternalServer", 1), "token_returned_vm"),  # ambiguous again: the same token later
+    (("AccessDenied", None), "no_vm:AccessDeniedException"),  # a definite refusal
+])
+def test_a_lost_run_asked_again_at_teardown_follows_the_services_answer(aws, cfn, monkeypatch, at_teardown,
+                                                                         expected) -> None:
+    with deployed_fleet(aws, env={"MIN_VMS": "2", "WARM_VMS": "0", "MAX_VMS": "3"}) as fleet:
+        world = teardown_world(fleet, cfn, aws)
+        world.invoke(monkeypatch, world.event("Create"))
+        made = "lost_response" if expected == "token_returned_vm" else "InternalServer"
+        armed = fleet.emulator.inject("RunMicrovm", made, times=None)
+        fleet.invoke(monkeypatch, timeout=10)  # every answer lost: the slots are in doubt
+        fleet.emulator.remove_fault(armed)
+        assert len([s for s in fleet.ledger_slots().values() if s["in_doubt_since"]]) == 2
+        kind, times = at_teardown
+        fleet.emulator.inject("RunMicrovm", kind, times=times)
+        deleted = world.invoke(monkeypatch, world.event("Delete"))
+        assert deleted.status == "SUCCESS" and deleted.data["InDoubtResolved"] == "2"
+        assert set(deleted.report()["in_doubt"].values()) == {expected}
+        assert not [vm for vm in fleet.emulator.microvms()
+                    if (vm["clientToken"] or "").startswith("rz1-") and vm["state"] in LIVE]
+
+
+def test_a_schedule_already_deleted_is_reported_gone_and_the_vms_still_end(aws, cfn, monkeypatch) -> None:
+    from .lifecycle_harness import aws_client
+
+    with deployed_fleet(aws, env={"MIN_VMS": "1", "WARM_VMS": "0", "MAX_VMS": "2"}) as fleet:
+        world = teardown_world(fleet, cfn, aws)
+        world.invoke(monkeypatch, world.event("Create"))
+        fleet.every_minute(monkeypatch, 2)
+        ours = sorted(vm["microvmId"] for vm in fleet.ours())
+        aws_client("scheduler", aws).delete_schedule(Name=world.schedule_name)
+        deleted = world.invoke(monkeypatch, world.event("Delete"))
+        assert deleted.status == "SUCCESS" and deleted.data["ScheduleDisabled"] == "gone"
+        assert deleted.data["Outcome"] == "ended" and {fleet.emulator.state_of(vm) for vm in ours} == {"TERMINATED"}
