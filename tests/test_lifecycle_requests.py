@@ -410,3 +410,23 @@ def test_a_schedule_already_deleted_is_reported_gone_and_the_vms_still_end(aws, 
         deleted = world.invoke(monkeypatch, world.event("Delete"))
         assert deleted.status == "SUCCESS" and deleted.data["ScheduleDisabled"] == "gone"
         assert deleted.data["Outcome"] == "ended" and {fleet.emulator.state_of(vm) for vm in ours} == {"TERMINATED"}
+
+
+def test_a_run_short_of_time_deletes_nothing_it_could_not_see_through_and_the_next_run_does(emulator, cfn,
+                                                                                              monkeypatch) -> None:
+    """Too little time left after the settle for a delete and the wait for the image: the versions
+    stay INACTIVE (no VM can start from them) and the next run deletes them."""
+    image_with(emulator, 7)
+    world = pruner_world(emulator, emulator.clock, cfn)
+    short = pruner.RESERVE_SECONDS + pruner.FINAL_WAIT_SECONDS  # a budget of FINAL_WAIT_SECONDS
+    report, _, _ = world.invoke(monkeypatch, SCHEDULE, timeout=short)
+    assert report["Outcome"] == "nothing_pruned" and report["Skipped"] == "1.0:out_of_time,2.0:out_of_time"
+    assert "DeleteMicrovmImageVersion" not in version_calls(emulator) and len(live_versions(emulator)) == 7
+    items = emulator.client().list_microvm_image_versions(imageIdentifier=world.image_arn)["items"]
+    assert [v["imageVersion"] for v in items if v["status"] == "INACTIVE"] == ["1.0", "2.0"]
+    updates = len([r for r in emulator.requests if r.operation == "UpdateMicrovmImageVersion"])
+    report, _, _ = world.invoke(monkeypatch, SCHEDULE)
+    assert report["Outcome"] == "pruned" and report["DeletedVersions"] == "1.0,2.0"
+    assert live_versions(emulator) == ["3.0", "4.0", "5.0", "6.0", "7.0"]
+    # Already INACTIVE: not set again.
+    assert len([r for r in emulator.requests if r.operation == "UpdateMicrovmImageVersion"]) == updates
