@@ -377,7 +377,7 @@ LIVE = ("PENDING", "RUNNING", "SUSPENDING", "SUSPENDED")
 
 @pytest.mark.parametrize("at_teardown, expected", [
     (("InternalServer", 1), "token_returned_vm"),  # ambiguous again: the same token later
-    (("AccessDenied", None), "no_vm:AccessDeniedException"),  # a definite refusal
+    (("InsufficientCapacity", None), "no_vm:InsufficientCapacityException"),  # weighed, none made
 ])
 def test_a_lost_run_asked_again_at_teardown_follows_the_services_answer(aws, cfn, monkeypatch, at_teardown,
                                                                          expected) -> None:
@@ -430,3 +430,24 @@ def test_a_run_short_of_time_deletes_nothing_it_could_not_see_through_and_the_ne
     assert live_versions(emulator) == ["3.0", "4.0", "5.0", "6.0", "7.0"]
     # Already INACTIVE: not set again.
     assert len([r for r in emulator.requests if r.operation == "UpdateMicrovmImageVersion"]) == updates
+
+
+@pytest.mark.parametrize("made", ["lost_response", "InternalServer"])
+def test_a_refused_re_ask_proves_nothing_and_is_reported(aws, cfn, monkeypatch, made) -> None:
+    """A lost run asked again at teardown and refused before its token is looked at (403): whether
+    the lost call made a VM is unknown, so the teardown reports it unresolved (not_all_ended)
+    instead of calling the fleet ended while its VMs run (found: Outcome=ended, VMs=0 and both
+    VMs PENDING)."""
+    with deployed_fleet(aws, env={"MIN_VMS": "2", "WARM_VMS": "0", "MAX_VMS": "3"}) as fleet:
+        world = teardown_world(fleet, cfn, aws)
+        world.invoke(monkeypatch, world.event("Create"))
+        armed = fleet.emulator.inject("RunMicrovm", made, times=None)
+        fleet.invoke(monkeypatch, timeout=10)
+        fleet.emulator.remove_fault(armed)
+        assert len([s for s in fleet.ledger_slots().values() if s["in_doubt_since"]]) == 2
+        fleet.emulator.inject("RunMicrovm", "AccessDenied", times=None)
+        deleted = world.invoke(monkeypatch, world.event("Delete"))
+        assert deleted.status == "SUCCESS"  # teardown_failure="warn": reported, the delete goes on
+        assert deleted.data["Outcome"] == "not_all_ended"
+        assert set(deleted.report()["unresolved"].values()) == {"refused:AccessDeniedException"}
+        assert "unresolved" in deleted.body["Reason"] or deleted.data.get("Unresolved") in ("2", 2)

@@ -56,6 +56,9 @@ from .index import MICROVMS_CONFIG, STORE_CONFIG, session
 from .ledger import DynamoDBLedger
 
 RESOURCE_TYPE = "Custom::RayitoFleetTeardown"
+#: RunMicrovm errors that come after the service weighed making a VM for the token (capacity, quota):
+#: the only refusals of a lost run's token asked again that show it holds no VM.
+_RUN_EVALUATED_NO_VM = frozenset({"InsufficientCapacityException", "ServiceQuotaExceededException"})
 NAMESPACE = "Rayito/Fleet"
 SERVICE = "rayito-fleet-teardown"
 CLAIM_KEY = "#teardown"
@@ -314,8 +317,14 @@ class Teardown:
                     _sleep(min(backoff, max(0.0, self._time_left())))
                     backoff = min(8.0, backoff * 2)
                     continue
-                # A definite refusal: this token holds no VM (a VM it made would be returned).
-                self.in_doubt[slot.slot_id] = f"no_vm:{code}"
+                if code in _RUN_EVALUATED_NO_VM:
+                    # The service weighed a new VM for this token and made none: a VM the lost call
+                    # had made would have been returned instead.
+                    self.in_doubt[slot.slot_id] = f"no_vm:{code}"
+                    return
+                # Refused before the token was looked at (AccessDenied, Validation, NotFound...):
+                # proof of nothing about what the lost call made. Reported, never taken as "no VM".
+                self.unresolved[slot.slot_id] = f"refused:{code}"
                 return
             except BotoCoreError as exc:
                 last = type(exc).__name__
