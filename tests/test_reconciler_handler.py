@@ -161,6 +161,67 @@ def test_a_holder_that_ends_too_late_or_already_is_taken_over_at_once(aws, monke
         assert len(fleet.ours()) == 1
 
 
+class Killed(BaseException):
+    """The Lambda was killed: nothing more runs in it, not even ``finally`` blocks' writes."""
+
+
+class _Killable:
+    """A client or store of an execution environment killed after ``calls`` MicroVMs calls."""
+
+    def __init__(self, target: Any, state: dict[str, int], counts: bool) -> None:
+        self._target, self._state, self._counts = target, state, counts
+
+    def __getattr__(self, name: str) -> Any:
+        attribute = getattr(self._target, name)
+        if not callable(attribute) or name.startswith("_") or name == "exceptions":
+            return attribute
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            if self._state["left"] <= 0:
+                raise Killed(name)
+            if self._counts:
+                self._state["left"] -= 1
+            return attribute(*args, **kwargs)
+
+        return call
+
+
+def test_an_invocation_that_cannot_wait_for_a_live_holder_skips_and_the_holder_still_acts(aws, monkeypatch) -> None:
+    """#11 (37 fleets, seed 3): a holder mid-tick whose recorded end is plausible but later than
+    an overlapping invocation can wait for. The newcomer skips (the holder covers the fleet until
+    its end) instead of taking the lease over; so when it dies after its first call, the holder
+    still starts the successor of a VM that ends (taken over, the holder stopped at its next
+    write and the fleet waited for the next schedule: a 20.7 s dip)."""
+    with deployed_fleet(aws, env={"MIN_VMS": "1", "WARM_VMS": "0", "MAX_VMS": "1"}) as fleet:
+        holder = fleet.reconciler(monkeypatch)
+        assert holder.begin_tick(120, 50)  # its tick ends in 50 s
+        holder.step()
+        (first,) = fleet.ours()
+        fleet.clock.advance(3)
+        newcomer = fleet.reconciler(monkeypatch)
+        state = {"left": 1}
+        newcomer.microvms = _Killable(newcomer.microvms, state, counts=True)
+        newcomer.ledger = _Killable(newcomer.ledger, state, counts=False)
+        newcomer.telemetry = _Killable(newcomer.telemetry, state, counts=False)
+        index._RECONCILER = newcomer
+        try:
+            run = fleet.invoke(monkeypatch, cold=False)  # 47 s to wait for, 45 s it could spare
+        except Killed:
+            run = None
+        assert run is not None and run.result["skipped"] == "holder_covers_fleet", run
+        (skipped,) = run.events("tick_skipped")
+        assert skipped["reason"] == "holder_covers_fleet" and 46 < skipped["holder_ends_in"] <= 47
+        assert run.calls == {}  # no MicroVMs call: the holder's lease and tokens are untouched
+        fleet.emulator.client().terminate_microvm(microvmIdentifier=first["microvmId"])
+        fleet.clock.advance(5)
+        runs = fleet.emulator.calls["RunMicrovm"]
+        holder.step()  # the holder still holds the fence: it replaces the ended VM
+        assert fleet.emulator.calls["RunMicrovm"] == runs + 1
+        assert [vm["microvmId"] for vm in fleet.ours()] != [first["microvmId"]] and len(fleet.ours()) == 1
+        holder.end_tick()
+        assert_no_duplicates(fleet)
+
+
 # --------------------------------------------------------------------------- #11.1 ownership
 
 
