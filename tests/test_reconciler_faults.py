@@ -131,7 +131,7 @@ def test_a_deploy_that_changes_the_spec_tries_a_dead_slot_again(aws, monkeypatch
     token and filled, with no redrive event needed."""
     with deployed_fleet(aws, env={"MIN_VMS": "1", "WARM_VMS": "0", "MAX_VMS": "2"}) as fleet:
         denied = fleet.emulator.inject("RunMicrovm", "AccessDenied", times=None, caller=RECONCILER_CALLER)
-        fleet.every_minute(monkeypatch, 5)
+        fleet.every_minute(monkeypatch, 5, cold=True)  # a new execution environment: the dead one is gone
         (letter,) = fleet.dead_letters()
         assert letter["kind"] == "request" and fleet.ledger_slots()["base-0"]["phase"] == "dead"
         generation = fleet.ledger_slots()["base-0"]["generation"]
@@ -201,3 +201,84 @@ def test_a_redrive_of_a_slot_dead_in_doubt_asks_its_token_again_first(aws, monke
         runs = [r for r in fleet.emulator.requests if r.operation == "RunMicrovm"]
         assert {r.client_token for r in runs} == tokens and runs[-1].status == 200
         assert Counter(vm["state"] for vm in fleet.live()) == {"RUNNING": 1}
+
+
+class _Killed(BaseException):
+    """The Lambda was killed: nothing more runs in it, not even ``finally`` blocks' writes."""
+
+
+class _KilledAfter:
+    """A client or store of an execution environment that dies after ``left`` MicroVMs calls."""
+
+    def __init__(self, target, state: dict, counts: bool) -> None:
+        self._target, self._state, self._counts = target, state, counts
+
+    def __getattr__(self, name: str):
+        attribute = getattr(self._target, name)
+        if not callable(attribute) or name.startswith("_") or name == "exceptions":
+            return attribute
+
+        def call(*args, **kwargs):
+            if self._state["left"] <= 0:
+                raise _Killed(name)
+            if self._counts:
+                self._state["left"] -= 1
+            return attribute(*args, **kwargs)
+
+        return call
+
+
+@pytest.mark.parametrize("refusal", ["AccessDenied", "Validation"])
+def test_a_retried_token_refused_before_it_is_looked_at_stays_in_doubt(aws, monkeypatch, refusal) -> None:
+    """A tick dies right after its RunMicrovm made a VM (the answer never written down); every
+    retry of that token is refused before the service looks at the token (403/400/404). The
+    refusal proves nothing about the first call: the slot stays in doubt (counted, the same token,
+    dead-lettered with its reason and ``in_doubt``), and a redrive asks that token again, which
+    returns the VM the first call made. Taken as "no VM", the slot got a new token once
+    redriven: a second VM for one slot, the first one left running as a stray."""
+    with deployed_fleet(aws, env={"MIN_VMS": "1", "WARM_VMS": "0", "MAX_VMS": "3"}) as fleet:
+        dying = fleet.reconciler(monkeypatch)
+        state = {"left": 2}  # ListMicrovms, RunMicrovm: then killed before the answer is saved
+        dying.microvms = _KilledAfter(dying.microvms, state, counts=True)
+        dying.ledger = _KilledAfter(dying.ledger, state, counts=False)
+        dying.telemetry = _KilledAfter(dying.telemetry, state, counts=False)
+        index._RECONCILER = dying
+        with pytest.raises(_Killed):
+            fleet.invoke(monkeypatch, cold=False)
+        (lost,) = fleet.ours()
+        slot = fleet.ledger_slots()["base-0"]
+        assert slot["phase"] == "starting" and slot["microvm_id"] is None
+        fleet.clock.advance(60)
+        fault = fleet.emulator.inject("RunMicrovm", refusal, times=None, caller=RECONCILER_CALLER)
+        fleet.every_minute(monkeypatch, 5, cold=True)  # a new execution environment: the dead one is gone
+        runs = [r for r in fleet.emulator.requests if r.operation == "RunMicrovm"]
+        assert len({r.client_token for r in runs}) == 1  # never a new token while the VM may run
+        assert [r.status for r in runs[1:]] == [{"AccessDenied": 403, "Validation": 400}[refusal]] * (len(runs) - 1)
+        assert len(runs) == 4  # the first call, then max_start_attempts refusals: bounded
+        (letter,) = fleet.dead_letters()
+        assert letter["in_doubt"] is True and letter["kind"] == "request" and letter["reason"].startswith(refusal)
+        slot = fleet.ledger_slots()["base-0"]
+        assert slot["phase"] == "dead" and slot["in_doubt_since"] is not None
+        assert [vm["microvmId"] for vm in fleet.ours()] == [lost["microvmId"]]  # nothing else started
+        fleet.emulator.remove_fault(fault)
+        assert fleet.invoke(monkeypatch, {"action": "redrive"}).result["redriven"] == ["base-0"]
+        fleet.every_minute(monkeypatch, 1)
+        runs = [r for r in fleet.emulator.requests if r.operation == "RunMicrovm"]
+        assert len({r.client_token for r in runs}) == 1 and runs[-1].status == 200
+        assert fleet.ledger_slots()["base-0"]["microvm_id"] == lost["microvmId"]
+        assert [vm["microvmId"] for vm in fleet.ours()] == [lost["microvmId"]]
+
+
+def test_a_retried_token_refused_for_capacity_proves_no_vm(aws, monkeypatch) -> None:
+    """Capacity and the memory quota are refusals after the service weighed a VM for the token
+    (one made earlier would have been returned): the doubt ends (``run_doubt_resolved``), the
+    slot is no longer counted live, and the same token then makes the fleet's one VM."""
+    with deployed_fleet(aws, env={"MIN_VMS": "1", "WARM_VMS": "0", "MAX_VMS": "3"}) as fleet:
+        fleet.emulator.inject("RunMicrovm", "InternalServer", times=1, caller=RECONCILER_CALLER)
+        fleet.emulator.inject("RunMicrovm", "InsufficientCapacity", times=1, caller=RECONCILER_CALLER)
+        runs = fleet.every_minute(monkeypatch, 3)
+        resolved = [e for r in runs for e in r.events("run_doubt_resolved")]
+        assert resolved and resolved[0]["reason"].startswith("no_vm:")
+        calls = [r for r in fleet.emulator.requests if r.operation == "RunMicrovm"]
+        assert len({r.client_token for r in calls}) == 1 and calls[-1].status == 200
+        assert len(fleet.ours()) == 1 and not fleet.dead_letters()

@@ -17,6 +17,12 @@ Errors of a RunMicrovm, by what they prove (docs/reconciler.md "Ownership"):
 * *ambiguous* (``InternalServerException``, any other 5xx, a timeout or a dropped connection):
   the VM may exist. The slot is *in doubt*: it counts as live and retries with the same token
   and parameters, which returns the VM the first call made, if it made one.
+* A *retry* of such a token (or of one a tick sent and died before writing the answer down) that
+  is refused before the service looks at the token (throttled, ``AccessDenied``, ``Validation``,
+  ``ResourceNotFound``) proves nothing about the earlier call: the slot stays in doubt (counted,
+  backed off, dead-lettered still in doubt with its token kept). Only ``InsufficientCapacity``
+  and ``ServiceQuotaExceeded`` (the service weighed a VM for the token and made none; one made
+  earlier would have been returned) end the doubt, as in teardown.py.
 
 Every slot error backs the slot off (2, 8, 32 s ...); ``max_start_attempts`` errors in a row
 dead-letter it, with the reason, in the dead-letter queue.
@@ -68,6 +74,9 @@ CAPACITY_BACKOFF_SECONDS = 5.0
 BACKOFF_CODES = {"ThrottlingException", "ServiceQuotaExceededException", "InsufficientCapacityException"}
 REQUEST_FAILURES = {"ValidationException", "ResourceNotFoundException", "AccessDeniedException"}
 SERVICE_FAILURES = {"ServiceQuotaExceededException", "InsufficientCapacityException"}
+#: RunMicrovm refusals that come after the service weighed making a VM for the token: the only ones
+#: that prove a token an earlier (lost) call used made no VM (as in teardown.py).
+RUN_EVALUATED_NO_VM = frozenset(SERVICE_FAILURES)
 
 
 @dataclass
@@ -503,10 +512,16 @@ class Reconciler:
             code, message, deferral = type(exc).__name__, str(exc), None
             self._emit({"event": "api_error", "operation": "RunMicrovm", "code": code, "error_message": message[:300]})
         status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0) if isinstance(exc, ClientError) else 0
+        # A retry of a token an earlier call may have used (its answer lost, or the tick that sent
+        # it died before writing the answer down): only a refusal that comes after the service
+        # weighed making a VM for the token proves the earlier call made none.
+        retried = intent.retry or slot.in_doubt_since is not None
         if code == "ThrottlingException":
             # Made no VM; the rate's fault, not the slot's: back to the queue (or, in doubt, the
             # same token later), under the shared backoff every reconciler sees.
-            if slot.in_doubt_since is None:
+            if retried:
+                slot.in_doubt_since = slot.in_doubt_since or now
+            else:
                 slot.phase = core.QUEUED
             self._save(slot, slots)
             return deferral  # type: ignore[return-value]
@@ -527,7 +542,19 @@ class Reconciler:
         counted = code not in SERVICE_FAILURES
         slot.errors += 1 if counted else 0
         slot.reason = f"{code}: {message}"[:500]
-        if ambiguous:
+        if code in RUN_EVALUATED_NO_VM:
+            # Capacity or the memory quota: the service weighed a new VM for this token and made
+            # none (one an earlier call had made would have been returned): no longer in doubt.
+            if slot.in_doubt_since is not None or retried:
+                self._emit(core._event("run_doubt_resolved", slot, reason=f"no_vm:{code}"))
+            slot.in_doubt_since = None
+            slot.phase = core.QUEUED
+        elif ambiguous or (retried and code != "ConflictException"):
+            # Ambiguous, or a retry refused before the token was looked at (AccessDenied,
+            # Validation, NotFound...: proof of nothing about what the earlier call made). The slot
+            # stays in doubt: counted live, asked again with the same token, dead-lettered (still
+            # in doubt, its token kept for a redrive) after max_start_attempts; never a new token
+            # while a VM of the old one may run.
             slot.in_doubt_since = slot.in_doubt_since or now
         elif slot.in_doubt_since is None:
             slot.phase = core.QUEUED
