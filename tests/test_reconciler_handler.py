@@ -638,12 +638,38 @@ def test_idle_strays_end_only_when_opted_in(aws, monkeypatch) -> None:
 # --------------------------------------------------------------------------- the shared budget
 
 
-def test_a_busy_shared_budget_is_waited_for_and_due_tokens_are_spent_on_a_recent_list(aws, monkeypatch) -> None:
-    """Other fleets' reconcilers hold the account's RunMicrovm budget for the next 6 s and, once
-    this fleet has listed, its ListMicrovms budget too: the tick waits for the budget (no
-    ListMicrovms on every try), and the tokens that come due while no list can be had are spent
-    on its last list (a few seconds old) instead of being given up. Nothing goes past the quota."""
+def test_a_busy_shared_budget_is_waited_for_before_the_first_list(aws, monkeypatch) -> None:
+    """Other fleets' reconcilers hold the account's RunMicrovm budget for the next 6 s. The ledger
+    says two runs are due (an empty fleet), so the tick reserves their tokens before it lists and
+    lists once, when they come due (#11: at 300 fleets, listing first and again after the wait
+    was a quarter of all calls). Nothing goes past the quota."""
     with deployed_fleet(aws, env={"MIN_VMS": "2", "WARM_VMS": "0", "MAX_VMS": "2"}) as fleet:
+        ddb, table, t0 = fleet.ddb, fleet.env["BUDGET_TABLE"], fleet.clock.now()
+        ddb.put_item(TableName=table, Item={"operation": {"S": "RunMicrovm"}, "tat": {"N": repr(t0 + 6)}})
+        run = fleet.invoke(monkeypatch)
+        runs = [r for r in fleet.emulator.requests if r.operation == "RunMicrovm"]
+        lists = [r.time for r in fleet.emulator.requests if r.operation == "ListMicrovms"]
+        assert len(runs) == 2 and all(r.status == 200 for r in runs)
+        assert min(r.time for r in runs) >= t0 + 3  # after the budget had room for them
+        assert len([t for t in lists if t <= min(r.time for r in runs)]) == 1  # one list, when they came due
+        assert lists[0] >= t0 + 3
+        assert run.metrics("Deferrals")  # told
+        assert len(fleet.ours()) == 2
+        assert_no_duplicates(fleet)
+
+
+def test_due_tokens_are_spent_on_a_recent_list_when_no_list_can_be_had(aws, monkeypatch) -> None:
+    """A converged fleet loses a VM (the ledger still says both are there, so the tick lists
+    first); the RunMicrovm budget is held by others for 6 s, and once the fleet has listed its
+    ListMicrovms budget too: the tick waits for the run budget with no list on every try, and the
+    token that comes due while no list can be had is spent on its last list (a few seconds old)
+    instead of being given up."""
+    with deployed_fleet(aws, env={"MIN_VMS": "2", "WARM_VMS": "0", "MAX_VMS": "2"}) as fleet:
+        fleet.invoke(monkeypatch)
+        fleet.clock.advance(60)
+        assert len(fleet.ours()) == 2
+        fleet.emulator.client().terminate_microvm(microvmIdentifier=fleet.ours()[0]["microvmId"])
+        fleet.clock.advance(1)
         ddb, table, t0 = fleet.ddb, fleet.env["BUDGET_TABLE"], fleet.clock.now()
 
         def busy(operation: str, until: float) -> None:
@@ -653,18 +679,20 @@ def test_a_busy_shared_budget_is_waited_for_and_due_tokens_are_spent_on_a_recent
         lists: list[float] = []
 
         def on_request(record: Any) -> None:
-            if record.operation == "ListMicrovms" and record.caller == RECONCILER_CALLER:
+            if record.operation == "ListMicrovms" and record.caller == RECONCILER_CALLER and record.time >= t0:
                 lists.append(record.time)
                 if len(lists) == 1:
-                    busy("ListMicrovms", record.time + 6)
+                    busy("ListMicrovms", record.time + 11)  # none for 10 s (its burst), none reserved for 8
 
         fleet.emulator.subscribe(on_request)
+        before = len([r for r in fleet.emulator.requests if r.operation == "RunMicrovm"])
         run = fleet.invoke(monkeypatch)
-        runs = [r for r in fleet.emulator.requests if r.operation == "RunMicrovm"]
-        assert len(runs) == 2 and all(r.status == 200 for r in runs)
-        assert min(r.time for r in runs) >= t0 + 3  # after the budget had room for them
+        runs = [r for r in fleet.emulator.requests if r.operation == "RunMicrovm"][before:]
+        assert len(runs) == 1 and runs[0].status == 200
+        assert runs[0].time >= t0 + 3  # after the budget had room for it
+        assert runs[0].time < lists[0] + 8  # on the last list, before any new one could be had
         assert lists[0] == pytest.approx(t0, abs=0.01)
-        assert not [t for t in lists if t0 < t < min(r.time for r in runs)]  # no list while waiting
-        assert run.metrics("Deferrals")  # told
+        assert not [t for t in lists if t0 < t < runs[0].time]  # no list while waiting
+        assert run.metrics("Deferrals")
         assert len(fleet.ours()) == 2
         assert_no_duplicates(fleet)

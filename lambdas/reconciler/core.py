@@ -214,6 +214,24 @@ def desired_slot_ids(spec: FleetSpec) -> list[tuple[str, str]]:
     return [(f"base-{i}", BASE) for i in range(spec.min_vms)] + [(f"warm-{i}", WARM) for i in range(spec.warm_vms)]
 
 
+def ledger_demand(spec: FleetSpec, slots: Mapping[str, "Slot"], now: float) -> int:
+    """How many RunMicrovm calls the ledger alone says are due: wanted slots with no VM and no
+    backoff (missing ones included), at most the headroom the ledger's own VMs leave under
+    ``max_vms``. A tick reserves that many tokens of the shared budget *before* its first list,
+    so a fleet that must wait for them lists once, when they come due, instead of listing, waiting
+    and listing again. An estimate: the list and the plan still decide every call."""
+    due = 0
+    for slot_id, _role in desired_slot_ids(spec):
+        slot = slots.get(slot_id)
+        if slot is None:
+            due += 1
+        elif (slot.microvm_id is None and slot.phase != DEAD and not slot.draining
+              and (slot.retry_at is None or slot.retry_at <= now)):
+            due += 1
+    held = sum(1 for s in slots.values() if s.microvm_id is not None or _in_doubt(s))
+    return max(0, min(due, spec.max_vms - held))
+
+
 def slot_order(slot_id: str, role: str, spec: Optional["FleetSpec"] = None) -> tuple[float, int, str]:
     """Parked slots spread evenly over the fleet's starts from the first one on (with 6 base and
     2 parked slots: warm-0, base-0, base-1, base-2, warm-1, base-3...), so parking

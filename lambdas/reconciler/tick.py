@@ -42,7 +42,7 @@ from .budget import Deferral, Granted
 from .ledger import FencedOut
 
 #: A tick waits for an overlapping one of its fleet only if this much of its own time is left.
-HOLDER_WAIT_SPARE_SECONDS = 5.0
+HOLDER_WAIT_SPARE_SECONDS = 1.0
 #: A holder's recorded end further ahead than one whole tick plus this is from a clock that runs
 #: ahead (or a longer timeout): not believed, the holder is taken over.
 HOLDER_SKEW_SECONDS = 35.0
@@ -114,6 +114,7 @@ class Reconciler:
     _told: set = field(default_factory=set)  # strays told in this tick
     _offset: float = 0.0  # the service's clock minus ours, from the Date of its answers
     _peek_ids: list = field(default_factory=list)  # VMs the next step asks GetMicrovm about
+    _park_at: Optional[float] = None  # when a parked slot's PENDING VM is worth a look (to park it)
 
     # ------------------------------------------------------------------ ticks and steps
 
@@ -131,6 +132,7 @@ class Reconciler:
         calls = self.api_calls
         outcome: dict[str, Any] = {}
         try:
+            self._demand_from_ledger()
             while True:
                 result = self.step()
                 steps += 1
@@ -181,6 +183,16 @@ class Reconciler:
         self._emit({"event": "tick_skipped", "reason": "holder_covers_fleet", "holder_ends_in": round(until - now, 3)})
         return False
 
+    def _demand_from_ledger(self) -> None:
+        """The runs the ledger says are due become this tick's first demand: reserved before the
+        first list, so a fleet that waits for the shared RunMicrovm budget lists once, when its
+        tokens come due (at hundreds of fleets, listing first and again after the wait was a
+        quarter of all calls)."""
+        slots, _ = self.ledger.load(self.spec.fleet)
+        due = core.ledger_demand(self.spec, slots, self._now())
+        if due:
+            self._demand["RunMicrovm"] = min(due, self.spec.max_starts_per_step)
+
     def begin_tick(self, lease_seconds: float = 120.0, deadline_seconds: float = 50.0) -> bool:
         """Take the fleet's tick lease, from a tick still holding it too: the newest invocation
         has the latest deadline (and a killed one's lease must not hold the fleet back). The
@@ -204,6 +216,7 @@ class Reconciler:
         self._held.clear()
         self._demand.clear()
         self._peek_ids = []
+        self._park_at = None
         self._observation = None
         self._deadline = float("inf")
         self.ledger.release_tick(self.spec.fleet, self.holder)
@@ -226,12 +239,19 @@ class Reconciler:
             self._held.setdefault(operation, [now, 0])[1] += 1  # the token _admit handed out: keep it
             del self._demand[operation]
         ready = any(ready_at <= now + 1e-6 and n >= 1 for ready_at, n in self._held.values())
-        if demand_waits and not ready:
-            wait = min(demand_waits + [at - now for at, n in self._held.values() if n >= 1])
+        # A parked slot's VM that should be RUNNING by now is parked while the fleet waits for
+        # RunMicrovm tokens: SuspendMicrovm (2/s) has its own quota, and left until the run
+        # tokens come due (a whole round of the shared budget at dozens of fleets) the suspends
+        # of every fleet bunch up at the end of convergence.
+        park_due = self._park_at is not None and self._park_at <= now + 1e-6
+        if demand_waits and not ready and not park_due:
+            wait = min(demand_waits + [at - now for at, n in self._held.values() if n >= 1]
+                       + ([self._park_at - now] if self._park_at is not None else []))
             if self.clock() + wait >= self._deadline:
                 return StepResult(None)
             return StepResult(max(MIN_WAIT_SECONDS, wait))
         self._demand.clear()
+        self._park_at = None
         if ready and self._observation is not None and now - self._observation[0] <= OBSERVATION_TTL_SECONDS:
             observed = list(self._observation[1])
         elif not ready and (peeked := self._peek(now)) is not None:
@@ -289,6 +309,8 @@ class Reconciler:
         runs_planned = sum(1 for i in plan.intents if i.kind == "run")
         slots = plan.slots
         budget_out: set[str] = set()
+        run_waits: list[float] = []  # waits for the shared RunMicrovm budget (not for this fleet's VMs)
+        started_warm: list[str] = []
         for intent in plan.intents:
             if intent.kind == "run":
                 slot = slots.get(intent.slot_id)
@@ -306,6 +328,8 @@ class Reconciler:
                 attempts += self.api_calls - calls_before  # every RunMicrovm sent, failed ones too
                 if isinstance(outcome, Deferral):
                     waits.append(outcome.retry_after_seconds)
+                    if outcome.reason in ("budget_empty", "reserved"):
+                        run_waits.append(outcome.retry_after_seconds)
                     if outcome.reason == "budget_empty":
                         self._demand["RunMicrovm"] = want
                     budget_out.add("RunMicrovm")  # empty (or the service said no) for every run after this
@@ -317,6 +341,7 @@ class Reconciler:
                     filled += 1
                     if slot.role == core.WARM:
                         waits.append(core.PENDING_POLL_SECONDS)  # to park it once it runs
+                        started_warm.append(slots[intent.slot_id].microvm_id)
                 elif outcome == "in_doubt":
                     if not intent.retry:
                         live += 1  # the VM may exist (a lost response): counted until proven
@@ -347,8 +372,17 @@ class Reconciler:
         # Waking only for parked slots' PENDING VMs: the next step asks GetMicrovm about them (its
         # own quota, 100/s) on top of this list, instead of listing again (ListMicrovms, 10/s,
         # shared by every fleet, is what a fleet count of dozens waits on while converging).
-        only_pending = plan.pending_warm and not any(w != core.PENDING_POLL_SECONDS for w in waits)
-        self._peek_ids = list(plan.pending_warm) if only_pending and len(plan.pending_warm) <= MAX_PEEKS else []
+        # Waits for the shared RunMicrovm budget do not need a list either: the tokens' step lists
+        # (or uses a list of at most 2 s) when they come due.
+        pending = list(plan.pending_warm)
+        other = list(waits)
+        for w in run_waits:
+            other.remove(w)
+        only_pending = pending and not any(w != core.PENDING_POLL_SECONDS for w in other)
+        self._peek_ids = pending if only_pending and len(pending) <= MAX_PEEKS else []
+        if pending or started_warm:
+            self._park_at = now + (core.PENDING_POLL_SECONDS if started_warm or plan.wake_at is None
+                                   else max(core.PENDING_POLL_SECONDS, plan.wake_at - now))
         if plan.wake_soon:
             waits.append(TRANSITION_POLL_SECONDS)
         if plan.wake_at is not None:
@@ -457,10 +491,13 @@ class Reconciler:
                 held[1] -= 1
                 return Granted(operation, 1)
             return Deferral(operation, held[0] - now, "reserved")
-        burst = int(self.budget.shape(operation)[1])
-        # Never reserve past the tick's deadline: the tick would end holding tokens nobody uses.
-        horizon = max(0.0, min(self.reserve_horizon, self._deadline - self.clock() - 1))
-        decision = self.budget.acquire(operation, now, cost=max(1, min(want, burst)), horizon=horizon)
+        interval, burst_f = self.budget.shape(operation)
+        burst = int(burst_f)
+        cost = max(1, min(want, burst))
+        # Never reserve past the tick's deadline: the tick would end holding tokens nobody uses
+        # (a batch's tokens are due up to (cost - 1) intervals after the horizon).
+        horizon = max(0.0, min(self.reserve_horizon, self._deadline - self.clock() - 1 - (cost - 1) * interval))
+        decision = self.budget.acquire(operation, now, cost=cost, horizon=horizon)
         if isinstance(decision, Deferral):
             self._deferred(decision)
             return decision
