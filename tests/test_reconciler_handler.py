@@ -658,6 +658,27 @@ def test_a_busy_shared_budget_is_waited_for_before_the_first_list(aws, monkeypat
         assert_no_duplicates(fleet)
 
 
+def test_a_parked_slots_vm_is_parked_while_the_fleet_waits_for_run_tokens(aws, monkeypatch) -> None:
+    """#11 (37 fleets): a fleet that waits for the shared RunMicrovm budget (here one token every
+    10 s) still parks the VM it started for a parked slot as soon as it runs (SuspendMicrovm has
+    its own quota). Left until the next run token came due, every fleet's suspends bunched up at
+    the end of convergence, behind the last runs."""
+    env = {"MIN_VMS": "1", "WARM_VMS": "2", "MAX_VMS": "5", "BUDGETS": '{"RunMicrovm":[0.1,1]}'}
+    # The measured 2 s PENDING (no slow first launches of a fresh version).
+    with deployed_fleet(aws, env=env, pending_seconds=2, fresh_launches=0) as fleet:
+        fleet.invoke(monkeypatch)
+        runs = [r for r in fleet.emulator.requests if r.operation == "RunMicrovm"]
+        suspends = [r for r in fleet.emulator.requests if r.operation == "SuspendMicrovm"]
+        assert len(runs) == 3 and all(b.time - a.time >= 9.9 for a, b in zip(runs, runs[1:]))  # as budgeted
+        # warm-0 first (parked slots come early), then base-0 10 s later: warm-0's VM is parked as
+        # soon as it runs, while the fleet waits for the next token (it used to wait for that token).
+        assert suspends and suspends[0].microvm_id == runs[0].microvm_id
+        assert suspends[0].time <= runs[0].time + 5 < runs[1].time  # parked while the fleet waited
+        fleet.clock.advance(60)
+        fleet.invoke(monkeypatch)
+        assert len(fleet.live(("SUSPENDED",))) == 2 and len(fleet.live(("RUNNING",))) == 1
+
+
 def test_due_tokens_are_spent_on_a_recent_list_when_no_list_can_be_had(aws, monkeypatch) -> None:
     """A converged fleet loses a VM (the ledger still says both are there, so the tick lists
     first); the RunMicrovm budget is held by others for 6 s, and once the fleet has listed its
