@@ -71,6 +71,11 @@ QUOTA_402 = (6 * 3600.0, 6 * 3600.0 + 600)
 ROLLOUT = 7 * 3600.0
 SPEC_CHANGE = 9 * 3600.0
 RAISE_GRACE = 120.0
+#: A lowered max_vms is enforced from this long after the change: the deploy invokes the changed
+#: fleet's reconciler within 30 s of it (the only way a reconciler learns of the change before its
+#: next scheduled tick), and a parked VM it ends stops counting at once (TERMINATING is not live).
+#: Before, a sample at the very second of the change counted VMs no reconciler could have ended.
+LOWER_GRACE = 35.0
 DUPLICATE_DELIVERY = 0.02  # EventBridge Scheduler delivers at least once
 KILL_PER_INVOCATION = 0.01
 SKEWED_ENVIRONMENTS = 0.1
@@ -99,6 +104,15 @@ class Fleet:
             if at <= t:
                 owed = min_vms if min_vms <= owed or t >= at + RAISE_GRACE else owed
         return owed
+
+    def max_allowed(self, t: float) -> int:
+        """The ``max_vms`` a sample is judged against: a lowered one from ``LOWER_GRACE`` seconds
+        after the deploy that lowered it, a raised one at once."""
+        allowed = self.max_vms
+        for at, _, max_vms, _ in self.changes:
+            if at <= t:
+                allowed = max_vms if max_vms >= allowed or t >= at + LOWER_GRACE else allowed
+        return allowed
 
     def spec_at(self, t: float) -> tuple[int, int, int]:
         spec = (self.min_vms, self.max_vms, self.warm_vms)
@@ -837,7 +851,7 @@ class _Timeline:
                     continue
                 min_vms, max_vms, warm = fleet.spec_at(t - start)
                 out["samples"] += 1
-                if counts["live"] > max_vms:
+                if counts["live"] > fleet.max_allowed(t - start):
                     out["violations"] += 1
                 out["list_pages"] += max(1, math.ceil(counts["listed"] / 50))
                 allowance = min_vms + warm + (shrink_extra if t < shrink_until else 0)

@@ -117,6 +117,24 @@ def test_a_raised_min_is_owed_after_the_grace_a_lowered_one_at_once() -> None:
     assert result["dips"] == pytest.approx(902 - 600 - bench.RAISE_GRACE)
 
 
+def test_a_lowered_max_is_enforced_after_the_deploys_grace_a_raised_one_at_once() -> None:
+    """#11 (37 fleets, seed 3): max_vms lowered from 13 to 6 at 9 h; the minute sample at that very
+    second counted 8 live VMs no reconciler could have ended yet (the deploy invokes it within
+    30 s). Judged against the old max until LOWER_GRACE has passed; a VM still above the new max
+    after it is a violation."""
+    f = fleet(min_vms=2, max_vms=5)
+    f.changes.append((600.0, 2, 3, 0))  # lowered at minute 10, on a sample
+    vms = [vm("rec-0-1", [(0, "PENDING"), (2, "RUNNING")]) for _ in range(3)]
+    vms.append(vm("rec-0-1", [(0, "PENDING"), (2, "RUNNING"), (610, "TERMINATING"), (613, "TERMINATED")]))  # ended 10 s after
+    assert measure(f, vms)["violations"] == 0
+    late = vms[:3] + [vm("rec-0-1", [(0, "PENDING"), (2, "RUNNING"), (700, "TERMINATING"), (703, "TERMINATED")])]
+    assert measure(f, late)["violations"] == 1  # minute 11: still 4 live against 3
+    raised = fleet(min_vms=2, max_vms=3)
+    raised.changes.append((600.0, 2, 5, 0))
+    assert raised.max_allowed(600.0) == 5 and raised.max_allowed(599.0) == 3
+    assert f.max_allowed(600.0) == 5 and f.max_allowed(600.0 + bench.LOWER_GRACE) == 3
+
+
 def test_the_lower_bound_follows_the_quotas() -> None:
     fleets = [bench.Fleet(0, "a", 10, 20, 0), bench.Fleet(1, "b", 5, 20, 4)]
     # 19 runs at 5/s after a burst of 5: 2.8 s, +2 s PENDING; 4 suspends fit within; +1.4 s SUSPENDING.
