@@ -237,9 +237,10 @@ def test_a_tick_killed_halfway_is_finished_by_the_next(emulator, tables, clock) 
     clock.advance(5)
     fresh = reconciler(emulator, tables, clock, min_vms=2, max_vms=4, warm_vms=0)
     calls = sum(emulator.calls.values())
-    # Its recorded end is plausible (45 s ahead) and too late to wait for: an overlapping tick
-    # skips, the holder covering the fleet (a killed one holds it back at most until its end).
-    assert fresh.tick(deadline_seconds=50, sleep=clock.advance)["skipped"] == "holder_covers_fleet"
+    # Its recorded end is plausible (45 s ahead) and too late to wait for (a tick of 40 s): an
+    # overlapping tick skips, the holder covering the fleet (a killed one holds it back at most
+    # until its end).
+    assert fresh.tick(deadline_seconds=40, sleep=clock.advance)["skipped"] == "holder_covers_fleet"
     assert sum(emulator.calls.values()) == calls
     clock.advance(55)  # the next scheduled tick: the dead tick's end has passed, it takes the lease
     tick(fresh, clock)

@@ -205,7 +205,7 @@ def test_an_invocation_that_cannot_wait_for_a_live_holder_skips_and_the_holder_s
         newcomer.telemetry = _Killable(newcomer.telemetry, state, counts=False)
         index._RECONCILER = newcomer
         try:
-            run = fleet.invoke(monkeypatch, cold=False)  # 47 s to wait for, 45 s it could spare
+            run = fleet.invoke(monkeypatch, cold=False, timeout=40)  # 47 s to wait for, 34 s it could spare
         except Killed:
             run = None
         assert run is not None and run.result["skipped"] == "holder_covers_fleet", run
