@@ -418,3 +418,66 @@ def test_a_ledger_that_is_gone_fails_the_delete_only_when_asked(aws, cfn, monkey
         (line,) = [r for r in answer.records if "TeardownFailed" in r]
         assert line["TeardownFailed"] == 1.0
         assert [r for r in answer.records if r.get("event") == "teardown_error"]
+
+
+# --------------------------------------------------------------------------- time, and ledgers written by others
+
+
+def test_refused_lists_and_throttled_gets_still_confirm_every_end(aws, cfn, monkeypatch) -> None:
+    """ListMicrovms answers 500 to the teardown and GetMicrovm is throttled: each VM is confirmed
+    ended by its own GetMicrovm, paced by the service's retryAfterSeconds."""
+    with deployed_fleet(aws, env={"MIN_VMS": "3", "WARM_VMS": "0", "MAX_VMS": "4"}) as fleet:
+        world = teardown_world(fleet, cfn, aws)
+        world.invoke(monkeypatch, world.event("Create"))
+        ours = converged(fleet, monkeypatch)
+        fleet.emulator.inject("ListMicrovms", "InternalServer", times=None)
+        fleet.emulator.set_rate_limit("GetMicrovm", 0.5, 1, surge=0)
+        deleted = world.invoke(monkeypatch, world.event("Delete"))
+        assert fleet.emulator.throttled.get("GetMicrovm", 0) >= 1
+        gets = [r for r in fleet.emulator.requests if r.operation == "GetMicrovm" and r.status == 200]
+        assert {r.microvm_id for r in gets} == set(ours)
+        assert deleted.data["Outcome"] == "ended" and set(states(fleet, ours).values()) == {"TERMINATED"}
+        assert deleted.data["OtherVms"] == "0"  # no whole list was read: nothing claimed about others
+
+
+def test_a_delete_with_no_time_left_answers_at_once_and_forgets_nothing(aws, cfn, monkeypatch) -> None:
+    """Invoked with no more than the answer's reserve left: the fleet is turned off (the ledger,
+    one write) and CloudFormation is answered; no MicroVMs call goes out after the deadline."""
+    with deployed_fleet(aws, env={"MIN_VMS": "2", "WARM_VMS": "0", "MAX_VMS": "3"}) as fleet:
+        world = teardown_world(fleet, cfn, aws)
+        world.invoke(monkeypatch, world.event("Create"))
+        ours = converged(fleet, monkeypatch)
+        deleted = world.invoke(monkeypatch, world.event("Delete"), timeout=teardown.RESERVE_SECONDS)
+        assert deleted.calls == {}
+        assert deleted.data["Outcome"] == "not_all_ended" and deleted.data["NotEnded"] == "2"
+        assert "off" in world.tick_item() and set(states(fleet, ours).values()) == {"RUNNING"}
+        assert {s["microvm_id"] for s in fleet.ledger_slots().values()} == set(ours)
+
+
+def test_ledger_items_the_reconciler_never_writes_are_reported_not_crashed_on(aws, cfn, monkeypatch) -> None:
+    """A slot STARTING with no pinned request (a ledger an earlier version wrote: no call can
+    have gone out) is resolved as never sent; a slot in doubt whose fleet's ``#stats`` item (its
+    epoch, part of every token) was deleted by hand cannot be asked again and is unresolved."""
+    with deployed_fleet(aws, env={"MIN_VMS": "1", "WARM_VMS": "0", "MAX_VMS": "3"}) as fleet:
+        world = teardown_world(fleet, cfn, aws)
+        world.invoke(monkeypatch, world.event("Create"))
+        (vm,) = converged(fleet, monkeypatch)
+        ddb, table = world.ddb(), fleet.env["LEDGER_TABLE"]
+
+        def put_slot(doc: dict) -> None:
+            ddb.put_item(TableName=table, Item={"fleet": {"S": fleet.fleet}, "key": {"S": f"slot#{doc['slot_id']}"},
+                                                "doc": {"S": json.dumps(doc, sort_keys=True)}})
+
+        put_slot({"slot_id": "base-7", "role": "base", "phase": "starting", "requested_at": fleet.clock.now()})
+        first = world.invoke(monkeypatch, world.event("Delete"))
+        assert first.report()["in_doubt"] == {"base-7": "never_sent"}
+        assert first.data["Outcome"] == "ended" and fleet.emulator.state_of(vm) == "TERMINATED"
+        assert first.calls.get("RunMicrovm", 0) == 0 and not fleet.ledger_slots()
+
+        request = {"imageIdentifier": fleet.image}
+        put_slot({"slot_id": "base-8", "role": "base", "phase": "starting", "requested_at": fleet.clock.now(),
+                  "in_doubt_since": fleet.clock.now(), "request": request})
+        second = world.invoke(monkeypatch, world.event("Delete"))
+        assert second.report()["unresolved"] == {"base-8": "no_epoch"}
+        assert second.data["Outcome"] == "not_all_ended" and second.calls.get("RunMicrovm", 0) == 0
+        assert list(fleet.ledger_slots()) == ["base-8"]  # kept for a look by hand

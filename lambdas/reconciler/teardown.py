@@ -150,7 +150,7 @@ class Pacer:
 def _retry_after(exc: ClientError) -> float:
     try:
         return float(exc.response.get("retryAfterSeconds") or 1.0)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError):  # pragma: no cover - the model types it an Integer (the Retry-After header): botocore hands over an int or nothing, and fails its own parse before this on anything else
         return 1.0
 
 
