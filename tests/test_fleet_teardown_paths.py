@@ -108,14 +108,14 @@ def test_lost_runs_that_cannot_be_asked_again_stay_unresolved(aws, cfn, monkeypa
     token again: whether a VM exists is unknown, so they are reported unresolved (never "no VM")
     and stay in the ledger; the delete answers within the function's time."""
     with deployed_fleet(aws, env={"MIN_VMS": "2", "WARM_VMS": "0", "MAX_VMS": "3"}) as fleet:
-        world = teardown_world(fleet, cfn, aws, teardown_failure="fail")
+        world = teardown_world(fleet, cfn, aws)
         world.invoke(monkeypatch, world.event("Create"))
         assert in_doubt(fleet, monkeypatch) == 2
         made = [vm["microvmId"] for vm in fleet.ours()]
         assert len(made) == 2  # the lost calls made VMs
         started = fleet.clock.now()
         with refusing_port() as closed:
-            deleted = world.invoke(monkeypatch, world.event("Delete"), timeout=60, cold=True,
+            deleted = world.invoke(monkeypatch, world.event("Delete", FailureMode="fail"), timeout=60, cold=True,
                                    env={"AWS_ENDPOINT_URL_LAMBDA_MICROVMS": closed})
         assert fleet.clock.now() - started <= 60
         assert deleted.status == "FAILED" and "lost run(s) unresolved" in deleted.body["Reason"]
@@ -372,10 +372,10 @@ def test_a_delete_for_a_ledger_this_function_no_longer_serves_touches_nothing(aw
     whose function now serves the new table. Nothing of the fleet is touched; the answer says the
     old ledger's VMs were not ended (FAILED with teardown_failure='fail')."""
     with deployed_fleet(aws, env={"MIN_VMS": "1", "WARM_VMS": "0", "MAX_VMS": "2"}) as fleet:
-        world = teardown_world(fleet, cfn, aws, teardown_failure="fail")
+        world = teardown_world(fleet, cfn, aws)
         world.invoke(monkeypatch, world.event("Create"))
         ours = converged(fleet, monkeypatch)
-        old = world.event("Delete", LedgerTable="the-old-ledger",
+        old = world.event("Delete", LedgerTable="the-old-ledger", FailureMode="fail",
                           physical=teardown.physical_id(fleet.fleet, "the-old-ledger"))
         answer = world.invoke(monkeypatch, old)
         assert answer.status == "FAILED" and answer.data["Outcome"] == "not_reachable"
@@ -407,9 +407,9 @@ def test_a_ledger_that_is_gone_fails_the_delete_only_when_asked(aws, cfn, monkey
     fleet holds; it says so (error outcome, TeardownFailed) and fails the delete only with
     teardown_failure='fail'."""
     with deployed_fleet(aws, env={"MIN_VMS": "1", "WARM_VMS": "0", "MAX_VMS": "2"}) as fleet:
-        world = teardown_world(fleet, cfn, aws, teardown_failure=mode)
+        world = teardown_world(fleet, cfn, aws)  # teardown_failure is its FailureMode property
         gone = "a-ledger-deleted-by-hand"
-        event = world.event("Delete", LedgerTable=gone, physical=teardown.physical_id(fleet.fleet, gone))
+        event = world.event("Delete", LedgerTable=gone, FailureMode=mode, physical=teardown.physical_id(fleet.fleet, gone))
         answer = world.invoke(monkeypatch, event, env={"LEDGER_TABLE": gone})
         assert answer.data["Outcome"] == "error"
         assert answer.data["Reason"] == "teardown failed: ResourceNotFoundException"
