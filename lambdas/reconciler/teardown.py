@@ -29,9 +29,12 @@ serves the new table).
    members), and slots whose RunMicrovm answer was lost (*in doubt*): their token is sent again with
    the same parameters, which returns the VM the lost call made (or makes it, to be ended at once:
    the only way to be sure no VM of the token outlives the fleet). Never a VM the ledger does not
-   hold: a client's, another fleet's on a shared image (they are counted and reported).
+   hold: a client's, another fleet's on a shared image (they are counted and reported). The VMs
+   the ledger names are asked to end before the lost runs are asked again, each lost run with an
+   equal share of the time left, so one the service keeps refusing cannot hold up the rest.
 4. **Terminate** each (idempotent; paced at ``TERMINATE_RATE`` per second, under the 10/s quota;
-   a 429 waits ``retryAfterSeconds``), then **wait** until each is TERMINATED (a list of the image,
+   a 429 waits ``retryAfterSeconds``, never past the deadline: a call that could only go out
+   after it is not made), then **wait** until each is TERMINATED (a list of the image,
    GetMicrovm for one the list misses; ``ResourceNotFound`` for a VM older than the consistency
    window means gone), asking again for any still live 15 s after its terminate was accepted.
 5. Bounded by the function's time: what is not confirmed ended is **reported** (response ``Data``,
