@@ -9,6 +9,8 @@ from typing import Callable
 
 import pytest
 
+from .template_gate import BackgroundLinter
+
 # Quiet jsii's Node 20 banner for a plain `pytest` too (make test sets it already).
 os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
 
@@ -60,6 +62,7 @@ def snapshot_json(snapshot):
 # metric while metrics are off, and every alarm carries the fleet's alarm_actions when it has any.
 _TEMPLATES: dict[str, dict] = {}
 _FLEETS: dict[str, list] = {}
+_LINTER = BackgroundLinter()
 
 
 def record_template(name: str, template: dict, fleets: list | None = None) -> None:
@@ -68,12 +71,45 @@ def record_template(name: str, template: dict, fleets: list | None = None) -> No
     test = os.environ.get("PYTEST_CURRENT_TEST", "").split(" ")[0]
     key = f"{test} {name}#{len(_TEMPLATES)}"
     _TEMPLATES[key] = template
+    _LINTER.submit(template)  # cfn-lint starts now, beside the tests (tests/template_gate.py)
     if fleets:
         _FLEETS[key] = fleets
 
 
+def _share_botocore_data_files() -> None:
+    """botocore parses its JSON data files (endpoints, partitions, each service's model: about
+    1.5 MB) again for every new session, and the handlers under test make a session per cold start,
+    as they do in Lambda: hundreds of sessions per test file, a third of the CPU of the handler
+    tests. One parse per worker process is kept here and handed to every session, as botocore
+    itself hands one session's loaded data to all of that session's clients. Only the parsing is
+    shared: each session still searches its own paths (the reconciler's bundled model first), so
+    what a client loads is what it would load without this."""
+    from botocore import loaders
+
+    original = loaders.JSONFileLoader.load_file
+    parsed: dict[str, object] = {}
+
+    def load_file(self, file_path):
+        stamps = []
+        for ext in loaders._JSON_OPEN_METHODS:  # .json, .json.gz: what botocore itself tries
+            try:
+                stamps.append((ext, os.stat(file_path + ext).st_mtime_ns))
+            except OSError:
+                pass
+        if not stamps:
+            return original(self, file_path)
+        key = (file_path, tuple(stamps))
+        if key not in parsed:
+            parsed[key] = original(self, file_path)
+        return parsed[key]
+
+    loaders.JSONFileLoader.load_file = load_file
+
+
 def pytest_configure(config) -> None:
     from aws_cdk.assertions import Template
+
+    _share_botocore_data_files()
 
     original = Template.from_stack  # a bound classmethod
 
@@ -89,10 +125,6 @@ def pytest_configure(config) -> None:
 
 def _lint(templates: dict[str, dict]) -> tuple[int, list[str]]:
     """cfn-lint and the IAM invariants over distinct templates: (how many, findings)."""
-    import json as _json
-
-    from cfnlint.api import ManualArgs, lint
-
     from .iam_invariants import iam_violations
     from .monitoring_invariants import violations as operations_violations
 
@@ -102,13 +134,13 @@ def _lint(templates: dict[str, dict]) -> tuple[int, list[str]]:
                     for v in operations_violations(templates[name], fleets)]
     seen: set[str] = set()
     for name, template in templates.items():
-        text = _json.dumps(template, sort_keys=True)
+        text = _LINTER.submit(template)  # already submitted when recorded: this only finds it
         if text in seen:  # the same template synthesized twice (from_stack, then nag) is linted once
             continue
         seen.add(text)
-        for match in lint(_json.dumps(template), config=ManualArgs(regions=["us-east-1"], ignore_checks=["W3005"])):
-            findings.append(f"{name}: {match.rule.id} {match.message}")
+        findings.extend(f"{name}: {finding}" for finding in _LINTER.findings(text))
         iam_findings.extend(f"{name}: IAM {v}" for v in iam_violations(template))
+    _LINTER.close()
     return len(seen), findings + iam_findings + ops_findings
 
 
@@ -128,7 +160,9 @@ def pytest_testnodedown(node, error) -> None:
 def pytest_sessionfinish(session, exitstatus) -> None:
     worker = hasattr(session.config, "workerinput")
     gates = list(_FROM_WORKERS)
-    if _TEMPLATES and exitstatus == 0:
+    if not (_TEMPLATES and exitstatus == 0):
+        _LINTER.close()  # a failed run: its findings would not be read
+    else:
         distinct, findings = _lint(_TEMPLATES)
         gates.append({"distinct": distinct, "findings": findings, "fleets": sum(len(f) for f in _FLEETS.values()),
                       "with_actions": sum(f["actions"] > 0 for fl in _FLEETS.values() for f in fl)})

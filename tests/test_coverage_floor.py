@@ -32,3 +32,12 @@ def test_a_folder_with_nothing_measured_fails() -> None:
 def test_every_lambda_folder_is_checked() -> None:
     folders = cf.checked_folders()
     assert {"lambdas/reconciler", "lambdas/recipe_writer", "lambdas", "rayito_constructs/egress"} <= set(folders)
+
+
+def test_nothing_is_pending_so_every_folder_below_the_floor_fails_the_run() -> None:
+    """Issue #17: lambdas/reconciler reached the floor (round 4); nothing is reported-only now."""
+    assert cf.PENDING == {}
+    problems = cf.below_floor(cf.tallies({"lambdas/reconciler/tick.py": _file(100, 94, 10, 8)},
+                                         ["lambdas/reconciler", "lambdas"]))
+    assert cf.failing(problems) == problems and len(problems) == 4
+    assert cf.failing(problems, {"lambdas/reconciler": "x", "lambdas": "y"}) == []

@@ -29,9 +29,12 @@ serves the new table).
    members), and slots whose RunMicrovm answer was lost (*in doubt*): their token is sent again with
    the same parameters, which returns the VM the lost call made (or makes it, to be ended at once:
    the only way to be sure no VM of the token outlives the fleet). Never a VM the ledger does not
-   hold: a client's, another fleet's on a shared image (they are counted and reported).
+   hold: a client's, another fleet's on a shared image (they are counted and reported). The VMs
+   the ledger names are asked to end before the lost runs are asked again, each lost run with an
+   equal share of the time left, so one the service keeps refusing cannot hold up the rest.
 4. **Terminate** each (idempotent; paced at ``TERMINATE_RATE`` per second, under the 10/s quota;
-   a 429 waits ``retryAfterSeconds``), then **wait** until each is TERMINATED (a list of the image,
+   a 429 waits ``retryAfterSeconds``, never past the deadline: a call that could only go out
+   after it is not made), then **wait** until each is TERMINATED (a list of the image,
    GetMicrovm for one the list misses; ``ResourceNotFound`` for a VM older than the consistency
    window means gone), asking again for any still live 15 s after its terminate was accepted.
 5. Bounded by the function's time: what is not confirmed ended is **reported** (response ``Data``,
@@ -130,12 +133,18 @@ class Pacer:
         self.interval = 1.0 / max(0.01, rate)
         self.next_at = float("-inf")
 
-    def wait(self) -> None:
+    def wait(self, deadline: float = float("inf")) -> bool:
+        """Sleep until the next call may go; False (no sleep) when that is at or after
+        ``deadline``: a 429's ``retryAfterSeconds`` can be longer than the function has left, and a
+        function that sleeps through its timeout never answers CloudFormation (the stack waits an
+        hour)."""
         now = _now()
-        if now < self.next_at:
-            _sleep(self.next_at - now)
-            now = self.next_at
-        self.next_at = now + self.interval
+        start = max(now, self.next_at)
+        if start >= deadline:
+            return False
+        _sleep(start - now)
+        self.next_at = start + self.interval
+        return True
 
     def hold(self, seconds: float) -> None:
         self.next_at = max(self.next_at, _now() + max(0.0, seconds))
@@ -144,7 +153,7 @@ class Pacer:
 def _retry_after(exc: ClientError) -> float:
     try:
         return float(exc.response.get("retryAfterSeconds") or 1.0)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError):  # pragma: no cover - the model types it an Integer (the Retry-After header): botocore hands over an int or nothing, and fails its own parse before this on anything else
         return 1.0
 
 
@@ -276,7 +285,14 @@ class Teardown:
     # -------------------------------------------------------------- what the ledger holds
 
     def gather(self) -> None:
+        """What the ledger holds: the VMs it names are asked to end at once; then each slot whose
+        RunMicrovm answer was lost is resolved by its token, each with an equal share of the time
+        left and one share kept for the wait. A lost run that cannot be resolved (RunMicrovm
+        answering 5xx through an outage, exactly when answers get lost) must not use up the time
+        the known VMs need (found: the whole budget went to one such slot and every RUNNING VM of
+        the fleet was left running)."""
         slots, stats = self.ledger.peek(self.fleet)
+        doubtful: list[core.Slot] = []
         for slot in sorted(slots.values(), key=lambda s: s.slot_id):
             vms = [vm for vm in (slot.microvm_id, slot.retiring_id) if vm]
             self.slot_vms[slot.slot_id] = list(vms)
@@ -285,10 +301,16 @@ class Teardown:
             if slot.microvm_id and slot.vm_started_at:
                 self.started[slot.microvm_id] = float(slot.vm_started_at)
             if slot.microvm_id is None and core._in_doubt(slot):
-                self._resolve(slot, stats)
+                doubtful.append(slot)
+        for vm in sorted(self.owned):
+            if self._time_left() <= 0:
+                break
+            self._terminate(vm)
+        for index, slot in enumerate(doubtful):
+            self._resolve(slot, stats, until=_now() + self._time_left() / (len(doubtful) - index + 1))
 
-    def _resolve(self, slot: core.Slot, stats: Optional[Mapping[str, Any]]) -> None:
-        """A slot whose RunMicrovm answer was lost: its token again, same parameters."""
+    def _resolve(self, slot: core.Slot, stats: Optional[Mapping[str, Any]], until: float) -> None:
+        """A slot whose RunMicrovm answer was lost: its token again, same parameters, until ``until``."""
         if not slot.request:
             self.in_doubt[slot.slot_id] = "never_sent"  # admit_run pins the request before any call
             return
@@ -298,8 +320,10 @@ class Teardown:
         token = core.client_token(stats["epoch"], self.fleet, slot.slot_id, slot.generation)
         backoff = 1.0
         last = "deadline"
-        while self._time_left() > 0:
-            self._runs.wait()
+        until = min(until, self.deadline)
+        while until - _now() > 0:
+            if not self._runs.wait(until):
+                break
             try:
                 vm = self._call("run_microvm", clientToken=token, **slot.request)
             except ClientError as exc:
@@ -314,7 +338,7 @@ class Teardown:
                     continue
                 if _status(exc) >= 500 and code not in ("InsufficientCapacityException",):
                     last = code  # ambiguous again: the same token, later
-                    _sleep(min(backoff, max(0.0, self._time_left())))
+                    _sleep(min(backoff, max(0.0, until - _now())))
                     backoff = min(8.0, backoff * 2)
                     continue
                 if code in _RUN_EVALUATED_NO_VM:
@@ -328,7 +352,7 @@ class Teardown:
                 return
             except BotoCoreError as exc:
                 last = type(exc).__name__
-                _sleep(min(backoff, max(0.0, self._time_left())))
+                _sleep(min(backoff, max(0.0, until - _now())))
                 backoff = min(8.0, backoff * 2)
                 continue
             self._own(vm["microvmId"], slot.slot_id, _epoch(vm.get("startedAt")))
@@ -375,7 +399,8 @@ class Teardown:
         return self.state.get(vm) in core.LIVE and _now() - at >= RETERMINATE_SECONDS
 
     def _terminate(self, vm: str) -> None:
-        self._terminates.wait()
+        if not self._terminates.wait(self.deadline):
+            return  # no time left for it: reported not ended
         try:
             self._call("terminate_microvm", microvmIdentifier=vm)
         except ClientError as exc:
@@ -401,9 +426,10 @@ class Teardown:
     def _observe(self, pending: list[str]) -> None:
         seen = self.list_image()
         for vm in pending:
-            if vm in seen or self._time_left() <= 0:
+            if vm in seen:
                 continue
-            self._gets.wait()
+            if not self._gets.wait(self.deadline):
+                return
             try:
                 answer = self._call("get_microvm", microvmIdentifier=vm)
             except ClientError as exc:
@@ -422,8 +448,7 @@ class Teardown:
         seen: set[str] = set()
         others: dict[str, str] = {}
         token: Optional[str] = None
-        while self._time_left() > 0:
-            self._lists.wait()
+        while self._lists.wait(self.deadline):
             kwargs: dict[str, Any] = {"imageIdentifier": self.image_arn, "maxResults": 50}
             if token:
                 kwargs["nextToken"] = token
