@@ -622,9 +622,10 @@ class MicrovmsBackend:
 
     def _vm(self, identifier: str, now: float) -> Microvm:
         vm = self._vms.get(identifier)
+        if vm is not None:
+            advance(vm, now, self.timings)  # an end nobody saw yet is dated first: then "gone" is right
         if vm is None or self._gone(vm, now):
             raise not_found(f"MicroVM {identifier} not found", "Microvm", identifier)
-        advance(vm, now, self.timings)
         return vm
 
     def _conflict(self, vm: Microvm, message: str) -> WireError:

@@ -148,6 +148,16 @@ def test_terminated_vms_stay_listed_twenty_minutes(client, image, clock) -> None
     assert error(lambda: client.get_microvm(microvmIdentifier=vm_id))["Error"]["Code"] == "ResourceNotFoundException"
 
 
+def test_a_vm_that_ended_unseen_is_gone_after_the_linger_too(client, image, clock) -> None:
+    """A VM that ends on its own (here its maximum duration) and is never looked at until after
+    the 20-minute linger is gone then, like one that was watched: the end is dated when it
+    happened, not when it was first seen."""
+    vm_id = run(client, image, maximumDurationInSeconds=100)["microvmId"]
+    clock.advance(100 + 3 + 1200 + 1)  # ended at 100 s, TERMINATED at 103 s, unlisted 1,200 s later
+    assert error(lambda: client.get_microvm(microvmIdentifier=vm_id))["Error"]["Code"] == "ResourceNotFoundException"
+    assert client.list_microvms(imageIdentifier=image)["items"] == []
+
+
 def test_maximum_duration_counts_suspended_time(client, image, clock) -> None:
     """[model/docs] maximumDurationInSeconds counts running + suspended time from startedAt (GT §5);
     [M 2026-10-02] the reason is "MicroVM exceeded maximum lifetime." (Q105)."""
