@@ -17,6 +17,19 @@ from .moto_server import moto_server
 from .reconciler_harness import deployed_fleet
 
 
+def dynamodb_dates_on(reconciler, clock) -> None:
+    """DynamoDB's answers dated on the shared clock (moto dates them on the machine's real one):
+    a ``Date`` header rewritten before the reconciler's own hook reads it."""
+    from email.utils import formatdate
+
+    def redate(parsed=None, **_):
+        if isinstance(parsed, dict):
+            parsed.setdefault("ResponseMetadata", {}).setdefault("HTTPHeaders", {})["date"] = formatdate(
+                clock.now(), usegmt=True)
+
+    reconciler.ledger._ddb.meta.events.register_first("after-call.dynamodb", redate)
+
+
 @pytest.fixture(scope="module")
 def aws() -> Iterator[str]:
     with moto_server() as endpoint:
@@ -95,3 +108,59 @@ def test_a_budgets_environment_that_is_no_object_keeps_every_default(raw, monkey
     assert reconciler.budget.rejected == {"BUDGETS": repr(raw)}
     assert [e["event"] for e in telemetry.events] == ["budgets_rejected"]
     assert reconciler.budget.budgets["RunMicrovm"] == (5 * DEFAULT_SHARE, 4.0)
+
+
+@pytest.mark.parametrize("skew", [30.0, -30.0, 0.0])
+def test_a_cold_reconciler_with_a_skewed_clock_reserves_on_the_shared_clock(aws, monkeypatch, skew) -> None:
+    """Round 4 reserves the ledger's due runs before the first list, so before any MicroVMs
+    answer told a fresh execution environment the service's time. With its clock 30 s ahead, the
+    shared RunMicrovm bucket looked idle to it (a whole burst again, on top of the one another
+    fleet had just used); 30 s behind, the bucket looked written by a skewed clock and was reset.
+    Either way 8 RunMicrovm reached the service at one instant against a burst of 5 (3 answered
+    429, a backoff for every fleet). The offset is now learned from the stores' answers (DynamoDB
+    dates them too) before the first reservation: 4 at once, the other fleet's 4 when they conform."""
+    one = {"MIN_VMS": "4", "WARM_VMS": "0", "MAX_VMS": "4"}
+    with deployed_fleet(aws, env=one) as a:
+        with deployed_fleet(aws, emulator=a.emulator, fleet="otra", env={**one, "BUDGET_TABLE": a.env["BUDGET_TABLE"]}) as b:
+            first = a.reconciler(monkeypatch)
+            skewed = b.reconciler(monkeypatch)
+            skewed.clock = lambda: a.clock.now() + skew
+            for r in (first, skewed):
+                dynamodb_dates_on(r, a.clock)
+            for r in (first, skewed):
+                assert r.begin_tick(120, 50)
+                r._demand_from_ledger()
+            before = a.emulator.calls.get("RunMicrovm", 0)
+            for r in (first, skewed):
+                r.step()
+            at_once = a.emulator.calls.get("RunMicrovm", 0) - before
+            assert a.emulator.throttled.get("RunMicrovm", 0) == 0
+            assert at_once <= 5, at_once  # the documented burst (the budget's own is 4)
+            for r in (first, skewed):
+                r.end_tick()
+
+
+@pytest.mark.parametrize("skew", [30.0, -30.0])
+def test_an_overlapping_invocation_with_a_skewed_clock_weighs_the_holders_end_on_the_shared_clock(aws, monkeypatch, skew) -> None:
+    """The holder's tick ends in 20 s. A cold newcomer whose clock was 30 s behind read that end as
+    50 s away: too late to wait for, it skipped, and the fleet was uncovered from the holder's end
+    to the next schedule (40 s); 30 s ahead, it read the end as past and took a live holder over.
+    Ends are now written and weighed on the shared clock (learned from the lease read itself):
+    it waits the 20 s and ticks, in both cases."""
+    from contextlib import redirect_stdout
+
+    with deployed_fleet(aws, env={"MIN_VMS": "1", "WARM_VMS": "0"}) as fleet:
+        holder = fleet.reconciler(monkeypatch)
+        assert holder.begin_tick(120, 20)
+        with redirect_stdout(fleet._stdout):  # its execution environment's stdout, as invoke's
+            newcomer = fleet.reconciler(monkeypatch)
+        dynamodb_dates_on(newcomer, fleet.clock)
+        newcomer.clock = lambda: fleet.clock.now() + skew
+        slept: list[float] = []
+        newcomer.sleep = lambda s: (slept.append(s), fleet.clock.advance(s))[1]
+        fleet._environment, fleet._built_env = newcomer, (dict(fleet.env), True)
+        run = fleet.invoke(monkeypatch)
+        assert not run.events("tick_skipped") and not run.events("tick_takeover"), run.result
+        (waiting,) = run.events("tick_waiting")
+        assert 19 <= waiting["wait"] <= 21.5 and slept[0] == waiting["wait"]
+        assert "skipped" not in run.result

@@ -131,7 +131,7 @@ def build(env: Optional[dict[str, str]] = None, telemetry: Any = None) -> Reconc
         telemetry.event(spec.fleet, {"event": "budgets_rejected", "operations": sorted(budget.rejected),
                                      "values": budget.rejected,
                                      "allowed": "[rate > 0, burst >= 1], both finite numbers"})
-    return Reconciler(
+    reconciler = Reconciler(
         spec=spec,
         microvms=aws.client("lambda-microvms", config=MICROVMS_CONFIG),
         ledger=DynamoDBLedger(dynamodb, env["LEDGER_TABLE"]),
@@ -140,6 +140,16 @@ def build(env: Optional[dict[str, str]] = None, telemetry: Any = None) -> Reconc
         dead_letters=dead_letter,
         siblings=tuple(json.loads(env.get("SHARED_WITH") or "[]")),
     )
+
+    def learn_offset(parsed: Any = None, **_: Any) -> None:
+        # DynamoDB dates its answers on AWS's clock too: a fresh execution environment knows the
+        # shared time from the lease and ledger reads, before its first reservation in the shared
+        # budget (a clock 30 s off reset the buckets: a second burst at once) and before it weighs
+        # another tick's recorded end. The MicroVMs answers refine it.
+        reconciler._learn_offset(parsed)
+
+    dynamodb.meta.events.register("after-call.dynamodb", learn_offset)
+    return reconciler
 
 
 def redrive(reconciler: Reconciler, lease_seconds: float = 60.0) -> dict[str, Any]:
