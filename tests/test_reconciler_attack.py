@@ -236,3 +236,51 @@ def test_a_tick_killed_after_reserving_and_lists_that_lag_make_no_duplicate(aws,
         assert {vm["state"] for vm in made} == {"RUNNING"}
         held = sorted(s["microvm_id"] for s in fleet.ledger_slots().values())
         assert held == sorted(vm["microvmId"] for vm in made)
+
+
+@pytest.mark.parametrize("skew", [0.0, pytest.param(1.0, marks=pytest.mark.xfail(strict=True, reason=(
+    "found, not fixed (round 4 attack): under saturation the asks of a clock 1 s ahead are admitted on a "
+    "line 1 s later and take every refill; the other process starves (1 grant each in 30 s)")))])
+def test_two_processes_with_mixed_asks_share_the_rate_and_neither_starves(aws, skew) -> None:
+    """Two reconcilers' processes on one DynamoDB bucket (each with its own guess of idle or busy),
+    one of them with a clock ``skew`` off (what can be left after both learned the shared clock
+    from answers dated in whole seconds), asks of 1-4 tokens with a 2 s horizon from 12 askers in
+    a shuffled order (each process alone saturates the bucket): no asker starves (each served
+    >= 3 times in 30 s) and the calls stay within burst + rate x (window + |skew|) in every window.
+    With a skew, the process ahead takes every refill (xfail: not fixed; in production one tick
+    holds one reservation at a time, so it takes a group of fleets whose clocks run ahead)."""
+    import random
+    import uuid
+    from collections import Counter
+
+    shape = {"RunMicrovm": (4.75, 4)}
+    ddb = aws_client("dynamodb", aws)
+    table = f"budget-{uuid.uuid4().hex[:8]}"
+    DynamoDBBudget.create_table(ddb, table)
+    processes = [DynamoDBBudget(ddb, table, shape), DynamoDBBudget(ddb, table, shape)]
+    askers = [(f"p{i % 2}-{i}", i % 2, 1 + i % 4) for i in range(12)]
+    start = 1_790_000_000.0
+    busy_until = {name: start for name, _, _ in askers}
+    served: Counter = Counter()
+    uses: list[tuple[float, int]] = []
+    rng = random.Random(11)
+    t = start
+    while t < start + 30:
+        rng.shuffle(askers)
+        for name, process, cost in askers:
+            if busy_until[name] > t:
+                continue
+            offset = skew if process == 1 else 0.0
+            decision = processes[process].acquire("RunMicrovm", t + offset, cost=cost, horizon=2.0)
+            if isinstance(decision, Granted):
+                at = t + decision.wait_seconds  # used when its own clock says: true time
+                uses.append((at, cost))
+                served[name] += 1
+                busy_until[name] = at + 0.01
+        t = round(t + 0.1, 6)
+    assert min(served[name] for name, _, _ in askers) >= 3, served
+    uses.sort()
+    for i, (at, _) in enumerate(uses):
+        for window in (0.5, 1.0, 5.0, 20.0):
+            within = sum(c for u, c in uses[i:] if u < at + window - 1e-6)
+            assert within <= 4 + 4.75 * (window + abs(skew)) + 1e-6, (at, window, within)
