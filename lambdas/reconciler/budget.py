@@ -10,6 +10,7 @@ every reconciler sharing the table sees.
 
 from __future__ import annotations
 
+import math
 import threading
 from dataclasses import dataclass
 from decimal import Decimal
@@ -82,10 +83,46 @@ Decision = Union[Granted, Deferral]
 DEFAULT_SHARE = 0.95
 
 
+def valid_shape(value: Any) -> Optional[tuple[float, float]]:
+    """``(rate, burst)`` when ``value`` is a usable bucket: a finite rate above 0 and a finite burst
+    of at least 1 token; None otherwise. A zero rate divided by zero on every tick; a negative,
+    NaN or infinite one admitted every call; a burst under 1 was never admitted one token by the
+    DynamoDB store (the fleet never listed)."""
+    try:
+        rate, burst = (float(v) for v in value)
+    except (TypeError, ValueError):
+        return None
+    if not (math.isfinite(rate) and rate > 0 and math.isfinite(burst) and burst >= 1):
+        return None
+    return rate, burst
+
+
 class _Gcra:
-    def __init__(self, budgets: Mapping[str, tuple[float, float]], share: float = DEFAULT_SHARE) -> None:
+    def __init__(self, budgets: Mapping[str, Any], share: float = DEFAULT_SHARE) -> None:
         defaults = {op: (rate * share, max(1.0, burst - 1)) for op, (rate, burst) in DEFAULT_BUDGETS.items()}
-        self.budgets = {**defaults, **budgets}
+        #: Entries of ``budgets`` that are no bucket (see :func:`valid_shape`), with their value:
+        #: the operation keeps its documented default (the reconciler tells, ``budgets_rejected``).
+        self.rejected: dict[str, str] = {}
+        valid = {}
+        for operation, value in budgets.items():
+            shape = valid_shape(value)
+            if shape is None:
+                self.rejected[operation] = repr(value)[:100]
+            else:
+                valid[operation] = shape
+        self.budgets = {**defaults, **valid}
+
+    @staticmethod
+    def _check(operation: str, cost: Any, interval: float, burst: float) -> Optional[Deferral]:
+        """A cost of no tokens is a caller's bug (0 took none, a negative one gave tokens back):
+        raised. More tokens than the burst never conform at once: refused, whatever the horizon
+        (the memory store granted them with a reservation, all usable at one instant: a burst
+        above the quota; DynamoDB never did)."""
+        if not isinstance(cost, int) or isinstance(cost, bool) or cost < 1:
+            raise ValueError(f"cost: {cost!r} is not a whole number of tokens of at least 1")
+        if cost > burst:
+            return Deferral(operation, interval, "budget_empty")
+        return None
 
     def shape(self, operation: str) -> tuple[float, float]:
         rate, burst = self.budgets.get(operation, (10.0, 10.0))
@@ -104,6 +141,9 @@ class MemoryBudget(_Gcra):
     def acquire(self, operation: str, now: float, cost: int = 1, horizon: float = 0.0) -> Decision:
         """``cost`` tokens now, or (``horizon`` > 0) a reservation of them at most that far ahead."""
         interval, burst = self.shape(operation)
+        too_many = self._check(operation, cost, interval, burst)
+        if too_many is not None:
+            return too_many
         with self._lock:
             until, why = self._backoff.get(operation, (0.0, ""))
             if until > now:
@@ -152,6 +192,9 @@ class DynamoDBBudget(_Gcra):
         """``cost`` tokens now, or (``horizon`` > 0) a reservation of them at most that far ahead:
         one conditional UpdateItem when the guess of idle or busy is right, two otherwise."""
         interval, burst = self.shape(operation)
+        too_many = self._check(operation, cost, interval, burst)
+        if too_many is not None:
+            return too_many
         key = {"operation": {"S": operation}}
         not_in_backoff = "(attribute_not_exists(backoff_until) OR backoff_until <= :now)"
         idle_first = self._last_tat.get(operation, 0.0) <= now
@@ -164,8 +207,6 @@ class DynamoDBBudget(_Gcra):
                 condition = f"(attribute_not_exists(tat) OR tat <= :now OR tat > :skewed) AND {not_in_backoff}"
                 values[":new"] = _n(now + cost * interval)
                 values[":skewed"] = _n(implausible(now, interval, burst))
-                if cost > burst:
-                    continue
             else:
                 update = "SET tat = tat + :step"
                 condition = f"tat > :now AND tat <= :limit AND {not_in_backoff}"

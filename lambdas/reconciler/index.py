@@ -111,7 +111,12 @@ def build(env: Optional[dict[str, str]] = None, telemetry: Any = None) -> Reconc
     env = dict(os.environ if env is None else env)
     aws = session()
     dynamodb = aws.client("dynamodb", config=STORE_CONFIG)
-    budgets = {k: tuple(v) for k, v in json.loads(env.get("BUDGETS") or "{}").items()}
+    try:
+        budgets = json.loads(env.get("BUDGETS") or "{}")
+    except ValueError:
+        budgets = None
+    if not isinstance(budgets, dict):  # not a JSON object: every operation keeps its default
+        budgets = {"BUDGETS": env.get("BUDGETS")}
     spec = spec_from_env(env)
     telemetry = telemetry if telemetry is not None else telemetry_for(spec.fleet, env)
     queue_url = env.get("DEAD_LETTER_QUEUE_URL")
@@ -122,15 +127,31 @@ def build(env: Optional[dict[str, str]] = None, telemetry: Any = None) -> Reconc
         if sqs is not None:
             sqs.send_message(QueueUrl=queue_url, MessageBody=json.dumps(record, default=str, sort_keys=True))
 
-    return Reconciler(
+    budget = DynamoDBBudget(dynamodb, env["BUDGET_TABLE"], budgets)
+    if budget.rejected:
+        # A bad entry keeps the documented quota (never "no limit", never a crash on every tick).
+        telemetry.event(spec.fleet, {"event": "budgets_rejected", "operations": sorted(budget.rejected),
+                                     "values": budget.rejected,
+                                     "allowed": "[rate > 0, burst >= 1], both finite numbers"})
+    reconciler = Reconciler(
         spec=spec,
         microvms=aws.client("lambda-microvms", config=MICROVMS_CONFIG),
         ledger=DynamoDBLedger(dynamodb, env["LEDGER_TABLE"]),
-        budget=DynamoDBBudget(dynamodb, env["BUDGET_TABLE"], budgets),
+        budget=budget,
         telemetry=telemetry,
         dead_letters=dead_letter,
         siblings=tuple(json.loads(env.get("SHARED_WITH") or "[]")),
     )
+
+    def learn_offset(parsed: Any = None, **_: Any) -> None:
+        # DynamoDB dates its answers on AWS's clock too: a fresh execution environment knows the
+        # shared time from the lease and ledger reads, before its first reservation in the shared
+        # budget (a clock 30 s off reset the buckets: a second burst at once) and before it weighs
+        # another tick's recorded end. The MicroVMs answers refine it.
+        reconciler._learn_offset(parsed)
+
+    dynamodb.meta.events.register("after-call.dynamodb", learn_offset)
+    return reconciler
 
 
 def redrive(reconciler: Reconciler, lease_seconds: float = 60.0) -> dict[str, Any]:

@@ -170,14 +170,16 @@ class Reconciler:
         # uncovered: needs DynamoDB failing on the lease read of a tick's start but not on the writes after it; no test injects that
         except (ClientError, BotoCoreError):
             return True  # the lease item cannot be read: take over (the fence keeps both safe)
-        now = self.clock()
+        # Ends are written and weighed on the shared (service's) clock: a holder 30 s ahead
+        # looked as if it ended 30 s later (skipped: the fleet uncovered after its real end).
+        now = self._now()
         if until is None or until <= now:
             return True
         if until - now > deadline_seconds + HOLDER_SKEW_SECONDS:
             self._emit({"event": "tick_takeover", "reason": "holder_end_implausible", "holder_ends_in": round(until - now, 3)})
             return True
         wait = until - now + MIN_WAIT_SECONDS
-        if wait <= deadline_seconds - HOLDER_WAIT_SPARE_SECONDS - (now - start):
+        if wait <= deadline_seconds - HOLDER_WAIT_SPARE_SECONDS - (self.clock() - start):
             self._emit({"event": "tick_waiting", "reason": "another tick of the fleet ends first",
                         "wait": round(wait, 3)})
             sleep(wait)
@@ -200,7 +202,7 @@ class Reconciler:
         has the latest deadline (and a killed one's lease must not hold the fleet back). The
         older tick's next ledger write fails on the fence and it stops (``lease_lost``)."""
         holder = uuid.uuid4().hex  # each tick its own holder: a second tick of this object waits too
-        now = self.clock()
+        now = self._now()  # the shared clock: another invocation weighs this end (_wait_for_holder)
         fence = self.ledger.acquire_tick(self.spec.fleet, holder, now, lease_seconds, tick_until=now + deadline_seconds)
         if fence:
             self.holder, self.fence = holder, fence
