@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 from tests import coverage_floor as cf
+
+REPO = Path(__file__).resolve().parent.parent
 
 
 def _file(statements: int, covered: int, branches: int, covered_branches: int) -> dict:
@@ -111,9 +118,13 @@ def test_a_fully_covered_file_is_not_read() -> None:
     assert cf.unjustified({"lambdas/x/index.py": _data([], [1, 2], [])}, ["lambdas"], read=read) == []
 
 
-def test_main_fails_on_a_bare_uncovered_line(tmp_path, monkeypatch, capsys) -> None:
+def test_main_fails_on_a_bare_uncovered_line(tmp_path) -> None:
     """The whole script on a real (tiny) coverage data file: the floor holds, one line says nowhere
-    why it is not covered, the run fails and names it; with the marker added, it passes."""
+    why it is not covered, the run fails and names it; with the marker added, it passes.
+
+    The script runs in a process of its own, outside `make test`'s measurement: a second
+    ``coverage.Coverage`` reporting inside a measured pytest-xdist worker ended that worker's
+    measurement, and every test after it on that worker counted as not run (the floor failed)."""
     import coverage
 
     package = tmp_path / "lambdas" / "tiny"
@@ -124,20 +135,28 @@ def test_main_fails_on_a_bare_uncovered_line(tmp_path, monkeypatch, capsys) -> N
     module.write_text("\n".join(filler + body))
     (tmp_path / "pyproject.toml").write_text(
         '[tool.coverage.run]\nbranch = true\nsource = ["lambdas"]\ndata_file = ".coverage"\n')
-    monkeypatch.chdir(tmp_path)
     # What running f(0) records (arcs; a negative number is a code object's entry or exit).
     arcs = [(-1, 1), *((i, i + 1) for i in range(1, 41)), (41, -1), (-41, 42), (42, 44), (44, -41)]
     data = coverage.CoverageData(basename=str(tmp_path / ".coverage"))
     data.add_arcs({str(module): set(arcs)})
     data.write()
-    monkeypatch.setattr(cf, "ROOT", tmp_path)
-    monkeypatch.setattr(cf, "checked_folders", lambda root: ["lambdas/tiny", "lambdas"])
-    monkeypatch.setattr(cf, "LINES_FLOOR", 0.0)  # this test is about the second check only
-    monkeypatch.setattr(cf, "BRANCHES_FLOOR", 0.0)
-    assert cf.main() == 1
-    err = capsys.readouterr().err
-    assert "lambdas/tiny/index.py:43" in err and "lambdas/tiny/index.py:42->43" in err
+    driver = (
+        "import sys\nfrom pathlib import Path\nsys.path.insert(0, sys.argv[1])\n"
+        "from tests import coverage_floor as cf\n"
+        "cf.ROOT = Path(sys.argv[2])\ncf.checked_folders = lambda root: ['lambdas/tiny', 'lambdas']\n"
+        "cf.LINES_FLOOR = cf.BRANCHES_FLOOR = 0.0  # this test is about the second check only\n"
+        "raise SystemExit(cf.main())\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("COVERAGE_")}
+
+    def run() -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-c", driver, str(REPO), str(tmp_path)], cwd=tmp_path, env=env,
+                              capture_output=True, text=True, timeout=120)
+
+    failed = run()
+    assert failed.returncode == 1, failed.stderr
+    assert "lambdas/tiny/index.py:43" in failed.stderr and "lambdas/tiny/index.py:42->43" in failed.stderr
     body[1] = "    if x:  # uncovered: f is only called with 0 here"
     module.write_text("\n".join(filler + body))
-    assert cf.main() == 0
-    assert "every uncovered range and branch there says why" in capsys.readouterr().out
+    passed = run()
+    assert passed.returncode == 0, passed.stderr
+    assert "every uncovered range and branch there says why" in passed.stdout
