@@ -230,6 +230,8 @@ class DynamoDBBudget(_Gcra):
                 return Granted(operation, cost, max(0.0, start - now))
             except self._ddb.exceptions.ConditionalCheckFailedException as exc:
                 old = exc.response.get("Item") or old
+                # uncovered: a failed write that returns no item (the bucket deleted between a
+                # tick's two attempts, by hand or a table restore); no test deletes it mid-call
                 if old is None:
                     continue
                 until = float(old.get("backoff_until", {}).get("N", 0))
@@ -242,6 +244,8 @@ class DynamoDBBudget(_Gcra):
                 limit = admission_limit(now, horizon, interval, burst, cost)
                 if tat > limit:
                     return Deferral(operation, tat - limit, "budget_empty")
+        # uncovered: both conditional writes refused while the item each returned says the ask
+        # fits (another process moved the bucket between them); a race no single-process test makes
         tat = self._last_tat.get(operation, now)
         return Deferral(operation, max(interval, tat - admission_limit(now, horizon, interval, burst, cost)), "budget_empty")
 
