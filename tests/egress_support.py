@@ -14,6 +14,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable, Iterator, Optional
 
 from rayito_constructs.egress import store_client
+from .moto_server import untraced
 
 
 class CountingStore:
@@ -26,7 +27,7 @@ class CountingStore:
 
         self.calls: Counter[str] = Counter()
         self._lock = threading.Lock()
-        app = DomainDispatcherApplication(create_backend_app)
+        app = untraced(DomainDispatcherApplication(create_backend_app))
 
         serial = threading.Lock()
 
