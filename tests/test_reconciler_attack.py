@@ -248,13 +248,15 @@ def test_a_tick_killed_after_reserving_and_lists_that_lag_make_no_duplicate(aws,
 
 @pytest.mark.parametrize("skew", [0.0, pytest.param(1.0, marks=pytest.mark.xfail(strict=True, reason=(
     "found, not fixed (round 4 attack): under saturation the asks of a clock 1 s ahead are admitted on a "
-    "line 1 s later and take every refill; the other process starves (1 grant each in 30 s)")))])
+    "line 1 s later and take every refill; the other process starves (0-1 grant each in 15 s)")))])
 def test_two_processes_with_mixed_asks_share_the_rate_and_neither_starves(aws, skew) -> None:
     """Two reconcilers' processes on one DynamoDB bucket (each with its own guess of idle or busy),
     one of them with a clock ``skew`` off (what can be left after both learned the shared clock
     from answers dated in whole seconds), asks of 1-4 tokens with a 2 s horizon from 12 askers in
-    a shuffled order (each process alone saturates the bucket): no asker starves (each served
-    >= 3 times in 30 s) and the calls stay within burst + rate x (window + |skew|) in every window.
+    a shuffled order (each process alone saturates the bucket): no asker starves (each served at
+    least twice and at least half the mean in 15 s) and the calls stay within burst + rate x
+    (window + |skew|) in every window. (15 s of asks is about 1,500 calls to moto's DynamoDB; with
+    synced clocks the fewest grants are 2 of a mean of 2.75, with the skew 0 of 2.5.)
     With a skew, the process ahead takes every refill (xfail: not fixed; in production one tick
     holds one reservation at a time, so it takes a group of fleets whose clocks run ahead)."""
     import random
@@ -273,7 +275,7 @@ def test_two_processes_with_mixed_asks_share_the_rate_and_neither_starves(aws, s
     uses: list[tuple[float, int]] = []
     rng = random.Random(11)
     t = start
-    while t < start + 30:
+    while t < start + 15:
         rng.shuffle(askers)
         for name, process, cost in askers:
             if busy_until[name] > t:
@@ -286,7 +288,8 @@ def test_two_processes_with_mixed_asks_share_the_rate_and_neither_starves(aws, s
                 served[name] += 1
                 busy_until[name] = at + 0.01
         t = round(t + 0.1, 6)
-    assert min(served[name] for name, _, _ in askers) >= 3, served
+    grants = [served[name] for name, _, _ in askers]
+    assert min(grants) >= max(2, sum(grants) / len(grants) / 2), served
     uses.sort()
     for i, (at, _) in enumerate(uses):
         for window in (0.5, 1.0, 5.0, 20.0):
