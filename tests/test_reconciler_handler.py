@@ -370,12 +370,12 @@ def test_concurrent_ticks_hold_the_lease_one_at_a_time(aws, monkeypatch) -> None
 def test_no_dip_at_expiry_without_headroom(aws, monkeypatch) -> None:
     """#11.3: min 3 / warm 2 / max 5: no headroom for a successor, ever. Lifetimes are spread and
     a parked VM is handed to a base slot before its VM ends: RUNNING never below 3."""
-    env = {"MIN_VMS": "3", "WARM_VMS": "2", "MAX_VMS": "5", "MAX_LIFETIME_SECONDS": "1800",
+    env = {"MIN_VMS": "3", "WARM_VMS": "2", "MAX_VMS": "5", "MAX_LIFETIME_SECONDS": "1500",
            "SUCCESSOR_LEAD_SECONDS": "300", "IDLE_SECONDS": ""}
     with deployed_fleet(aws, env=env, pending_seconds=2) as fleet:
         fleet.every_minute(monkeypatch, 2)
         lowest, handovers = 3, 0
-        for _ in range(3 * 30):  # three lifetimes
+        for _ in range(3 * 25):  # three lifetimes
             run = fleet.every_minute(monkeypatch, 1)[0]
             handovers += len(run.events("vm_handed_over"))
             lowest = min(lowest, len(fleet.live(("RUNNING",))))
@@ -388,12 +388,12 @@ def test_no_dip_at_expiry_without_headroom(aws, monkeypatch) -> None:
 
 
 def test_no_dip_at_expiry_with_headroom(aws, monkeypatch) -> None:
-    env = {"MIN_VMS": "3", "WARM_VMS": "0", "MAX_VMS": "4", "MAX_LIFETIME_SECONDS": "1800",
+    env = {"MIN_VMS": "3", "WARM_VMS": "0", "MAX_VMS": "4", "MAX_LIFETIME_SECONDS": "1500",
            "SUCCESSOR_LEAD_SECONDS": "300"}
     with deployed_fleet(aws, env=env, pending_seconds=2) as fleet:
         fleet.every_minute(monkeypatch, 2)
         lowest = 3
-        for _ in range(2 * 30):
+        for _ in range(2 * 25):
             fleet.every_minute(monkeypatch, 1)
             lowest = min(lowest, len(fleet.live(("RUNNING", "SUSPENDING", "SUSPENDED"))))
             assert len(fleet.live()) <= 4
