@@ -136,7 +136,9 @@ def reconciler(hours: float, metrics: bool) -> dict[str, Any]:
     }
 
 
-def egress(minutes: int) -> dict[str, Any]:
+def egress(minutes: int, throttled_at: int = 600) -> dict[str, Any]:
+    """Custom metrics of an egress client over ``minutes`` of three targets, one of them told a
+    429 at second ``throttled_at`` (so its deferral reasons appear too)."""
     from rayito_constructs import AgentProject, build_recipe
     from rayito_constructs.egress import BudgetClient, EmfRecorder
     from tests.egress_support import Clock, counting_store, ddb, virtual_store_time
@@ -159,7 +161,7 @@ def egress(minutes: int) -> dict[str, Any]:
             budget.acquire("https://api.example.com/v1/items", step=f"s{second}")
             budget.acquire(f"https://api.example.com/v1/search?region={'eu' if second % 4 else 'us'}", step=f"s{second}")
             budget.acquire("https://other.example.org/x", step=f"s{second}")
-            if second == 600:
+            if second == throttled_at:
                 budget.backoff("https://api.example.com/v1/items", 30, "http_429")
         recorder.close()
     emf_bytes = 0
