@@ -28,7 +28,9 @@ synth: $(STAMP)/synth $(STAMP)/node
 # the floor with COVERAGE_FLOOR=0. --dist loadfile keeps each file's tests on one worker, in order:
 # module-scoped synths are made once, and tests/test_fleet.py's stability check compares two
 # synths of one file's run, as it does without xdist.
-WORKERS ?= 2
+# One worker more than the cores: a worker that waits on real time (a contract test's Lambda
+# process, a client's timeout, the CDK's Node process) leaves its core to another (2 cores: 3).
+WORKERS ?= $(shell echo $$(( $$(nproc) + 1 )))
 COVERAGE_FLOOR ?= 1
 test: $(STAMP)/python
 	$(BIN)/ruff check --select F,E9 rayito_constructs lambdas benchmarks tests app.py
