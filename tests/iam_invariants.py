@@ -41,23 +41,33 @@ LOG_ACTIONS = {"logs:CreateLogGroup", "logs:CreateLogStream", "logs:PutLogEvents
 #: Sids that may hold a wildcard resource (every one with its reason in permissions.STAR_REASONS),
 #: and the statements of the roles the library makes.
 WILDCARD_SIDS = {*STAR_REASONS, "MicrovmLogs", "BuildLogs"}
+_PSEUDO_OR_VALUE = r"(?:<AWS::[A-Za-z]+>|[^:*]+)"
+
+
+def _arn(pattern: str) -> str:
+    return pattern.replace("{P}", _PSEUDO_OR_VALUE).replace("{R}", _PSEUDO_OR_VALUE).replace("{A}", _PSEUDO_OR_VALUE)
+
+
 #: (flattened resource pattern, actions allowed on it, Sids it is reserved to or None for any).
+#: ``{P}``, ``{R}`` and ``{A}`` stand for an ARN's partition, region and account: a value, or a
+#: pseudo parameter as the flattening shows it (``<AWS::AccountId>``, colons included: the
+#: environment-agnostic stacks ``app.py`` makes; the tests' own stacks name an account and region).
 ALLOWED_WILDCARDS: tuple[tuple[re.Pattern[str], frozenset[str], frozenset[str] | None], ...] = (
-    (re.compile(r"^\*$"), frozenset(NO_RESOURCE), None),
-    (re.compile(r"^\*$"), frozenset(MICROVM_ACTIONS), frozenset({"MicrovmsOnAnyImage"})),
+    (re.compile(_arn(r"^\*$")), frozenset(NO_RESOURCE), None),
+    (re.compile(_arn(r"^\*$")), frozenset(MICROVM_ACTIONS), frozenset({"MicrovmsOnAnyImage"})),
     # one image and its versions, or every image account-wide
-    (re.compile(r"^(arn:[^:]+:lambda:[^:]+:[^:]+:microvm-image:[^:*/]+|<[A-Za-z0-9.]+>):\*$"),
+    (re.compile(_arn(r"^(arn:{P}:lambda:{R}:{A}:microvm-image:[^:*/]+|<[A-Za-z0-9.]+>):\*$")),
      frozenset({*MICROVM_ACTIONS, *IMAGE_ACTIONS}), None),
-    (re.compile(r"^arn:[^:]+:lambda:[^:]+:[^:]+:microvm-image:\*$"), frozenset({*MICROVM_ACTIONS, *IMAGE_ACTIONS}), None),
-    (re.compile(r"^arn:[^:]+:lambda:[^:]+:aws:network-connector:aws-network-connector:\*$"),
+    (re.compile(_arn(r"^arn:{P}:lambda:{R}:{A}:microvm-image:\*$")), frozenset({*MICROVM_ACTIONS, *IMAGE_ACTIONS}), None),
+    (re.compile(_arn(r"^arn:{P}:lambda:{R}:aws:network-connector:aws-network-connector:\*$")),
      frozenset({"lambda:PassNetworkConnector"}), None),
-    (re.compile(r"^arn:[^:]+:logs:[^:]+:[^:]+:log-group:/aws/lambda-microvms/.+:\*$"), frozenset(LOG_ACTIONS), None),
-    (re.compile(r"^arn:[^:]+:ssm:[^:]+:[^:]+:parameter/rayito/agents/\*$"),
+    (re.compile(_arn(r"^arn:{P}:logs:{R}:{A}:log-group:/aws/lambda-microvms/.+:\*$")), frozenset(LOG_ACTIONS), None),
+    (re.compile(_arn(r"^arn:{P}:ssm:{R}:{A}:parameter/rayito/agents/\*$")),
      frozenset({"ssm:GetParameter", "ssm:DeleteParameter", "ssm:PutParameter"}), None),
     # EventBridge Scheduler invokes one function and its versions (CDK's grant)
-    (re.compile(r"^<[A-Za-z0-9]+\.Arn>:\*$"), frozenset({"lambda:InvokeFunction"}), None),
+    (re.compile(_arn(r"^<[A-Za-z0-9]+\.Arn>:\*$")), frozenset({"lambda:InvokeFunction"}), None),
     # an image's code artifact objects (given by the caller of ImagePublisherPolicy)
-    (re.compile(r"^arn:[^:]*:s3:::[^/*]+/.+$"), frozenset({"s3:GetObject"}), frozenset({"ReadCodeArtifact"})),
+    (re.compile(_arn(r"^arn:{P}:s3:::[^/*]+/.+$")), frozenset({"s3:GetObject"}), frozenset({"ReadCodeArtifact"})),
 )
 
 
