@@ -47,9 +47,9 @@ def untraced(app: Callable[..., Any]) -> Callable[..., Any]:
     ``make test`` measures coverage, and on Python 3.11 coverage's tracer is called for every line
     of every thread, moto's request threads included (werkzeug starts one per request; each gets
     coverage's tracer from ``threading.settrace``). No code of ours runs in them, so they drop it:
-    on 2 workers `make test` took 470 s of pytest and about 750 CPU-s with them traced, 372 s and 580
-    CPU-s without. The rest of the thread (the response
-    written back) runs untraced too; the caller's threads keep theirs."""
+    on 2 workers ``make test`` took 470 s of pytest and about 750 CPU-s with them traced, 372 s and
+    580 CPU-s without. The rest of the thread (the response written back) runs untraced too; the
+    caller's threads keep theirs."""
 
     def serve(environ: dict[str, Any], start_response: Callable[..., Any]) -> Any:
         sys.settrace(None)
