@@ -821,12 +821,7 @@ class _Timeline:
         events = sorted(self.events)
         samples = [start + 60 * k for k in range(1, int((end - start) // 60) + 1)]
         changes = sorted(start + c[0] for c in fleet.changes)
-        # The deploy invokes the reconciler at the start and at each spec change (the benchmark
-        # judges those within a grace, so a perfect reconciler acts on them): one list page each,
-        # beside the one per scheduled tick (a tick per minute, counted at the minute samples).
-        deploys = [start] + changes
-        marks = sorted([(t, 0, "sample", 0) for t in samples] + [(t, 0, "change", 0) for t in changes]
-                       + [(t, 1, "deploy", 0) for t in deploys])
+        marks = sorted([(t, 0, "sample", 0) for t in samples] + [(t, 0, "change", 0) for t in changes])
         out = {"samples": 0, "violations": 0, "dips": 0.0, "duplicates_peak": 0, "duplicate_minutes": 0,
                "list_pages": 0, "converged_at": None}
         converged = None
@@ -847,9 +842,6 @@ class _Timeline:
             else:
                 _, _, what, _ = marks[j]
                 j += 1
-                if what == "deploy":
-                    out["list_pages"] += max(1, math.ceil(counts["listed"] / 50))
-                    continue
                 if what == "change":
                     old = fleet.spec_at(t - start - 1e-6)
                     new = fleet.spec_at(t - start)

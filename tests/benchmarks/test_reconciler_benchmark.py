@@ -179,16 +179,3 @@ def test_a_short_day_of_both_sides_from_ground_truth() -> None:
         assert result["convergence_seconds"] is not None and result["convergence_seconds"] > 0
         assert result["api_calls"] > 0 and not math.isnan(result["amplification"])
         assert result["invocation_errors"] == {}, result["_first_error"]
-
-
-def test_the_minimum_owes_a_list_page_per_scheduled_tick_and_per_deploy_invocation() -> None:
-    # A fleet ticked every minute and invoked by the deploy at the start: the minute samples count
-    # the scheduled ticks (one page each while fewer than 50 VMs are listed), the deploy's
-    # invocation at the start owes one more; a spec change's deploy invocation another.
-    vms = [vm("rec-0-1", [(0, "PENDING"), (2, "RUNNING")]) for _ in range(2)]
-    assert measure(fleet(), vms)["list_pages"] == 60 + 1
-    changed = fleet()
-    changed.changes.append((1800.5, 2, 3, 0))
-    assert measure(changed, vms)["list_pages"] == 60 + 2
-    many = [vm("rec-0-1", [(0, "PENDING"), (2, "RUNNING")]) for _ in range(51)]
-    assert measure(fleet(max_vms=60), many)["list_pages"] == 2 * (60 + 1)
