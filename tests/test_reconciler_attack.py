@@ -4,7 +4,6 @@ refusals), through ``index.handler`` against the emulator and moto where the bre
 
 from __future__ import annotations
 
-import json
 import math
 from typing import Iterator
 
