@@ -343,14 +343,14 @@ def test_budget_is_one_conditional_update_per_grant(tables, clock) -> None:
 @pytest.mark.parametrize("rollout", ["rolling", "on_expiry"])
 def test_a_new_image_version_rolls_the_fleet(emulator, tables, clock, rollout) -> None:
     r = reconciler(emulator, tables, clock, min_vms=2, max_vms=5, warm_vms=1, image_version="1.0",
-                   max_lifetime_seconds=7200, base_rollout=rollout)
+                   max_lifetime_seconds=3600, base_rollout=rollout)
     tick(r, clock)
     clock.advance(60)
     emulator.publish_version("mi-agente", "2.0")  # a deploy built a new version ...
     rolled = reconciler(emulator, tables, clock, min_vms=2, max_vms=5, warm_vms=1, image_version="2.0",
-                        max_lifetime_seconds=7200, base_rollout=rollout)  # ... and set IMAGE_VERSION
+                        max_lifetime_seconds=3600, base_rollout=rollout)  # ... and set IMAGE_VERSION
     lowest = 2
-    for step in range(2 * 7200 // 30):
+    for step in range(2 * 3600 // 30):
         if step % 2 == 0:
             tick(rolled, clock, seconds=25)
         clock.advance(30)

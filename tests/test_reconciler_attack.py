@@ -59,6 +59,15 @@ def test_a_bad_budgets_environment_keeps_the_documented_quotas_and_says_so(aws, 
             assert budget.budgets[operation] == (rate * DEFAULT_SHARE, max(1.0, burst - 1))
 
 
+@pytest.mark.parametrize("value", ["55", {"5": 1, "7": 2}, [5, True], [5], [5, 5, 5], ["5", "5"], None, 5])
+def test_only_a_pair_of_numbers_is_a_bucket(value) -> None:
+    """Iterating whatever came read "55" as (5, 5), a mapping as its keys and True as 1."""
+    from lambdas.reconciler.budget import valid_shape
+
+    assert valid_shape(value) is None
+    assert valid_shape([5, 5]) == (5.0, 5.0) and valid_shape((0.5, 2)) == (0.5, 2.0)
+
+
 @pytest.mark.parametrize("store", ["memory", "dynamodb"])
 @pytest.mark.parametrize("cost", [0, -3, math.nan, 1.5])
 def test_an_ask_of_no_tokens_is_refused_loudly(aws, store, cost) -> None:

@@ -88,10 +88,13 @@ def valid_shape(value: Any) -> Optional[tuple[float, float]]:
     of at least 1 token; None otherwise. A zero rate divided by zero on every tick; a negative,
     NaN or infinite one admitted every call; a burst under 1 was never admitted one token by the
     DynamoDB store (the fleet never listed)."""
-    try:
-        rate, burst = (float(v) for v in value)
-    except (TypeError, ValueError):
+    # A pair of numbers and nothing else: a string ("55" read as 5, 5), a mapping (its keys) or a
+    # boolean (True read as 1) is no bucket.
+    if not isinstance(value, (list, tuple)) or len(value) != 2:
         return None
+    if any(isinstance(v, bool) or not isinstance(v, (int, float)) for v in value):
+        return None
+    rate, burst = float(value[0]), float(value[1])
     if not (math.isfinite(rate) and rate > 0 and math.isfinite(burst) and burst >= 1):
         return None
     return rate, burst
@@ -227,6 +230,8 @@ class DynamoDBBudget(_Gcra):
                 return Granted(operation, cost, max(0.0, start - now))
             except self._ddb.exceptions.ConditionalCheckFailedException as exc:
                 old = exc.response.get("Item") or old
+                # uncovered: a failed write that returns no item (the bucket deleted between a
+                # tick's two attempts, by hand or a table restore); no test deletes it mid-call
                 if old is None:
                     continue
                 until = float(old.get("backoff_until", {}).get("N", 0))
@@ -239,6 +244,8 @@ class DynamoDBBudget(_Gcra):
                 limit = admission_limit(now, horizon, interval, burst, cost)
                 if tat > limit:
                     return Deferral(operation, tat - limit, "budget_empty")
+        # uncovered: both conditional writes refused while the item each returned says the ask
+        # fits (another process moved the bucket between them); a race no single-process test makes
         tat = self._last_tat.get(operation, now)
         return Deferral(operation, max(interval, tat - admission_limit(now, horizon, interval, burst, cost)), "budget_empty")
 

@@ -207,6 +207,7 @@ def client_token(epoch: str, fleet: str, slot_id: str, generation: int) -> str:
 
 def _event(name: str, slot: Optional[Slot] = None, **fields: Any) -> dict[str, Any]:
     event: dict[str, Any] = {"event": name}
+    # uncovered: 207->209, every caller passes a slot; kept for slotless events
     if slot is not None:
         event.update(slot=slot.slot_id, role=slot.role, generation=slot.generation, microvm_id=slot.microvm_id)
     event.update({k: v for k, v in fields.items() if v is not None})
@@ -243,6 +244,7 @@ def slot_order(slot_id: str, role: str, spec: Optional["FleetSpec"] = None) -> t
     tail = slot_id.rsplit("-", 1)[-1]
     rank = int(tail) if tail.isdigit() else 0
     count = (spec.warm_vms if role == WARM else spec.min_vms) if spec is not None else 0
+    # uncovered: a slot whose role the spec asks none of (a parked slot left after warm_vms went to 0, or min_vms=0); pure, a unit test away
     if count <= 0:
         return (float(rank), role != BASE, slot_id)
     return (rank / count if role == WARM else (rank + 0.5) / count, role != BASE, slot_id)
@@ -256,6 +258,7 @@ def first_lifetime(spec: FleetSpec, slot_id: str, role: str) -> int:
     ids = [s for s, _ in order]
     if not spec.stagger or slot_id not in ids or len(ids) < 2:
         return life
+    # uncovered: max_lifetime_seconds below 2 * (2 * successor_lead_seconds + 120) (3,840 s by default) with stagger and 2+ slots; tests use 8 h
     if life / 2 < 2 * spec.successor_lead_seconds + HANDOVER_LEAD_SECONDS:
         return life  # too short a lifetime to spread without replacing VMs all the time
     rank = ids.index(slot_id)
@@ -337,6 +340,7 @@ def plan(spec: FleetSpec, ledger: Mapping[str, Slot], observed: Iterable[Observe
             elif (slot.role == WARM and retiring is not None and retiring.state in ("PENDING", "RUNNING")
                   and now - (slot.queued_at or now) > PARK_GRACE_SECONDS):
                 # A client resumed the parked VM being replaced: it is a member now.
+                # uncovered: a client resumes a parked VM that an image rollout is replacing, 30 s after its successor was queued; no test does
                 member_of(retiring.microvm_id, retiring.started_at, "warm_slot_taken", slot)
                 slot.retiring_id = None
         if slot.role == MEMBER:
@@ -349,6 +353,7 @@ def plan(spec: FleetSpec, ledger: Mapping[str, Slot], observed: Iterable[Observe
             if redrive:
                 slot.phase, slot.errors, slot.crashes, slot.dead_kind, slot.retry_at = QUEUED, 0, 0, None, None
                 slot.noted, slot.queued_at = None, now
+                # uncovered: 348->351, a redrive of a slot dead-lettered while in doubt (its token kept); no test changes the spec then
                 if slot.in_doubt_since is None:
                     slot.generation += 1
                     slot.request = None
@@ -396,6 +401,7 @@ def plan(spec: FleetSpec, ledger: Mapping[str, Slot], observed: Iterable[Observe
             elif vm.state == "SUSPENDED" and not idle_suspended:
                 # A parked VM handed to this base slot, not yet running (a resume waits for the VM's
                 # /resume hook; a step may have died after the handover): ask again after a grace.
+                # uncovered: a list after a handover that still shows the donor VM SUSPENDED (a resume waiting on /resume, or a step that died after the handover); no test lists in that window
                 if slot.parking_since is None or now - slot.parking_since > PARK_GRACE_SECONDS:
                     intents.append(Intent("resume", slot.slot_id, vm.microvm_id, role=BASE))
                 wake_soon = True
@@ -449,6 +455,7 @@ def plan(spec: FleetSpec, ledger: Mapping[str, Slot], observed: Iterable[Observe
         if slot_id not in slots:
             slots[slot_id] = Slot(slot_id, role, queued_at=now)
             events.append(_event("slot_queued", slots[slot_id]))
+        # uncovered: the spec grows back (warm_vms raised again) before a draining parked slot's VM ended
         elif slots[slot_id].draining:
             slots[slot_id].draining = False
     for slot in list(slots.values()):
@@ -460,6 +467,7 @@ def plan(spec: FleetSpec, ledger: Mapping[str, Slot], observed: Iterable[Observe
                 slot.draining = True
                 events.append(_event("slot_draining", slot, reason="spec_shrank"))
             continue  # parked first, then ended (below)
+        # uncovered: the spec shrinks while the removed slot's run is in doubt (no VM known); no test does both
         if slot.microvm_id is None and _in_doubt(slot):
             continue  # a VM may exist for it: the same token must still be asked before forgetting it
         del slots[slot.slot_id]
@@ -482,6 +490,7 @@ def plan(spec: FleetSpec, ledger: Mapping[str, Slot], observed: Iterable[Observe
                      and (seen.get(s.microvm_id) or Observed("", "", 0)).state == "SUSPENDED"),
                     key=lambda s: (not s.draining, -(s.vm_started_at or 0)))
     for slot in parked:
+        # uncovered: a list still showing a parked VM SUSPENDED within 60 s of our TerminateMicrovm (a lagging list); no test lags the list there
         if slot.ending and slot.end_requested_at is not None and now - slot.end_requested_at < CONSISTENCY_SECONDS:
             excess -= 0 if slot.draining else 1  # asked already; the list has not caught up
             continue
@@ -501,6 +510,7 @@ def plan(spec: FleetSpec, ledger: Mapping[str, Slot], observed: Iterable[Observe
         if slot.role == MEMBER or slot.phase == DEAD or slot.draining:
             continue
         if slot.microvm_id is None:
+            # uncovered: a slot planned again before its backoff (retry_at) ends; the tests' ticks sleep past it or end first
             if slot.retry_at is not None and slot.retry_at > now:
                 wake_at = slot.retry_at if wake_at is None else min(wake_at, slot.retry_at)
                 continue
@@ -528,6 +538,7 @@ def plan(spec: FleetSpec, ledger: Mapping[str, Slot], observed: Iterable[Observe
                     note(slot, "outdated")
         if slot.role == WARM and slot.retiring_id and slot.phase == PARKED:
             retiring = seen.get(slot.retiring_id)
+            # uncovered: 527->496, a parked slot whose replaced VM is missing from the list or not suspended; no test lags that VM
             if retiring is not None and retiring.state in ("SUSPENDING", "SUSPENDED"):
                 intents.append(Intent("terminate", slot.slot_id, slot.retiring_id, reason="replaced_parked_slot"))
     successors.sort(key=lambda i: i.priority)
@@ -543,6 +554,7 @@ def plan(spec: FleetSpec, ledger: Mapping[str, Slot], observed: Iterable[Observe
         runs.sort(key=lambda r: (r.retry is False, r.role != BASE))
         for intent in [r for r in runs if not r.retry and r.role == BASE][max(0, headroom):]:
             slot = slots[intent.slot_id]
+            # uncovered: a base slot without a VM, no headroom under max_vms and a parked VM to take (a base VM lost at max_vms); the handovers tested are successors
             if not donors or slot.phase == STARTING:
                 break
             donor = max(donors, key=lambda d: (d.vm_started_at or 0) + (d.lifetime or spec.max_lifetime_seconds))
@@ -616,6 +628,7 @@ def handover(base: Slot, donor: Slot, now: float) -> tuple[Slot, Slot]:
     """A base slot takes a warm slot's parked VM (written before ResumeMicrovm is called): the
     only way a VM changes slots, and always between two slots of this ledger, explicitly."""
     base, donor = copy.copy(base), copy.copy(donor)
+    # uncovered: 615->617, a handover to a base slot without a VM (544-547 above), never reached
     if base.microvm_id:
         base.retiring_id = base.microvm_id
     base.microvm_id = donor.microvm_id

@@ -76,6 +76,7 @@ def _now() -> float:
 
 
 def _sleep(seconds: float) -> None:
+    # uncovered: 79->exit, every caller passes a positive wait (wait_idle checks ahead > 0; polls start above 0)
     if seconds > 0:
         SLEEP(seconds)
 
@@ -91,6 +92,7 @@ def client() -> Any:
 def _number(version: str) -> float:
     try:
         return float(version)
+    # uncovered: a version name float() refuses; the service (and the emulator) number versions 1, 2, 3...
     except (TypeError, ValueError):
         return -1.0
 
@@ -147,6 +149,7 @@ class Pruner:
         poll = IDLE_POLL_FIRST_SECONDS
         ahead = self.busy_until - _now()
         if ahead > 0:
+            # uncovered: our own delete still settling with less time left than it takes: needs a deadline within VERSION_DELETE_SECONDS of a delete
             if self._left() <= ahead:
                 return False
             _sleep(ahead)
@@ -167,11 +170,13 @@ class Pruner:
         token: Optional[str] = None
         while True:
             kwargs: dict[str, Any] = {"imageIdentifier": self.image_arn, "maxResults": 50}
+            # uncovered: 170->171, 175->168: a second page needs more than 50 versions of one image; no test builds that many
             if token:
                 kwargs["nextToken"] = token
             page = self._call("list_microvm_image_versions", **kwargs)
             out += page.get("items") or []
             token = page.get("nextToken")
+            # uncovered: 175->168, the same second page (more than 50 versions)
             if not token:
                 return out
 
@@ -208,6 +213,7 @@ class Pruner:
                 continue
             if name == self.latest_active:
                 self.skipped[name] = "latest_active"
+            # uncovered: an older version still building while a newer one is active; the emulator builds one version at a time
             elif v.get("state") in BUILDING:
                 self.skipped[name] = "building"
             elif live.get(name):
@@ -233,6 +239,7 @@ class Pruner:
 
     def _delete(self, version: str) -> bool:
         for _ in range(MAX_CONFLICTS):
+            # uncovered: the image stays busy (building or deleting) until the pass's deadline; needs a build longer than the deadline
             if not self.wait_idle():
                 self.skipped[version] = "image_busy"
                 return False
@@ -242,6 +249,7 @@ class Pruner:
                 return True
             except ClientError as exc:
                 code = error_code(exc)
+                # uncovered: a version deleted by someone else between our list and our delete (404); no test races a second deleter
                 if code == "ResourceNotFoundException":
                     return True  # already gone
                 if code != "ConflictException":
@@ -343,6 +351,7 @@ def handler(event: Mapping[str, Any], context: Any) -> Optional[dict[str, Any]]:
     """Lambda entry point: CloudFormation's requests (before each build) and the schedule's."""
     global _CLIENT
     env = os.environ
+    # uncovered: 346->348, a warm start (second invocation in one process, client cached); each test invocation starts fresh
     if _CLIENT is None:
         _CLIENT = client()
     if not (isinstance(event, Mapping) and "RequestType" in event):

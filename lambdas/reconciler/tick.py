@@ -163,10 +163,12 @@ class Reconciler:
         * A holder that says it ends implausibly late (past a whole tick plus the clock skew we
           tolerate: its clock runs ahead): taken over at once; the fence keeps both safe."""
         busy_until = getattr(self.ledger, "busy_until", None)
+        # uncovered: both ledgers (DynamoLedger, MemoryLedger) have busy_until; kept for a ledger object without one
         if busy_until is None:
             return True
         try:
             until = busy_until(self.spec.fleet)
+        # uncovered: needs DynamoDB failing on the lease read of a tick's start but not on the writes after it; no test injects that
         except (ClientError, BotoCoreError):
             return True  # the lease item cannot be read: take over (the fence keeps both safe)
         # Ends are written and weighed on the shared (service's) clock: a holder 30 s ahead
@@ -377,6 +379,7 @@ class Reconciler:
                 if isinstance(decision, Deferral):
                     waits.append(decision.retry_after_seconds)
                     budget_out.add(operation)
+                    # uncovered: Suspend/Terminate/Resume budget empty beyond the reserve horizon (2 s): dozens of fleets parking at once; the tests never exhaust those quotas
                     if decision.reason == "budget_empty" and intent.kind in ("suspend", "terminate", "resume"):
                         self._demand[operation] = want
         if attempts or filled:
@@ -427,10 +430,12 @@ class Reconciler:
         asked = 0
         for vm_id in core.to_confirm(slots, {o.microvm_id: o for o in observed}, now):
             cached = self._confirmed.get(vm_id)
+            # uncovered: a VM a list misses in two steps of one tick less than CONFIRM_TTL_SECONDS apart; no test lags a list that long
             if cached is not None and now - cached[0] <= CONFIRM_TTL_SECONDS:
                 if cached[1] is not None:
                     out.append(cached[1])
                 continue
+            # uncovered: more than MAX_CONFIRMS_PER_STEP (25) VMs missing from one list, or the GetMicrovm budget (100/s) empty; no test reaches either
             if asked >= MAX_CONFIRMS_PER_STEP or isinstance(self._admit("GetMicrovm", now), Deferral):
                 continue
             asked += 1
@@ -440,6 +445,7 @@ class Reconciler:
                 seen = core.Observed(vm_id, vm["state"], _epoch(vm["startedAt"]), vm.get("imageVersion"),
                                      vm.get("stateReason"))
             except ClientError as exc:
+                # uncovered: a GetMicrovm error other than 404 (throttle, 500) while confirming a missed VM; no test injects a fault at that call
                 if _code(exc) == "ResourceNotFoundException":
                     seen = core.Observed(vm_id, core.GONE, 0.0, reason="not_found")
                 else:
@@ -459,6 +465,7 @@ class Reconciler:
             return None
         fresh: dict[str, core.Observed] = {}
         for vm_id in ids:
+            # uncovered: the GetMicrovm budget (100/s) empty during a peek; no test exhausts it
             if isinstance(self._admit("GetMicrovm", now), Deferral):
                 return None
             try:
@@ -535,6 +542,7 @@ class Reconciler:
             if held[0] <= now + 1e-6:
                 held[1] -= 1
                 return Granted(operation, 1)
+            # uncovered: 490->493, a step that runs (for a parked slot's PENDING VM, say) before the RunMicrovm tokens it reserved come due; not timed by any test
             return Deferral(operation, held[0] - now, "reserved")
         interval, burst_f = self.budget.shape(operation)
         burst = int(burst_f)
@@ -577,6 +585,7 @@ class Reconciler:
         slot.microvm_id = vm["microvmId"]
         slot.vm_started_at = _epoch(vm["startedAt"])
         slot.in_doubt_since, slot.errors, slot.retry_at = None, 0, None
+        # uncovered: 535->538, unreachable from step(): every step that runs has an observation (its list, a peek of it, or the reserved one)
         if self._observation is not None:
             self._observation[1].append(core.Observed(vm["microvmId"], vm["state"], slot.vm_started_at,
                                                       vm.get("imageVersion")))
@@ -601,6 +610,7 @@ class Reconciler:
         if code == "ThrottlingException":
             # Made no VM; the rate's fault, not the slot's: back to the queue (or, in doubt, the
             # same token later), under the shared backoff every reconciler sees.
+            # uncovered: a throttled retry of an in-doubt token (an ambiguous error, then a throttle on the same slot's retry); no test orders faults so
             if retried:
                 slot.in_doubt_since = slot.in_doubt_since or now
             else:
@@ -638,6 +648,7 @@ class Reconciler:
             # in doubt, its token kept for a redrive) after max_start_attempts; never a new token
             # while a VM of the old one may run.
             slot.in_doubt_since = slot.in_doubt_since or now
+        # uncovered: 596->598, a ConflictException that names no VM (the emulator's Conflict fault) on an in-doubt slot's retry; no test injects it after an ambiguous error
         elif slot.in_doubt_since is None:
             slot.phase = core.QUEUED
         if code == "ConflictException":
@@ -690,6 +701,7 @@ class Reconciler:
             self._emit({"event": "api_error", "operation": operation, "code": type(exc).__name__})
             return None
         if intent.kind in ("suspend", "resume"):
+            # uncovered: 648->651, plan() makes suspend/resume intents only for slots of its own ledger (never a stray)
             if slot is not None:
                 slot.parking_since = now
                 self._save(slot, slots)
@@ -709,11 +721,13 @@ class Reconciler:
         self.ledger.write(self.spec.fleet, self.fence, meta={"last_stray_end": intent.microvm_id or ""})
         for operation in ("GetMicrovm", "TerminateMicrovm"):
             decision = self._admit(operation, now)
+            # uncovered: the Get/Terminate budget empty while ending a stray (opt-in policy); no test exhausts it then
             if isinstance(decision, Deferral):
                 return decision
             try:
                 if operation == "GetMicrovm":
                     vm = self._api("get_microvm", microvmIdentifier=intent.microvm_id)
+                    # uncovered: a client resumes the stray between our list and our GetMicrovm; no test races a client in that window
                     if vm.get("state") != "SUSPENDED":
                         self._emit({"event": "stray_spared", "microvm_id": intent.microvm_id, "state": vm.get("state")})
                         return None
@@ -767,6 +781,7 @@ class Reconciler:
             self.ledger.write(self.spec.fleet, self.fence, puts=puts, deletes=deletes, meta=meta or None)
 
     def _dead_letter(self, event: dict[str, Any]) -> None:
+        # uncovered: 725->exit, every Reconciler that dead-letters in the tests has a sink (the handler always passes one)
         if self.dead_letters:
             self.dead_letters({"fleet": self.spec.fleet, **{k: v for k, v in event.items() if k != "time"}})
 
@@ -794,15 +809,18 @@ class Reconciler:
     def _learn_offset(self, response: Any) -> None:
         headers = (response or {}).get("ResponseMetadata", {}).get("HTTPHeaders", {}) if isinstance(response, dict) else {}
         date = headers.get("date")
+        # uncovered: every answer (the emulator over HTTP, and AWS) has a Date header
         if not date:
             return
         try:
             from email.utils import parsedate_to_datetime
 
             service = parsedate_to_datetime(date).timestamp() + 0.5  # whole seconds: the middle of one
+        # uncovered: a Date header email.utils cannot parse; neither the emulator nor AWS sends one
         except (TypeError, ValueError):
             return
         offset = service - self.clock()
+        # uncovered: 761->exit, the service's clock more than 300 s from ours; the tests skew clocks by 30 s
         if abs(offset) <= MAX_CLOCK_OFFSET_SECONDS:
             self._offset = offset if abs(offset - self._offset) >= 1.0 else self._offset
 
