@@ -130,3 +130,96 @@ def test_a_throttled_peek_is_told_and_the_step_lists_instead(aws, monkeypatch) -
         fleet.clock.advance(60)
         fleet.invoke(monkeypatch)
         assert Counter(vm["state"] for vm in fleet.live()) == {"RUNNING": 1, "SUSPENDED": 1}
+
+
+@pytest.mark.parametrize("skew", [30.0, -30.0])
+def test_a_skewed_clock_parks_on_one_look_and_suspends_only_on_it(aws, monkeypatch, skew) -> None:
+    """A cold execution environment whose clock is 30 s off: the look's age, the suspend tokens'
+    due time and the park poll are all reckoned on the shared clock (learned from the first
+    answers), so the tick looks once at the VMs it parks, sends the second suspend on that look
+    4 s later (a 30 s skew read as a look 34 s old would list again, -26 s one would act on it
+    forever), and parks both, as with no skew."""
+    from .test_reconciler_attack import dynamodb_dates_on
+
+    env = {"MIN_VMS": "2", "WARM_VMS": "2", "MAX_VMS": "5", "BUDGETS": SLOW_SUSPENDS}
+    with deployed_fleet(aws, env=env, pending_seconds=2, fresh_launches=0) as fleet:
+        reconciler = fleet.reconciler(monkeypatch)
+        dynamodb_dates_on(reconciler, fleet.clock)
+        reconciler.clock = lambda: fleet.clock.now() + skew
+        fleet._environment, fleet._built_env = reconciler, (dict(fleet.env), True)
+        first = fleet.invoke(monkeypatch)
+        assert first.calls == {"ListMicrovms": 2, "RunMicrovm": 4, "SuspendMicrovm": 2}
+        suspends = ours(fleet, "SuspendMicrovm")
+        assert 3.9 <= suspends[1].time - suspends[0].time <= 4.5
+        fleet.clock.advance(60)
+        second = fleet.invoke(monkeypatch)
+        assert second.calls == {"ListMicrovms": 1}
+        assert Counter(vm["state"] for vm in fleet.live()) == {"RUNNING": 2, "SUSPENDED": 2}
+        assert_no_duplicates(fleet)
+
+
+def test_a_handover_due_on_a_suspends_only_step_waits_for_a_fresh_list(aws, monkeypatch) -> None:
+    """A time-driven resume on a suspends-only step: base-0's VM comes within the handover lead of
+    its end (no headroom: a client VM and two members fill max_vms) just when a deferred suspend
+    comes due after a look 8 s old. The parked VM the look shows SUSPENDED was resumed by a client
+    since: a handover on that look would put the client's session in base-0. The handover waits
+    for a fresh list, which shows the VM taken: it is a member, never resumed by us nor in a slot."""
+    env = {"MIN_VMS": "1", "WARM_VMS": "2", "MAX_VMS": "5", "MAX_LIFETIME_SECONDS": "600",
+           "SUCCESSOR_LEAD_SECONDS": "200", "IDLE_SECONDS": "", "BUDGETS": '{"SuspendMicrovm": [0.1, 1]}'}
+    with deployed_fleet(aws, env=env, pending_seconds=2, fresh_launches=0) as fleet:
+        client = fleet.emulator.direct_client(caller="client")
+        t0 = fleet.clock.now()
+
+        def at(seconds: float) -> None:
+            fleet.clock.advance(max(0.0, t0 + seconds - fleet.clock.now()))
+
+        def parked(slot: str) -> str:
+            return fleet.ledger_slots()[slot]["microvm_id"]
+
+        fleet.invoke(monkeypatch)
+        at(60)
+        fleet.invoke(monkeypatch)
+        assert Counter(vm["state"] for vm in fleet.live()) == {"RUNNING": 1, "SUSPENDED": 2}
+        assert {s["lifetime"] for s in fleet.ledger_slots().values()} == {600}  # no stagger this short
+        at(100)
+        client.resume_microvm(microvmIdentifier=parked("warm-1"))  # warm-1 taken: refilled at 105
+        at(105)
+        fleet.invoke(monkeypatch)
+        at(165)
+        fleet.invoke(monkeypatch)
+        donor = parked("warm-1")
+        assert fleet.emulator.state_of(donor) == "SUSPENDED"
+        at(390)
+        own_vm = client.run_microvm(imageIdentifier=fleet.image, clientToken="client-own")["microvmId"]
+        at(402)
+        fleet.invoke(monkeypatch)  # base-0 wants a successor, no headroom: hand over at 480
+        at(465)
+        client.terminate_microvm(microvmIdentifier=own_vm)
+        client.resume_microvm(microvmIdentifier=parked("warm-0"))  # warm-0 taken: refilled at 470
+        at(470)
+        # The SuspendMicrovm budget is busy until 481 (other fleets parking): the refilled slot's
+        # suspend comes due after the handover's time, on the look of 472.6.
+        fleet.ddb.put_item(TableName=fleet.env["BUDGET_TABLE"],
+                           Item={"operation": {"S": "SuspendMicrovm"}, "tat": {"N": repr(t0 + 481)}})
+        taken: list[float] = []
+
+        def on_request(record: Any) -> None:
+            if record.operation == "GetMicrovm" and record.caller == RECONCILER_CALLER and not taken:
+                taken.append(record.time)
+                fleet.clock.advance(2)
+                client.resume_microvm(microvmIdentifier=donor)  # a client takes the parked VM
+
+        fleet.emulator.subscribe(on_request)
+        run = fleet.invoke(monkeypatch)
+        lists = [r.time - t0 for r in ours(fleet, "ListMicrovms", t0 + 470)]
+        suspends = [r.time - t0 for r in ours(fleet, "SuspendMicrovm", t0 + 470)]
+        assert taken and suspends and suspends[0] >= 480.9  # on its budget, after the handover's time
+        assert not [t for t in lists if taken[0] - t0 < t < suspends[0]]  # the suspend stood on the look
+        assert [t for t in lists if t >= suspends[0]]  # the handover waited for a fresh list
+        assert not [r for r in ours(fleet, "ResumeMicrovm") if r.microvm_id == donor]
+        assert not run.events("vm_handed_over")
+        slots = fleet.ledger_slots()
+        assert any(s["role"] == "member" and s["microvm_id"] == donor for s in slots.values())
+        assert slots["base-0"]["microvm_id"] != donor
+        assert fleet.emulator.state_of(donor) == "RUNNING"
+        assert_no_duplicates(fleet)
