@@ -401,7 +401,8 @@ class Reconciler:
         pending = list(plan.pending_warm) + [vm for vm in started_warm if vm and vm not in plan.pending_warm]
         # Parked slots' young VMs the look did not show (lists lag new VMs): looked at again, with
         # GetMicrovm (a list would miss them again), not left RUNNING until the next tick.
-        unlisted = [vm for vm in _unlisted_warm(plan.slots, observed, now) if vm not in started_warm]
+        listed_at = self._observation[0] if self._observation is not None else now
+        unlisted = [vm for vm in _unlisted_warm(plan.slots, observed, listed_at, now) if vm not in started_warm]
         if unlisted:
             pending += [vm for vm in unlisted if vm not in pending]
             waits.append(core.PENDING_POLL_SECONDS)
@@ -844,13 +845,17 @@ _OPERATIONS = {
 }
 
 
-def _unlisted_warm(slots: dict[str, core.Slot], observed: list[core.Observed], now: float) -> list[str]:
-    """VMs of parked slots, started and not parked yet, that the look did not show and that are
-    young enough for that to be a list's lag (older ones are confirmed with GetMicrovm)."""
+def _unlisted_warm(slots: dict[str, core.Slot], observed: list[core.Observed], listed_at: float,
+                   now: float) -> list[str]:
+    """VMs of parked slots, started and not parked yet, that the look did not show though they
+    started (by more than a second of clock error) before its list was made, and young enough for
+    that to be the list's lag (older ones are confirmed with GetMicrovm). VMs started after the
+    list are waited for by the step that started them."""
     shown = {o.microvm_id for o in observed}
     return sorted(s.microvm_id for s in slots.values()
                   if s.role == core.WARM and s.phase == core.STARTING and s.microvm_id and s.microvm_id not in shown
-                  and now - (s.vm_started_at if s.vm_started_at is not None else now) < core.CONSISTENCY_SECONDS)
+                  and s.vm_started_at is not None and s.vm_started_at < listed_at - 1.0
+                  and now - s.vm_started_at < core.CONSISTENCY_SECONDS)
 
 
 def _code(exc: ClientError) -> str:
