@@ -223,3 +223,20 @@ def test_a_handover_due_on_a_suspends_only_step_waits_for_a_fresh_list(aws, monk
         assert slots["base-0"]["microvm_id"] != donor
         assert fleet.emulator.state_of(donor) == "RUNNING"
         assert_no_duplicates(fleet)
+
+
+def test_a_suspend_deferred_past_the_peek_ttl_lists_again_first(aws, monkeypatch) -> None:
+    """SuspendMicrovm at one per 20 s: the second parked slot's suspend comes due 20 s after the
+    look that saw its VM RUNNING, past PEEK_TTL_SECONDS (12 s): the step lists again before it
+    (a VM may have ended or been taken since), and both VMs are parked."""
+    env = {"MIN_VMS": "1", "WARM_VMS": "2", "MAX_VMS": "4", "BUDGETS": '{"SuspendMicrovm": [0.05, 1]}'}
+    with deployed_fleet(aws, env=env, pending_seconds=2, fresh_launches=0) as fleet:
+        first = fleet.invoke(monkeypatch)
+        suspends = [r.time for r in ours(fleet, "SuspendMicrovm")]
+        lists = [r.time for r in ours(fleet, "ListMicrovms")]
+        assert len(suspends) == 2 and suspends[1] - suspends[0] >= 19.9
+        assert [t for t in lists if suspends[0] < t <= suspends[1]]  # a fresh list before the second
+        assert first.calls == {"ListMicrovms": 3, "RunMicrovm": 3, "SuspendMicrovm": 2}
+        fleet.clock.advance(60)
+        fleet.invoke(monkeypatch)
+        assert Counter(vm["state"] for vm in fleet.live()) == {"RUNNING": 1, "SUSPENDED": 2}
