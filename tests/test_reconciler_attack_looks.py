@@ -240,3 +240,20 @@ def test_a_suspend_deferred_past_the_peek_ttl_lists_again_first(aws, monkeypatch
         fleet.clock.advance(60)
         fleet.invoke(monkeypatch)
         assert Counter(vm["state"] for vm in fleet.live()) == {"RUNNING": 1, "SUSPENDED": 2}
+
+
+def test_a_look_that_still_says_pending_looks_again_and_parks_in_the_tick(aws, monkeypatch) -> None:
+    """Every read 1.5 s late (on top of the measured 0.5 s): the look 2.6 s after the run still
+    says PENDING. The step looks again (GetMicrovm, one VM) a poll later and parks the VM in the
+    same tick; no second VM, no suspend of a PENDING VM (the service would refuse it)."""
+    with deployed_fleet(aws, env={"MIN_VMS": "1", "WARM_VMS": "1", "MAX_VMS": "3"},
+                        pending_seconds=2, fresh_launches=0) as fleet:
+        fleet.emulator.stale_seconds = 1.5
+        first = fleet.invoke(monkeypatch)
+        gets = ours(fleet, "GetMicrovm")
+        assert len(gets) >= 2 and first.calls.get("SuspendMicrovm") == 1
+        assert {r.status for r in ours(fleet, "SuspendMicrovm")} == {200}
+        fleet.clock.advance(60)
+        fleet.invoke(monkeypatch)
+        assert Counter(vm["state"] for vm in fleet.live()) == {"RUNNING": 1, "SUSPENDED": 1}
+        assert_no_duplicates(fleet)
