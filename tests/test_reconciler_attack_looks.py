@@ -257,3 +257,23 @@ def test_a_look_that_still_says_pending_looks_again_and_parks_in_the_tick(aws, m
         fleet.invoke(monkeypatch)
         assert Counter(vm["state"] for vm in fleet.live()) == {"RUNNING": 1, "SUSPENDED": 1}
         assert_no_duplicates(fleet)
+
+
+def test_a_vm_neither_lists_nor_gets_show_is_looked_at_again_once_per_tick(aws, monkeypatch) -> None:
+    """Lists 60 s late and every GetMicrovm refused (500): the parked slots' VMs the look missed
+    are looked at again once (one get, refused and told, then a list), not every poll until the
+    tick's deadline; the next tick parks them when they show."""
+    with deployed_fleet(aws, env={"MIN_VMS": "1", "WARM_VMS": "2", "MAX_VMS": "4"},
+                        pending_seconds=2, fresh_launches=0) as fleet:
+        lag = list_lag(fleet, 60)
+        refused = fleet.emulator.inject("GetMicrovm", "InternalServer", times=None, caller=RECONCILER_CALLER)
+        first = fleet.invoke(monkeypatch)
+        assert len(ours(fleet, "GetMicrovm")) == 1 and first.calls.get("ListMicrovms") == 3
+        assert not ours(fleet, "SuspendMicrovm")
+        assert [e for e in first.events("api_error") if e.get("operation") == "GetMicrovm"]
+        fleet.emulator.remove_fault(lag)
+        fleet.emulator.remove_fault(refused)
+        fleet.clock.advance(60)
+        fleet.every_minute(monkeypatch, 2)
+        assert Counter(vm["state"] for vm in fleet.live()) == {"RUNNING": 1, "SUSPENDED": 2}
+        assert_no_duplicates(fleet)

@@ -116,6 +116,7 @@ class Reconciler:
     _peek_ids: list = field(default_factory=list)  # VMs the next step asks GetMicrovm about
     _park_at: Optional[float] = None  # when a parked slot's PENDING VM is worth a look (to park it)
     _peeked: Optional[tuple[float, list]] = None  # the last peek: when, and the list with its answers
+    _relooked: set = field(default_factory=set)  # parked slots' VMs a list missed, looked at again this tick
 
     # ------------------------------------------------------------------ ticks and steps
 
@@ -224,6 +225,7 @@ class Reconciler:
         self._park_at = None
         self._observation = None
         self._peeked = None
+        self._relooked = set()
         self._deadline = float("inf")
         self.ledger.release_tick(self.spec.fleet, self.holder)
         self.telemetry.flush()
@@ -402,7 +404,10 @@ class Reconciler:
         # Parked slots' young VMs the look did not show (lists lag new VMs): looked at again, with
         # GetMicrovm (a list would miss them again), not left RUNNING until the next tick.
         listed_at = self._observation[0] if self._observation is not None else now
-        unlisted = [vm for vm in _unlisted_warm(plan.slots, observed, listed_at, now) if vm not in started_warm]
+        # Once per VM and tick: a VM that neither lists nor gets show is the next tick's (bounded cost).
+        unlisted = [vm for vm in _unlisted_warm(plan.slots, observed, listed_at, now)
+                    if vm not in started_warm and vm not in self._relooked]
+        self._relooked.update(unlisted)
         if unlisted:
             pending += [vm for vm in unlisted if vm not in pending]
             waits.append(core.PENDING_POLL_SECONDS)
