@@ -823,7 +823,16 @@ class _Timeline:
         changes = sorted(start + c[0] for c in fleet.changes)
         marks = sorted([(t, 0, "sample", 0) for t in samples] + [(t, 0, "change", 0) for t in changes])
         out = {"samples": 0, "violations": 0, "dips": 0.0, "duplicates_peak": 0, "duplicate_minutes": 0,
-               "list_pages": 0, "converged_at": None}
+               "list_pages": 0, "converged_at": None, "dip_spans": []}
+
+        def dip(a: float, b: float) -> None:
+            """A stretch below min_vms, [from, seconds] since the day's start (``--details``)."""
+            out["dips"] += b - a
+            spans = out["dip_spans"]
+            if spans and abs(spans[-1][0] + spans[-1][1] - (a - start)) < 1e-6:
+                spans[-1][1] = round(b - start - spans[-1][0], 3)  # contiguous: one stretch
+            elif b > a:
+                spans.append([round(a - start, 3), round(b - a, 3)])
         converged = None
         last = start
         i = j = 0
@@ -834,7 +843,7 @@ class _Timeline:
             if t > end:
                 break
             if converged is not None and self.dips and counts["running"] < fleet.min_owed(last - start):
-                out["dips"] += t - last
+                dip(last, t)
             last = t
             if take_event:
                 counts[events[i][2]] += events[i][3]
@@ -864,7 +873,7 @@ class _Timeline:
                 converged = t
                 out["converged_at"] = t - start
         if converged is not None and self.dips and last < end and counts["running"] < fleet.min_owed(last - start):
-            out["dips"] += end - last
+            dip(last, end)
         return out
 
 

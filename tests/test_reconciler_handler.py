@@ -717,3 +717,21 @@ def test_due_tokens_are_spent_on_a_recent_list_when_no_list_can_be_had(aws, monk
         assert run.metrics("Deferrals")
         assert len(fleet.ours()) == 2
         assert_no_duplicates(fleet)
+
+
+def test_a_converging_fleet_looks_once_at_the_vms_it_parks_and_not_again_after(aws, monkeypatch) -> None:
+    """#11 (API calls <= 1.1 x the minimum): a fleet converging from empty lists, starts its VMs,
+    looks once at its parked slots' VMs after the measured PENDING and the reads' lag (not at 2 s,
+    when a read may still say PENDING, and with one list rather than a GetMicrovm per VM), parks
+    them, and ends its tick: the next tick's list sees them parked. Before: two GetMicrovm a look,
+    often a second look, a re-list when the suspend tokens came due, and a list to see them parked."""
+    env = {"MIN_VMS": "2", "WARM_VMS": "2", "MAX_VMS": "5"}
+    with deployed_fleet(aws, env=env, pending_seconds=2, fresh_launches=0) as fleet:
+        first = fleet.invoke(monkeypatch)
+        assert first.calls == {"ListMicrovms": 2, "RunMicrovm": 4, "SuspendMicrovm": 2}
+        fleet.clock.advance(60)
+        second = fleet.invoke(monkeypatch)
+        assert second.calls == {"ListMicrovms": 1}
+        assert len(second.events("vm_parked")) == 2  # told by the tick that saw them parked
+        assert len(fleet.live(("SUSPENDED",))) == 2 and len(fleet.live(("RUNNING",))) == 2
+        assert_no_duplicates(fleet)

@@ -49,7 +49,7 @@ PARK_GRACE_SECONDS = 30.0
 #: between the function and the service included); earlier, it ended early (a crash).
 EXPIRY_MARGIN_SECONDS = 90.0
 #: How soon a step looks again at a parked slot's PENDING VM (measured PENDING: about 2 s).
-PENDING_POLL_SECONDS = 2.0
+PENDING_POLL_SECONDS = 2.6
 #: A base successor without headroom takes a parked VM this long before the old VM's end.
 HANDOVER_LEAD_SECONDS = 120.0
 #: A base VM that cannot have a successor before its end is replaced this soon after it.
@@ -194,6 +194,9 @@ class Plan:
     strays: dict[str, dict[str, Any]] = field(default_factory=dict)
     wake_at: Optional[float] = None  # the soonest a slot's backoff ends
     pending_warm: list[str] = field(default_factory=list)  # parked slots' VMs still PENDING
+    #: Only suspends we sent are not seen yet (not worth a look of its own: the next tick's list
+    #: sees them parked, or a client's resume, or the end a failed ``/suspend`` hook brings).
+    parking_unseen: bool = False
 
 
 def client_token(epoch: str, fleet: str, slot_id: str, generation: int) -> str:
@@ -312,6 +315,7 @@ def plan(spec: FleetSpec, ledger: Mapping[str, Slot], observed: Iterable[Observe
     events: list[dict[str, Any]] = []
     intents: list[Intent] = []
     wake_soon = False
+    parking_unseen = False
     pending_since: list[float] = []  # warm VMs still PENDING: parked as soon as they run
     pending_ids: list[str] = []
 
@@ -404,7 +408,7 @@ def plan(spec: FleetSpec, ledger: Mapping[str, Slot], observed: Iterable[Observe
         else:  # WARM
             since = slot.parking_since
             if vm.state in ("PENDING", "RUNNING") and slot.phase == PARKING and since is not None and now - since <= PARK_GRACE_SECONDS:
-                wake_soon = True  # our suspend was accepted; the list has not caught up yet
+                parking_unseen = True  # our suspend was accepted; the list has not caught up yet
             elif vm.state in ("PENDING", "RUNNING") and (slot.phase == PARKED or (slot.phase == PARKING and since is not None)):
                 # A client resumed the parked slot: the VM is a member now; refill the pool.
                 member_of(vm.microvm_id, vm.started_at, "warm_slot_taken", slot)
@@ -608,7 +612,7 @@ def plan(spec: FleetSpec, ledger: Mapping[str, Slot], observed: Iterable[Observe
         # (a fresh image version's first launches take up to a minute).
         poll = now + max(PENDING_POLL_SECONDS, (now - max(pending_since)) / 2)
         wake_at = poll if wake_at is None else min(wake_at, poll)
-    return Plan(slots, intents, events, gauges, live, wake_soon, tracked, wake_at, pending_ids)
+    return Plan(slots, intents, events, gauges, live, wake_soon, tracked, wake_at, pending_ids, parking_unseen)
 
 
 def _requeue(slot: Slot, reason: str, now: float) -> None:

@@ -61,7 +61,7 @@ CONFIRM_TTL_SECONDS = 20.0
 #: A step may look at the last list plus GetMicrovm answers this long after the list was made.
 PEEK_TTL_SECONDS = 12.0
 #: At most this many GetMicrovm peeks replace one ListMicrovms.
-MAX_PEEKS = 2
+MAX_PEEKS = 1
 #: At most this many GetMicrovm confirmations per step.
 MAX_CONFIRMS_PER_STEP = 25
 #: A ListMicrovms that failed on the service's side is asked again after this long in a tick.
@@ -115,6 +115,8 @@ class Reconciler:
     _offset: float = 0.0  # the service's clock minus ours, from the Date of its answers
     _peek_ids: list = field(default_factory=list)  # VMs the next step asks GetMicrovm about
     _park_at: Optional[float] = None  # when a parked slot's PENDING VM is worth a look (to park it)
+    _peeked: Optional[tuple[float, list]] = None  # the last peek: when, and the list with its answers
+    _relooked: set = field(default_factory=set)  # parked slots' VMs a list missed, looked at again this tick
 
     # ------------------------------------------------------------------ ticks and steps
 
@@ -222,6 +224,8 @@ class Reconciler:
         self._peek_ids = []
         self._park_at = None
         self._observation = None
+        self._peeked = None
+        self._relooked = set()
         self._deadline = float("inf")
         self.ledger.release_tick(self.spec.fleet, self.holder)
         self.telemetry.flush()
@@ -256,14 +260,27 @@ class Reconciler:
             return StepResult(max(MIN_WAIT_SECONDS, wait))
         self._demand.clear()
         self._park_at = None
+        # A step on a look older than a list a step may reuse (only suspends came due) ends or
+        # resumes nothing (a parked VM a client may have resumed since): that waits for a fresh
+        # list. Its runs stand on the look as a peek's do (the ledger counts every run of ours).
+        suspends_only = False
+        looked = None
         if ready and self._observation is not None and now - self._observation[0] <= OBSERVATION_TTL_SECONDS:
             observed = list(self._observation[1])
+        elif ready and (looked := self._last_look(now, parking_only=self._parking_only(now))) is not None:
+            # Tokens that came due just after a look (a suspend of the VM the look saw RUNNING,
+            # deferred a moment by the shared SuspendMicrovm budget) act on that look: nothing this
+            # tick did since can have changed what a list would show of those VMs, and the rest is
+            # a list a peek may stand on (PEEK_TTL_SECONDS).
+            observed = looked
+            suspends_only = self._parking_only(now)
         elif not ready and (peeked := self._peek(now)) is not None:
             observed = peeked
         else:
             observed = self._list(now)
             if not isinstance(observed, Deferral):
                 self._observation = (now, list(observed))
+                self._peeked = None
             elif (ready and self._observation is not None and observed.reason == "budget_empty"
                   and now - self._observation[0] <= STALE_OBSERVATION_SECONDS):
                 # No list to be had now (ListMicrovms is shared by every fleet): tokens that came
@@ -316,6 +333,9 @@ class Reconciler:
         run_waits: list[float] = []  # waits for the shared RunMicrovm budget (not for this fleet's VMs)
         started_warm: list[str] = []
         for intent in plan.intents:
+            if suspends_only and intent.kind in ("terminate", "resume"):
+                waits.append(0.0)  # a parked VM a client may have taken since: after a fresh list
+                continue
             if intent.kind == "run":
                 slot = slots.get(intent.slot_id)
                 if slot is None or "RunMicrovm" in budget_out:
@@ -379,12 +399,24 @@ class Reconciler:
         # shared by every fleet, is what a fleet count of dozens waits on while converging).
         # Waits for the shared RunMicrovm budget do not need a list either: the tokens' step lists
         # (or uses a list of at most 2 s) when they come due.
-        pending = list(plan.pending_warm)
+        # The VMs this step started for parked slots are waited for too: looked at with the others.
+        pending = list(plan.pending_warm) + [vm for vm in started_warm if vm and vm not in plan.pending_warm]
+        # Parked slots' young VMs the look did not show (lists lag new VMs): looked at again, with
+        # GetMicrovm (a list would miss them again), not left RUNNING until the next tick.
+        listed_at = self._observation[0] if self._observation is not None else now
+        # Once per VM and tick: a VM that neither lists nor gets show is the next tick's (bounded cost).
+        unlisted = [vm for vm in _unlisted_warm(plan.slots, observed, listed_at, now)
+                    if vm not in started_warm and vm not in self._relooked]
+        self._relooked.update(unlisted)
+        if unlisted:
+            pending += [vm for vm in unlisted if vm not in pending]
+            waits.append(core.PENDING_POLL_SECONDS)
         other = list(waits)
         for w in run_waits:
             other.remove(w)
         only_pending = pending and not any(w != core.PENDING_POLL_SECONDS for w in other)
-        self._peek_ids = pending if only_pending and len(pending) <= MAX_PEEKS else []
+        peek_all = len(pending) <= MAX_PEEKS or (unlisted and len(pending) <= MAX_CONFIRMS_PER_STEP)
+        self._peek_ids = pending if only_pending and peek_all else []
         if pending or started_warm:
             self._park_at = now + (core.PENDING_POLL_SECONDS if started_warm or plan.wake_at is None
                                    else max(core.PENDING_POLL_SECONDS, plan.wake_at - now))
@@ -451,11 +483,40 @@ class Reconciler:
                 return None
             try:
                 vm = self._api("get_microvm", microvmIdentifier=vm_id)
-            except (ClientError, BotoCoreError):
+            except ClientError as exc:
+                self._failed("GetMicrovm", exc, now)  # told (a throttle also backs every reconciler off)
+                return None
+            # uncovered: a dropped connection or client timeout on a peek; the emulator's faults answer over HTTP (latency is real time)
+            except BotoCoreError as exc:
+                self._emit({"event": "api_error", "operation": "GetMicrovm", "code": type(exc).__name__})
                 return None
             fresh[vm_id] = core.Observed(vm_id, vm["state"], _epoch(vm["startedAt"]), vm.get("imageVersion"),
                                          vm.get("stateReason"))
-        return [fresh.get(o.microvm_id, o) for o in self._observation[1]]
+        listed = {o.microvm_id for o in self._observation[1]}
+        # VMs started after the list (this tick's parked slots' runs) join it with their answers.
+        merged = [fresh.get(o.microvm_id, o) for o in self._observation[1]] + [
+            o for vm_id, o in fresh.items() if vm_id not in listed]
+        self._peeked = (now, merged)
+        return list(merged)
+
+    def _parking_only(self, now: float) -> bool:
+        """Whether the only tokens due now are SuspendMicrovm's (parking VMs of our own)."""
+        due = [op for op, (ready_at, n) in self._held.items() if ready_at <= now + 1e-6 and n >= 1]
+        return bool(due) and all(op == "SuspendMicrovm" for op in due)
+
+    def _last_look(self, now: float, parking_only: bool = False) -> Optional[list[core.Observed]]:
+        """The last look of this tick (a list, or a peek on it) a step may act on without listing
+        again: one as fresh as a list a step may reuse (OBSERVATION_TTL_SECONDS), or, when only
+        suspends came due, one a peek may stand on (PEEK_TTL_SECONDS: the VMs to park are our own,
+        seen RUNNING by it, and a suspend of one that ended since is refused by the service).
+        None: list."""
+        if self._observation is None or now - self._observation[0] > PEEK_TTL_SECONDS:
+            return None
+        ttl = PEEK_TTL_SECONDS if parking_only else OBSERVATION_TTL_SECONDS
+        look = self._peeked if self._peeked is not None else self._observation
+        if now - look[0] > ttl:
+            return None
+        return list(look[1])
 
     def _list(self, now: float) -> list[core.Observed] | Deferral:
         observed: list[core.Observed] = []
@@ -787,6 +848,19 @@ _OPERATIONS = {
     "terminate": ("TerminateMicrovm", "terminate_microvm"),
     "resume": ("ResumeMicrovm", "resume_microvm"),
 }
+
+
+def _unlisted_warm(slots: dict[str, core.Slot], observed: list[core.Observed], listed_at: float,
+                   now: float) -> list[str]:
+    """VMs of parked slots, started and not parked yet, that the look did not show though they
+    started (by more than a second of clock error) before its list was made, and young enough for
+    that to be the list's lag (older ones are confirmed with GetMicrovm). VMs started after the
+    list are waited for by the step that started them."""
+    shown = {o.microvm_id for o in observed}
+    return sorted(s.microvm_id for s in slots.values()
+                  if s.role == core.WARM and s.phase == core.STARTING and s.microvm_id and s.microvm_id not in shown
+                  and s.vm_started_at is not None and s.vm_started_at < listed_at - 1.0
+                  and now - s.vm_started_at < core.CONSISTENCY_SECONDS)
 
 
 def _code(exc: ClientError) -> str:

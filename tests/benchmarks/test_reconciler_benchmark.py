@@ -46,6 +46,7 @@ def test_a_base_vm_that_ends_and_is_replaced_a_minute_later_is_a_60_second_dip()
     result = measure(fleet(), vms)
     assert result["converged_at"] == pytest.approx(2)
     assert result["dips"] == pytest.approx(60)
+    assert result["dip_spans"] == [[600, 60]]  # one stretch (the run at 658 splits nothing)
     assert result["violations"] == 0 and result["duplicates_peak"] == 0
 
 
@@ -115,6 +116,7 @@ def test_a_raised_min_is_owed_after_the_grace_a_lowered_one_at_once() -> None:
            vm("rec-0-1", [(900, "PENDING"), (902, "RUNNING")])]
     result = measure(f, vms)
     assert result["dips"] == pytest.approx(902 - 600 - bench.RAISE_GRACE)
+    assert result["dip_spans"] == [[pytest.approx(600 + bench.RAISE_GRACE), pytest.approx(902 - 600 - bench.RAISE_GRACE)]]
 
 
 def test_a_lowered_max_is_enforced_after_the_deploys_grace_a_raised_one_at_once() -> None:

@@ -1,0 +1,279 @@
+"""Round 5 attack (#11, API calls): rec's one look at the VMs a tick started for parked slots
+(2.6 s after the runs; GetMicrovm for one VM, a list for more), suspends that act on that look
+when their tokens come due after it (``suspends_only``: nothing ended or resumed on it), and
+``parking_unseen`` (no look of its own for our suspends). Everything through ``index.handler``
+(Powertools, one-attempt clients) against the emulator and moto on a virtual clock."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any, Iterator
+
+import pytest
+
+from .moto_server import moto_server
+from .reconciler_harness import RECONCILER_CALLER, deployed_fleet, list_lag
+from .test_reconciler_handler import assert_no_duplicates
+
+
+@pytest.fixture(scope="module")
+def aws() -> Iterator[str]:
+    with moto_server() as endpoint:
+        yield endpoint
+
+
+def ours(fleet, operation: str, since: float = 0.0) -> list[Any]:
+    return [r for r in fleet.emulator.requests
+            if r.operation == operation and r.caller == RECONCILER_CALLER and r.time >= since]
+
+
+#: SuspendMicrovm at one a 4 s (burst 1): the second parked slot's suspend comes due after the look
+#: that saw both VMs RUNNING, so it is sent by a suspends-only step standing on that look.
+SLOW_SUSPENDS = '{"SuspendMicrovm": [0.25, 1]}'
+
+
+def test_a_client_resuming_a_parked_vm_before_a_suspends_only_step_keeps_its_session(aws, monkeypatch) -> None:
+    """Both parked slots' VMs are seen RUNNING by one look; warm-0's is suspended at once, warm-1's
+    4 s later on the same look. Between the two, a client resumes warm-0's VM (now SUSPENDED): the
+    suspends-only step sees it RUNNING on the old look, within the park grace, and leaves it alone
+    (never suspended again); the next tick makes it a member and refills the pool."""
+    env = {"MIN_VMS": "1", "WARM_VMS": "2", "MAX_VMS": "5", "BUDGETS": SLOW_SUSPENDS}
+    with deployed_fleet(aws, env=env, pending_seconds=2, fresh_launches=0) as fleet:
+        resumed: list[str] = []
+
+        def on_request(record: Any) -> None:
+            if record.operation == "SuspendMicrovm" and record.caller == RECONCILER_CALLER and not resumed:
+                vm = record.microvm_id
+                fleet.clock.advance(1.5)  # SUSPENDING -> SUSPENDED (1 s here)
+                fleet.emulator.direct_client(caller="client").resume_microvm(microvmIdentifier=vm)
+                resumed.append(vm)
+
+        fleet.emulator.subscribe(on_request)
+        first = fleet.invoke(monkeypatch)
+        suspends = ours(fleet, "SuspendMicrovm")
+        assert len(suspends) == 2 and suspends[0].microvm_id == resumed[0] != suspends[1].microvm_id
+        assert first.calls.get("ListMicrovms") == 2  # the second suspend stood on the look
+        fleet.clock.advance(60)
+        fleet.every_minute(monkeypatch, 2)
+        # The client's session was never suspended again, and it is a member now.
+        assert [r for r in ours(fleet, "SuspendMicrovm") if r.microvm_id == resumed[0]] == suspends[:1]
+        assert fleet.emulator.state_of(resumed[0]) == "RUNNING"
+        slots = fleet.ledger_slots()
+        assert any(s["role"] == "member" and s["microvm_id"] == resumed[0] for s in slots.values())
+        assert Counter(vm["state"] for vm in fleet.live()) == {"RUNNING": 2, "SUSPENDED": 2}
+        assert_no_duplicates(fleet)
+
+
+def test_a_vm_that_ends_between_the_look_and_its_suspend_is_replaced(aws, monkeypatch) -> None:
+    """warm-1's VM, seen RUNNING by the look, ends (a client terminates it: a crash or expiry
+    looks the same) before its suspend comes due: the suspend is refused (Conflict), told, and the
+    next tick starts a new VM for the slot and parks it; no more than max_vms, no duplicate."""
+    env = {"MIN_VMS": "1", "WARM_VMS": "2", "MAX_VMS": "4", "BUDGETS": SLOW_SUSPENDS}
+    with deployed_fleet(aws, env=env, pending_seconds=2, fresh_launches=0) as fleet:
+        ended: list[str] = []
+
+        def on_request(record: Any) -> None:
+            if record.operation == "SuspendMicrovm" and record.caller == RECONCILER_CALLER and not ended:
+                slots = fleet.ledger_slots()
+                other = [s["microvm_id"] for k, s in slots.items()
+                         if s["role"] == "warm" and s["microvm_id"] and s["microvm_id"] != record.microvm_id]
+                fleet.emulator.direct_client(caller="client").terminate_microvm(microvmIdentifier=other[0])
+                ended.append(other[0])
+
+        fleet.emulator.subscribe(on_request)
+        first = fleet.invoke(monkeypatch)
+        refused = [r for r in ours(fleet, "SuspendMicrovm") if r.microvm_id == ended[0]]
+        assert refused and {r.status for r in refused} == {409}
+        assert [e for e in first.events("api_error") if e.get("microvm_id") == ended[0]]
+        fleet.clock.advance(60)
+        fleet.every_minute(monkeypatch, 2)
+        assert Counter(vm["state"] for vm in fleet.live()) == {"RUNNING": 1, "SUSPENDED": 2}
+        assert_no_duplicates(fleet)
+
+
+@pytest.mark.parametrize("warm", [2, 3])
+def test_parked_slots_vms_a_lagging_list_misses_are_still_parked_in_the_tick(aws, monkeypatch, warm) -> None:
+    """Lists omit VMs younger than 6 s (#11.2's lagging lists): the one look at the VMs a tick
+    started for its parked slots is a list when there are several, and that list misses them.
+    They must still be looked at (GetMicrovm answers for each, lists do not lag them) and parked
+    in the same tick, not left RUNNING until the next one."""
+    env = {"MIN_VMS": "1", "WARM_VMS": str(warm), "MAX_VMS": str(warm + 2)}
+    with deployed_fleet(aws, env=env, pending_seconds=2, fresh_launches=0) as fleet:
+        list_lag(fleet, 6)
+        t0 = fleet.clock.now()
+        fleet.invoke(monkeypatch)
+        suspends = ours(fleet, "SuspendMicrovm")
+        assert len(suspends) == warm, fleet.emulator.calls
+        assert all(r.time <= t0 + 15 for r in suspends)
+        fleet.clock.advance(60)
+        fleet.invoke(monkeypatch)
+        assert Counter(vm["state"] for vm in fleet.live()) == {"RUNNING": 1, "SUSPENDED": warm}
+        assert_no_duplicates(fleet)
+
+
+def test_a_throttled_peek_is_told_and_the_step_lists_instead(aws, monkeypatch) -> None:
+    """The single GetMicrovm peek at a parked slot's PENDING VM is throttled (429): the step lists
+    instead and still parks the VM, and the throttle is told (api_error, Throttles metric) like
+    every other refused call, not swallowed."""
+    with deployed_fleet(aws, env={"MIN_VMS": "1", "WARM_VMS": "1", "MAX_VMS": "3"},
+                        pending_seconds=2, fresh_launches=0) as fleet:
+        fleet.emulator.set_rate_limit("GetMicrovm", 1 / 600, 1, surge=0)
+        try:  # the one token of the bucket: taken by a client of the test
+            fleet.emulator.direct_client(caller="client").get_microvm(microvmIdentifier="nope")
+        except Exception:
+            pass
+        run = fleet.invoke(monkeypatch)
+        assert [r.status for r in ours(fleet, "GetMicrovm")] == [429]
+        assert len(ours(fleet, "SuspendMicrovm")) == 1
+        assert [e for e in run.events("api_error") if e.get("operation") == "GetMicrovm"]
+        assert run.metrics("Throttles")
+        fleet.clock.advance(60)
+        fleet.invoke(monkeypatch)
+        assert Counter(vm["state"] for vm in fleet.live()) == {"RUNNING": 1, "SUSPENDED": 1}
+
+
+@pytest.mark.parametrize("skew", [30.0, -30.0])
+def test_a_skewed_clock_parks_on_one_look_and_suspends_only_on_it(aws, monkeypatch, skew) -> None:
+    """A cold execution environment whose clock is 30 s off: the look's age, the suspend tokens'
+    due time and the park poll are all reckoned on the shared clock (learned from the first
+    answers), so the tick looks once at the VMs it parks, sends the second suspend on that look
+    4 s later (a 30 s skew read as a look 34 s old would list again, -26 s one would act on it
+    forever), and parks both, as with no skew."""
+    from .test_reconciler_attack import dynamodb_dates_on
+
+    env = {"MIN_VMS": "2", "WARM_VMS": "2", "MAX_VMS": "5", "BUDGETS": SLOW_SUSPENDS}
+    with deployed_fleet(aws, env=env, pending_seconds=2, fresh_launches=0) as fleet:
+        reconciler = fleet.reconciler(monkeypatch)
+        dynamodb_dates_on(reconciler, fleet.clock)
+        reconciler.clock = lambda: fleet.clock.now() + skew
+        fleet._environment, fleet._built_env = reconciler, (dict(fleet.env), True)
+        first = fleet.invoke(monkeypatch)
+        assert first.calls == {"ListMicrovms": 2, "RunMicrovm": 4, "SuspendMicrovm": 2}
+        suspends = ours(fleet, "SuspendMicrovm")
+        assert 3.9 <= suspends[1].time - suspends[0].time <= 4.5
+        fleet.clock.advance(60)
+        second = fleet.invoke(monkeypatch)
+        assert second.calls == {"ListMicrovms": 1}
+        assert Counter(vm["state"] for vm in fleet.live()) == {"RUNNING": 2, "SUSPENDED": 2}
+        assert_no_duplicates(fleet)
+
+
+def test_a_handover_due_on_a_suspends_only_step_waits_for_a_fresh_list(aws, monkeypatch) -> None:
+    """A time-driven resume on a suspends-only step: base-0's VM comes within the handover lead of
+    its end (no headroom: a client VM and two members fill max_vms) just when a deferred suspend
+    comes due after a look 8 s old. The parked VM the look shows SUSPENDED was resumed by a client
+    since: a handover on that look would put the client's session in base-0. The handover waits
+    for a fresh list, which shows the VM taken: it is a member, never resumed by us nor in a slot."""
+    env = {"MIN_VMS": "1", "WARM_VMS": "2", "MAX_VMS": "5", "MAX_LIFETIME_SECONDS": "600",
+           "SUCCESSOR_LEAD_SECONDS": "200", "IDLE_SECONDS": "", "BUDGETS": '{"SuspendMicrovm": [0.1, 1]}'}
+    with deployed_fleet(aws, env=env, pending_seconds=2, fresh_launches=0) as fleet:
+        client = fleet.emulator.direct_client(caller="client")
+        t0 = fleet.clock.now()
+
+        def at(seconds: float) -> None:
+            fleet.clock.advance(max(0.0, t0 + seconds - fleet.clock.now()))
+
+        def parked(slot: str) -> str:
+            return fleet.ledger_slots()[slot]["microvm_id"]
+
+        fleet.invoke(monkeypatch)
+        at(60)
+        fleet.invoke(monkeypatch)
+        assert Counter(vm["state"] for vm in fleet.live()) == {"RUNNING": 1, "SUSPENDED": 2}
+        assert {s["lifetime"] for s in fleet.ledger_slots().values()} == {600}  # no stagger this short
+        at(100)
+        client.resume_microvm(microvmIdentifier=parked("warm-1"))  # warm-1 taken: refilled at 105
+        at(105)
+        fleet.invoke(monkeypatch)
+        at(165)
+        fleet.invoke(monkeypatch)
+        donor = parked("warm-1")
+        assert fleet.emulator.state_of(donor) == "SUSPENDED"
+        at(390)
+        own_vm = client.run_microvm(imageIdentifier=fleet.image, clientToken="client-own")["microvmId"]
+        at(402)
+        fleet.invoke(monkeypatch)  # base-0 wants a successor, no headroom: hand over at 480
+        at(465)
+        client.terminate_microvm(microvmIdentifier=own_vm)
+        client.resume_microvm(microvmIdentifier=parked("warm-0"))  # warm-0 taken: refilled at 470
+        at(470)
+        # The SuspendMicrovm budget is busy until 481 (other fleets parking): the refilled slot's
+        # suspend comes due after the handover's time, on the look of 472.6.
+        fleet.ddb.put_item(TableName=fleet.env["BUDGET_TABLE"],
+                           Item={"operation": {"S": "SuspendMicrovm"}, "tat": {"N": repr(t0 + 481)}})
+        taken: list[float] = []
+
+        def on_request(record: Any) -> None:
+            if record.operation == "GetMicrovm" and record.caller == RECONCILER_CALLER and not taken:
+                taken.append(record.time)
+                fleet.clock.advance(2)
+                client.resume_microvm(microvmIdentifier=donor)  # a client takes the parked VM
+
+        fleet.emulator.subscribe(on_request)
+        run = fleet.invoke(monkeypatch)
+        lists = [r.time - t0 for r in ours(fleet, "ListMicrovms", t0 + 470)]
+        suspends = [r.time - t0 for r in ours(fleet, "SuspendMicrovm", t0 + 470)]
+        assert taken and suspends and suspends[0] >= 480.9  # on its budget, after the handover's time
+        assert not [t for t in lists if taken[0] - t0 < t < suspends[0]]  # the suspend stood on the look
+        assert [t for t in lists if t >= suspends[0]]  # the handover waited for a fresh list
+        assert not [r for r in ours(fleet, "ResumeMicrovm") if r.microvm_id == donor]
+        assert not run.events("vm_handed_over")
+        slots = fleet.ledger_slots()
+        assert any(s["role"] == "member" and s["microvm_id"] == donor for s in slots.values())
+        assert slots["base-0"]["microvm_id"] != donor
+        assert fleet.emulator.state_of(donor) == "RUNNING"
+        assert_no_duplicates(fleet)
+
+
+def test_a_suspend_deferred_past_the_peek_ttl_lists_again_first(aws, monkeypatch) -> None:
+    """SuspendMicrovm at one per 20 s: the second parked slot's suspend comes due 20 s after the
+    look that saw its VM RUNNING, past PEEK_TTL_SECONDS (12 s): the step lists again before it
+    (a VM may have ended or been taken since), and both VMs are parked."""
+    env = {"MIN_VMS": "1", "WARM_VMS": "2", "MAX_VMS": "4", "BUDGETS": '{"SuspendMicrovm": [0.05, 1]}'}
+    with deployed_fleet(aws, env=env, pending_seconds=2, fresh_launches=0) as fleet:
+        first = fleet.invoke(monkeypatch)
+        suspends = [r.time for r in ours(fleet, "SuspendMicrovm")]
+        lists = [r.time for r in ours(fleet, "ListMicrovms")]
+        assert len(suspends) == 2 and suspends[1] - suspends[0] >= 19.9
+        assert [t for t in lists if suspends[0] < t <= suspends[1]]  # a fresh list before the second
+        assert first.calls == {"ListMicrovms": 3, "RunMicrovm": 3, "SuspendMicrovm": 2}
+        fleet.clock.advance(60)
+        fleet.invoke(monkeypatch)
+        assert Counter(vm["state"] for vm in fleet.live()) == {"RUNNING": 1, "SUSPENDED": 2}
+
+
+def test_a_look_that_still_says_pending_looks_again_and_parks_in_the_tick(aws, monkeypatch) -> None:
+    """Every read 1.5 s late (on top of the measured 0.5 s): the look 2.6 s after the run still
+    says PENDING. The step looks again (GetMicrovm, one VM) a poll later and parks the VM in the
+    same tick; no second VM, no suspend of a PENDING VM (the service would refuse it)."""
+    with deployed_fleet(aws, env={"MIN_VMS": "1", "WARM_VMS": "1", "MAX_VMS": "3"},
+                        pending_seconds=2, fresh_launches=0) as fleet:
+        fleet.emulator.stale_seconds = 1.5
+        first = fleet.invoke(monkeypatch)
+        gets = ours(fleet, "GetMicrovm")
+        assert len(gets) >= 2 and first.calls.get("SuspendMicrovm") == 1
+        assert {r.status for r in ours(fleet, "SuspendMicrovm")} == {200}
+        fleet.clock.advance(60)
+        fleet.invoke(monkeypatch)
+        assert Counter(vm["state"] for vm in fleet.live()) == {"RUNNING": 1, "SUSPENDED": 1}
+        assert_no_duplicates(fleet)
+
+
+def test_a_vm_neither_lists_nor_gets_show_is_looked_at_again_once_per_tick(aws, monkeypatch) -> None:
+    """Lists 60 s late and every GetMicrovm refused (500): the parked slots' VMs the look missed
+    are looked at again once (one get, refused and told, then a list), not every poll until the
+    tick's deadline; the next tick parks them when they show."""
+    with deployed_fleet(aws, env={"MIN_VMS": "1", "WARM_VMS": "2", "MAX_VMS": "4"},
+                        pending_seconds=2, fresh_launches=0) as fleet:
+        lag = list_lag(fleet, 60)
+        refused = fleet.emulator.inject("GetMicrovm", "InternalServer", times=None, caller=RECONCILER_CALLER)
+        first = fleet.invoke(monkeypatch)
+        assert len(ours(fleet, "GetMicrovm")) == 1 and first.calls.get("ListMicrovms") == 3
+        assert not ours(fleet, "SuspendMicrovm")
+        assert [e for e in first.events("api_error") if e.get("operation") == "GetMicrovm"]
+        fleet.emulator.remove_fault(lag)
+        fleet.emulator.remove_fault(refused)
+        fleet.clock.advance(60)
+        fleet.every_minute(monkeypatch, 2)
+        assert Counter(vm["state"] for vm in fleet.live()) == {"RUNNING": 1, "SUSPENDED": 2}
+        assert_no_duplicates(fleet)
