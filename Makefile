@@ -27,7 +27,8 @@ synth: $(STAMP)/synth $(STAMP)/node
 # lambdas/ and for rayito_constructs/egress). A partial run (PYTEST_ARGS=tests/test_x.py) skips
 # the floor with COVERAGE_FLOOR=0. --dist loadfile keeps each file's tests on one worker, in order:
 # module-scoped synths are made once, and tests/test_fleet.py's stability check compares two
-# synths of one file's run, as it does without xdist.
+# synths of one file's run, as it does without xdist. --no-loadscope-reorder: files are handed out
+# in collection order (tests/conftest.py puts the longest first), not by their count of tests.
 # One worker more than the cores: a worker that waits on real time (a contract test's Lambda
 # process, a client's timeout, the CDK's Node process) leaves its core to another (2 cores: 3).
 WORKERS ?= $(shell echo $$(( $$(nproc) + 1 )))
@@ -35,7 +36,7 @@ COVERAGE_FLOOR ?= 1
 test: $(STAMP)/python
 	$(BIN)/ruff check --select F,E9 rayito_constructs lambdas benchmarks tests app.py
 	rm -rf $(STAMP)/coverage && mkdir -p $(STAMP)/coverage
-	$(BIN)/python -m coverage run -m pytest -n $(WORKERS) --dist loadfile $(PYTEST_ARGS)
+	$(BIN)/python -m coverage run -m pytest -n $(WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 	$(BIN)/python -m coverage combine --quiet
 	$(BIN)/python -m coverage report
 	test "$(COVERAGE_FLOOR)" = 0 || $(BIN)/python -m tests.coverage_floor

@@ -106,6 +106,27 @@ def _share_botocore_data_files() -> None:
     loaders.JSONFileLoader.load_file = load_file
 
 
+#: The files that keep a worker longest (seconds on one worker in `make test`, 3 workers on 2
+#: cores: the contract tests 84, most of it waiting on real time: Lambda processes, a client's
+#: 15 s timeout, retries; test_verify.py 65; then 41-55 each). ``--dist loadfile`` with
+#: ``--no-loadscope-reorder`` (the Makefile) hands files out in collection order, so these go first
+#: and the last file to start is a short one: started last (xdist's default order is by count of
+#: tests, and this file has few), test_contract_reconciler.py ended the run 40 s after the other
+#: workers were done. A stale list only orders; it changes nothing a test sees (each file keeps
+#: its own order).
+LONGEST_FILES = (
+    "tests/test_contract_reconciler.py", "tests/test_verify.py", "tests/test_reconciler_handler.py",
+    "tests/test_monitoring.py", "tests/test_reconciler.py", "tests/test_fleet_teardown_handler.py",
+    "tests/test_reconciler_attack.py", "tests/test_policies.py", "tests/test_fleet.py",
+    "tests/test_lifecycle_requests.py", "tests/test_reconciler_faults.py", "tests/test_verify_scenarios.py",
+)
+
+
+def pytest_collection_modifyitems(session, config, items) -> None:
+    rank = {name: i for i, name in enumerate(LONGEST_FILES)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(LONGEST_FILES)))  # stable
+
+
 def pytest_configure(config) -> None:
     from aws_cdk.assertions import Template
 
