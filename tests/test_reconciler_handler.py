@@ -387,13 +387,17 @@ def test_no_dip_at_expiry_without_headroom(aws, monkeypatch) -> None:
         assert_no_duplicates(fleet)
 
 
-def test_no_dip_at_expiry_with_headroom(aws, monkeypatch) -> None:
-    env = {"MIN_VMS": "3", "WARM_VMS": "0", "MAX_VMS": "4", "MAX_LIFETIME_SECONDS": "1500",
+@pytest.mark.parametrize("lifetime", [1500, 1200])
+def test_no_dip_at_expiry_with_headroom(aws, monkeypatch, lifetime) -> None:
+    """min 3 / max 4: one slot of headroom. 1,200 s with a 300 s lead is under twice (2 x 300 +
+    120) s: first lifetimes are spread over 480 s instead of half a lifetime (before, not at all:
+    the three VMs expired together and RUNNING fell to 1)."""
+    env = {"MIN_VMS": "3", "WARM_VMS": "0", "MAX_VMS": "4", "MAX_LIFETIME_SECONDS": str(lifetime),
            "SUCCESSOR_LEAD_SECONDS": "300"}
     with deployed_fleet(aws, env=env, pending_seconds=2) as fleet:
         fleet.every_minute(monkeypatch, 2)
         lowest = 3
-        for _ in range(2 * 25):
+        for _ in range(2 * lifetime // 60):
             fleet.every_minute(monkeypatch, 1)
             lowest = min(lowest, len(fleet.live(("RUNNING", "SUSPENDING", "SUSPENDED"))))
             assert len(fleet.live()) <= 4

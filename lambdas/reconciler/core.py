@@ -251,18 +251,23 @@ def slot_order(slot_id: str, role: str, spec: Optional["FleetSpec"] = None) -> t
 
 
 def first_lifetime(spec: FleetSpec, slot_id: str, role: str) -> int:
-    """The lifetime of a slot's first VM: spread over half a lifetime by the slot's rank, so
-    VMs started together (a fleet from empty) do not all expire together."""
+    """The lifetime of a slot's first VM: spread by the slot's rank over half a lifetime, or
+    less when the lifetime is short, so VMs started together (a fleet from empty) do not all
+    expire together. No first VM lives less than twice the successor lead plus the handover lead
+    (its successor and a handover fit in it); before, a lifetime under twice that (3,840 s with
+    the default lead) was not spread at all, and three VMs that expired together with one slot of
+    headroom dipped to 1 RUNNING (min 3 / max 4, 1,200 s, lead 300 s)."""
     life = spec.max_lifetime_seconds
     order = sorted(desired_slot_ids(spec), key=lambda s: slot_order(*s, spec))
     ids = [s for s, _ in order]
     if not spec.stagger or slot_id not in ids or len(ids) < 2:
         return life
-    # uncovered: max_lifetime_seconds below 2 * (2 * successor_lead_seconds + 120) (3,840 s by default) with stagger and 2+ slots; tests use 8 h
-    if life / 2 < 2 * spec.successor_lead_seconds + HANDOVER_LEAD_SECONDS:
+    spread = min(life / 2, life - (2 * spec.successor_lead_seconds + HANDOVER_LEAD_SECONDS))
+    # uncovered: a lifetime of at most 2 * successor_lead_seconds + 120 s with stagger and 2+ slots; no test sets one (a first VM could not hold its successor's lead)
+    if spread <= 0:
         return life  # too short a lifetime to spread without replacing VMs all the time
     rank = ids.index(slot_id)
-    return int(life - rank * (life / 2) / len(ids))
+    return int(life - rank * spread / len(ids))
 
 
 def own_vm_ids(slots: Mapping[str, Slot]) -> set[str]:
