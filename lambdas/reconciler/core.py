@@ -50,6 +50,8 @@ PARK_GRACE_SECONDS = 30.0
 EXPIRY_MARGIN_SECONDS = 90.0
 #: How soon a step looks again at a parked slot's PENDING VM (measured PENDING: about 2 s).
 PENDING_POLL_SECONDS = 2.6
+#: First lifetimes are spread by at least this much a slot, or not at all (the schedule's period).
+MIN_STAGGER_STEP_SECONDS = 60.0
 #: A base successor without headroom takes a parked VM this long before the old VM's end.
 HANDOVER_LEAD_SECONDS = 120.0
 #: A base VM that cannot have a successor before its end is replaced this soon after it.
@@ -254,18 +256,19 @@ def first_lifetime(spec: FleetSpec, slot_id: str, role: str) -> int:
     """The lifetime of a slot's first VM: spread by the slot's rank over half a lifetime, or
     less when the lifetime is short, so VMs started together (a fleet from empty) do not all
     expire together. No first VM lives less than twice the successor lead plus the handover lead
-    (its successor and a handover fit in it); before, a lifetime under twice that (3,840 s with
-    the default lead) was not spread at all, and three VMs that expired together with one slot of
-    headroom dipped to 1 RUNNING (min 3 / max 4, 1,200 s, lead 300 s)."""
+    (its successor and a handover fit in it), and expiries less than a scheduled tick apart
+    (``MIN_STAGGER_STEP_SECONDS``) are not spread (one tick handles them together). Before, a
+    lifetime under twice that floor (3,840 s with the default lead) was not spread at all, and
+    three VMs that expired together with one slot of headroom dipped to 1 RUNNING (min 3 / max 4,
+    1,200 s, lead 300 s)."""
     life = spec.max_lifetime_seconds
     order = sorted(desired_slot_ids(spec), key=lambda s: slot_order(*s, spec))
     ids = [s for s, _ in order]
     if not spec.stagger or slot_id not in ids or len(ids) < 2:
         return life
     spread = min(life / 2, life - (2 * spec.successor_lead_seconds + HANDOVER_LEAD_SECONDS))
-    # uncovered: a lifetime of at most 2 * successor_lead_seconds + 120 s with stagger and 2+ slots; no test sets one (a first VM could not hold its successor's lead)
-    if spread <= 0:
-        return life  # too short a lifetime to spread without replacing VMs all the time
+    if spread / len(ids) < MIN_STAGGER_STEP_SECONDS:
+        return life  # too short a lifetime to spread expiries a scheduled tick apart
     rank = ids.index(slot_id)
     return int(life - rank * spread / len(ids))
 
