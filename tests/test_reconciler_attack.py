@@ -179,23 +179,13 @@ def test_a_retried_token_throttled_for_minutes_stays_in_doubt_and_returns_the_fi
     minutes (a throttling storm, the service's own limit). A 429 proves nothing about the token:
     the slot stays in doubt (counted, never dead-lettered for the rate's fault), every retry is the
     same token, and once the storm ends that token returns the first VM: one VM, no stray."""
-    from lambdas.reconciler import index
-
-    from .test_reconciler_faults import _Killed, _KilledAfter
+    from .test_reconciler_faults import kill_a_tick_after
 
     with deployed_fleet(aws, env={"MIN_VMS": "1", "WARM_VMS": "0", "MAX_VMS": "3"}) as fleet:
-        dying = fleet.reconciler(monkeypatch)
-        state = {"left": 2}  # ListMicrovms, RunMicrovm: then killed before the answer is saved
-        dying.microvms = _KilledAfter(dying.microvms, state, counts=True)
-        dying.ledger = _KilledAfter(dying.ledger, state, counts=False)
-        dying.telemetry = _KilledAfter(dying.telemetry, state, counts=False)
-        index._RECONCILER = dying
-        with pytest.raises(_Killed):
-            fleet.invoke(monkeypatch, cold=False)
+        kill_a_tick_after(fleet, monkeypatch, 2)  # ListMicrovms, RunMicrovm: killed before the answer is saved
         (lost,) = fleet.ours()
         fleet.clock.advance(60)
-        fleet.emulator.backend.set_rate_limit("RunMicrovm", 1 / 600, 1, surge=0) if hasattr(
-            fleet.emulator, "backend") else fleet.emulator.set_rate_limit("RunMicrovm", 1 / 600, 1, surge=0)
+        fleet.emulator.set_rate_limit("RunMicrovm", 1 / 600, 1, surge=0)
         try:  # the one token of the storm's bucket: taken by a client of the test
             fleet.emulator.client().run_microvm(imageIdentifier="arn:aws:lambda:us-east-1:123456789012:microvm-image:nope")
         except Exception:
@@ -208,7 +198,7 @@ def test_a_retried_token_throttled_for_minutes_stays_in_doubt_and_returns_the_fi
         slot = fleet.ledger_slots()["base-0"]
         assert slot["in_doubt_since"] is not None and slot["phase"] != "dead"
         assert [vm["microvmId"] for vm in fleet.ours()] == [lost["microvmId"]]
-        (fleet.emulator.backend if hasattr(fleet.emulator, "backend") else fleet.emulator).remove_rate_limit("RunMicrovm")
+        fleet.emulator.remove_rate_limit("RunMicrovm")
         fleet.every_minute(monkeypatch, 12)  # past the 429s' retryAfter (at most 600 s)
         runs = [r for r in fleet.emulator.requests if r.operation == "RunMicrovm" and (r.client_token or "").startswith("rz1-")]
         assert len({r.client_token for r in runs}) == 1 and runs[-1].status == 200
@@ -222,20 +212,12 @@ def test_a_tick_killed_after_reserving_and_lists_that_lag_make_no_duplicate(aws,
     reservation (left 0: before its list), after its list (1), or between its two runs (2, 3:
     the answer of the last one never written down), then ListMicrovms that omit every VM younger
     than 3 minutes: the next ticks never start a second VM for a slot nor more than max_vms."""
-    from lambdas.reconciler import index
 
     from .reconciler_harness import list_lag
-    from .test_reconciler_faults import _Killed, _KilledAfter
+    from .test_reconciler_faults import kill_a_tick_after
 
     with deployed_fleet(aws, env={"MIN_VMS": "2", "WARM_VMS": "0", "MAX_VMS": "2"}) as fleet:
-        dying = fleet.reconciler(monkeypatch)
-        state = {"left": left}
-        dying.microvms = _KilledAfter(dying.microvms, state, counts=True)
-        dying.ledger = _KilledAfter(dying.ledger, state, counts=False)
-        dying.telemetry = _KilledAfter(dying.telemetry, state, counts=False)
-        index._RECONCILER = dying
-        with pytest.raises(_Killed):
-            fleet.invoke(monkeypatch, cold=False)
+        kill_a_tick_after(fleet, monkeypatch, left)
         list_lag(fleet, 180)
         fleet.clock.advance(60)
         fleet.every_minute(monkeypatch, 6, cold=True)

@@ -229,6 +229,19 @@ class _KilledAfter:
         return call
 
 
+def kill_a_tick_after(fleet, monkeypatch, left: int) -> None:
+    """One warm invocation whose execution environment dies after ``left`` MicroVMs calls (its
+    client, ledger and telemetry all stop there: nothing after the last call is written down)."""
+    dying = fleet.reconciler(monkeypatch)
+    state = {"left": left}
+    dying.microvms = _KilledAfter(dying.microvms, state, counts=True)
+    dying.ledger = _KilledAfter(dying.ledger, state, counts=False)
+    dying.telemetry = _KilledAfter(dying.telemetry, state, counts=False)
+    index._RECONCILER = dying
+    with pytest.raises(_Killed):
+        fleet.invoke(monkeypatch, cold=False)
+
+
 @pytest.mark.parametrize("refusal", ["AccessDenied", "Validation"])
 def test_a_retried_token_refused_before_it_is_looked_at_stays_in_doubt(aws, monkeypatch, refusal) -> None:
     """A tick dies right after its RunMicrovm made a VM (the answer never written down); every
@@ -238,14 +251,7 @@ def test_a_retried_token_refused_before_it_is_looked_at_stays_in_doubt(aws, monk
     returns the VM the first call made. Taken as "no VM", the slot got a new token once
     redriven: a second VM for one slot, the first one left running as a stray."""
     with deployed_fleet(aws, env={"MIN_VMS": "1", "WARM_VMS": "0", "MAX_VMS": "3"}) as fleet:
-        dying = fleet.reconciler(monkeypatch)
-        state = {"left": 2}  # ListMicrovms, RunMicrovm: then killed before the answer is saved
-        dying.microvms = _KilledAfter(dying.microvms, state, counts=True)
-        dying.ledger = _KilledAfter(dying.ledger, state, counts=False)
-        dying.telemetry = _KilledAfter(dying.telemetry, state, counts=False)
-        index._RECONCILER = dying
-        with pytest.raises(_Killed):
-            fleet.invoke(monkeypatch, cold=False)
+        kill_a_tick_after(fleet, monkeypatch, 2)  # ListMicrovms, RunMicrovm: killed before the answer is saved
         (lost,) = fleet.ours()
         slot = fleet.ledger_slots()["base-0"]
         assert slot["phase"] == "starting" and slot["microvm_id"] is None
