@@ -778,6 +778,12 @@ def report(side: Side, ledger_claims: dict[str, set[str]]) -> dict[str, Any]:
         "invocations_killed": side.kills,
         "invocation_errors": dict(side.invocation_errors),
         "_per_fleet": details,
+        "_calls_by_operation": {op: n for (k, op), n in sorted(log.calls.items()) if k == kind},
+        "_errors_by_operation": {f"{op} {code}": n for (k, op, code), n in sorted(log.errors.items()) if k == kind},
+        "_minimum_parts": {"list_pages": list_pages, "runs": units - duplicates_peak - crash_starts,
+                           "failed_runs_not_ours": failed_runs_not_ours, "quota_probes": quota_probes,
+                           "suspends": len(suspended_own), "terminates": len(terminated_own),
+                           "resumes": len(resumed_own), "gets": expected_gets},
         "_first_error": side.first_error,
     }
 
@@ -821,7 +827,10 @@ class _Timeline:
         events = sorted(self.events)
         samples = [start + 60 * k for k in range(1, int((end - start) // 60) + 1)]
         changes = sorted(start + c[0] for c in fleet.changes)
-        marks = sorted([(t, 0, "sample", 0) for t in samples] + [(t, 0, "change", 0) for t in changes])
+        # The deploy's invocation at the start lists too (nothing can be started before a list:
+        # the image may hold others' VMs): one list is owed there as well as at each minute after.
+        marks = sorted([(t, 0, "sample", 0) for t in samples] + [(t, 0, "change", 0) for t in changes]
+                       + [(start, 0, "first_list", 0)])
         out = {"samples": 0, "violations": 0, "dips": 0.0, "duplicates_peak": 0, "duplicate_minutes": 0,
                "list_pages": 0, "converged_at": None, "dip_spans": []}
 
@@ -851,6 +860,9 @@ class _Timeline:
             else:
                 _, _, what, _ = marks[j]
                 j += 1
+                if what == "first_list":
+                    out["list_pages"] += max(1, math.ceil(counts["listed"] / 50))
+                    continue
                 if what == "change":
                     old = fleet.spec_at(t - start - 1e-6)
                     new = fleet.spec_at(t - start)
