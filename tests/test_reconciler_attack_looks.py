@@ -279,17 +279,13 @@ def test_a_vm_neither_lists_nor_gets_show_is_looked_at_again_once_per_tick(aws, 
         assert_no_duplicates(fleet)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "found, not fixed: a suspend whose answer is lost leaves the slot PARKING with no parking_since, so the "
-    "next step suspends the VM a client resumed meanwhile. Counting every ambiguous failure (5xx, read "
-    "timeout) as accepted fixes this (tried) but turns each plain 500 or timeout on a suspend that did not "
-    "land into a surplus member VM (two tests of the fault paths); a fix must tell the two apart first"))
 def test_a_suspend_whose_answer_is_lost_never_suspends_the_session_a_client_resumed(aws, monkeypatch) -> None:
     """The service suspends warm-0's VM and the answer is lost (the emulator's lost response: the
-    work done, then a 500); a client resumes the VM before the reconciler looks again. The slot counts the
-    suspend as accepted from the failure: the VM seen RUNNING after the park grace is the client's
-    (a member, the pool refilled), never suspended again. (Before, the slot was PARKING with no
-    ``parking_since``, and the next step suspended the client's session.)"""
+    work done, then a 500); a client resumes the VM before the reconciler looks again. The
+    reconciler's GetMicrovm 0.6 s after the failure reads SUSPENDED (the client's resume keeps it
+    SUSPENDED until /resume returns): the suspend landed, and the VM seen RUNNING after the park
+    grace is the client's (a member, the pool refilled), never suspended again. (Before, the slot
+    was PARKING with no ``parking_since``, and the next step suspended the client's session.)"""
     env = {"MIN_VMS": "1", "WARM_VMS": "1", "MAX_VMS": "4"}
     with deployed_fleet(aws, env=env, pending_seconds=2, fresh_launches=0) as fleet:
         fleet.emulator.inject("SuspendMicrovm", "lost_response", times=1)
@@ -304,6 +300,7 @@ def test_a_suspend_whose_answer_is_lost_never_suspends_the_session_a_client_resu
         fleet.emulator.subscribe(on_request)
         first = fleet.invoke(monkeypatch)
         assert resumed and any(e.get("operation") == "SuspendMicrovm" for e in first.events("api_error"))
+        assert [e["outcome"] for e in first.events("park_doubt_settled")] == ["landed"]
         fleet.clock.advance(60)
         fleet.every_minute(monkeypatch, 3)
         assert [r.microvm_id for r in ours(fleet, "SuspendMicrovm")].count(resumed[0]) == 1

@@ -45,6 +45,14 @@ CONSISTENCY_SECONDS = 60.0
 #: After the service accepted a SuspendMicrovm, a VM still seen RUNNING this much later was
 #: resumed by a client (it took the parked slot), not merely slow to suspend or slow to list.
 PARK_GRACE_SECONDS = 30.0
+#: A SuspendMicrovm whose answer was lost (a 5xx or a timeout after the request went out) may
+#: have landed, and a client may have resumed the VM since. A suspended VM reads RUNNING again
+#: only after the suspend (measured 1.01-1.49 s to SUSPENDED) and a client's resume (RUNNING when
+#: ``/resume`` returns, 1.2 s after the call): a RUNNING read made less than this after the
+#: suspend was sent proves it did not land (the suspend is sent again). Later, RUNNING may be a
+#: client's session: the suspend counts as accepted and is never sent again (a VM still RUNNING
+#: after ``PARK_GRACE_SECONDS`` is the client's, a member; the pool is refilled).
+SUSPEND_THEN_RESUME_SECONDS = 2.2
 #: A VM that ends within this much of its ``maximumDurationInSeconds`` ended normally (clock skew
 #: between the function and the service included); earlier, it ended early (a crash).
 EXPIRY_MARGIN_SECONDS = 90.0
@@ -150,6 +158,7 @@ class Slot:
     draining: bool = False  # a parked slot above warm_vms or max_vms: end its VM once parked
     handover_from: Optional[str] = None  # the warm slot whose parked VM a base slot took
     end_requested_at: Optional[float] = None  # when the service accepted our TerminateMicrovm
+    park_doubt_since: Optional[float] = None  # a SuspendMicrovm sent then, its answer lost
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -414,6 +423,8 @@ def plan(spec: FleetSpec, ledger: Mapping[str, Slot], observed: Iterable[Observe
                     intents.append(Intent("resume", slot.slot_id, vm.microvm_id, role=BASE))
                 wake_soon = True
         else:  # WARM
+            if slot.park_doubt_since is not None:
+                settle_park_doubt(slot, vm.state, now, events)
             since = slot.parking_since
             if vm.state in ("PENDING", "RUNNING") and slot.phase == PARKING and since is not None and now - since <= PARK_GRACE_SECONDS:
                 parking_unseen = True  # our suspend was accepted; the list has not caught up yet
@@ -623,11 +634,35 @@ def plan(spec: FleetSpec, ledger: Mapping[str, Slot], observed: Iterable[Observe
     return Plan(slots, intents, events, gauges, live, wake_soon, tracked, wake_at, pending_ids, parking_unseen)
 
 
+def settle_park_doubt(slot: Slot, state: str, read_at: float, events: Optional[list] = None) -> None:
+    """What a read of the VM (its ``state``, read no later than ``read_at``) says of a suspend
+    whose answer was lost (``park_doubt_since``: when it was sent). SUSPENDING or SUSPENDED: it
+    landed. RUNNING (or PENDING) less than ``SUSPEND_THEN_RESUME_SECONDS`` after it was sent: it
+    did not (no client could have resumed it yet): the suspend may be sent again. RUNNING later:
+    unknowable (a client may hold the session now), so it counts as accepted and is never sent
+    again. A read that lags only makes ``read_at`` later than the state it shows: the safe side."""
+    sent = slot.park_doubt_since
+    # uncovered: a settle on a slot without a lost suspend; both callers check park_doubt_since first
+    if sent is None:
+        return
+    slot.park_doubt_since = None
+    if state in ("PENDING", "RUNNING") and read_at - sent < SUSPEND_THEN_RESUME_SECONDS:
+        outcome = "not_landed"
+        slot.parking_since = None
+    else:
+        outcome = "landed" if state in ("SUSPENDING", "SUSPENDED") else "unknown"
+        slot.parking_since = sent
+    if events is not None:
+        events.append(_event("park_doubt_settled", slot, outcome=outcome, state=state,
+                             read_after=round(read_at - sent, 3)))
+
+
 def _requeue(slot: Slot, reason: str, now: float) -> None:
     """The slot wants a new VM: a new generation (a new client token), nothing pinned."""
     slot.generation += 1
     slot.phase, slot.microvm_id, slot.queued_at, slot.requested_at = QUEUED, None, now, None
     slot.vm_started_at, slot.reason, slot.noted, slot.parking_since = None, reason, None, None
+    slot.park_doubt_since = None
     slot.request, slot.lifetime, slot.in_doubt_since, slot.ending, slot.handover_from = None, None, None, None, None
     slot.end_requested_at = None
 
@@ -644,6 +679,7 @@ def handover(base: Slot, donor: Slot, now: float) -> tuple[Slot, Slot]:
     base.request, base.in_doubt_since, base.errors = None, None, 0
     base.vm_started_at, base.lifetime = donor.vm_started_at, donor.lifetime
     base.phase, base.requested_at, base.handover_from, base.parking_since = STARTING, now, donor.slot_id, None
+    base.park_doubt_since = None
     _requeue(donor, "handed_to_" + base.slot_id, now)
     return base, donor
 

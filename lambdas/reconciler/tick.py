@@ -35,7 +35,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-from botocore.exceptions import BotoCoreError, ClientError
+from botocore.exceptions import BotoCoreError, ClientError, ConnectTimeoutError, EndpointConnectionError
 
 from . import core
 from .budget import Deferral, Granted
@@ -67,6 +67,9 @@ MAX_CONFIRMS_PER_STEP = 25
 #: A ListMicrovms that failed on the service's side is asked again after this long in a tick.
 LIST_RETRY_SECONDS = 5.0
 QUOTA_BACKOFF_SECONDS = 60.0
+#: GetMicrovm and ListMicrovms see the service as it was up to 0.5 s ago (measured); a read this
+#: long after an answer cannot show the state from before the request.
+READ_LAG_SECONDS = 0.6
 #: An offset between our clock and the service's Date beyond this is not believed.
 MAX_CLOCK_OFFSET_SECONDS = 300.0
 #: InsufficientCapacity is not measured; it is retried soon, by every reconciler together.
@@ -117,13 +120,14 @@ class Reconciler:
     _park_at: Optional[float] = None  # when a parked slot's PENDING VM is worth a look (to park it)
     _peeked: Optional[tuple[float, list]] = None  # the last peek: when, and the list with its answers
     _relooked: set = field(default_factory=set)  # parked slots' VMs a list missed, looked at again this tick
+    _sleep: Optional[Callable[[float], None]] = None  # the running tick's sleep
 
     # ------------------------------------------------------------------ ticks and steps
 
     def tick(self, deadline_seconds: float = 50.0, sleep: Optional[Callable[[float], None]] = None,
              lease_seconds: float = 120.0) -> dict[str, Any]:
         """One scheduled run: take the tick lease, step until done or the deadline, release."""
-        sleep = sleep or self.sleep
+        sleep = self._sleep = sleep or self.sleep
         start = self.clock()
         if not self._wait_for_holder(start, deadline_seconds, sleep):
             self.telemetry.flush()
@@ -689,7 +693,7 @@ class Reconciler:
         return outcome
 
     def _call(self, intent: core.Intent, now: float, want: int = 1,
-              slots: Optional[dict[str, core.Slot]] = None) -> Optional[Deferral]:
+              slots: Optional[dict[str, core.Slot]] = None, resend: bool = True) -> Optional[Deferral]:
         operation, method = _OPERATIONS[intent.kind]
         slots = slots if slots is not None else {}
         slot = slots.get(intent.slot_id)
@@ -706,6 +710,7 @@ class Reconciler:
         if intent.kind == "terminate" and slot is not None and intent.microvm_id == slot.microvm_id:
             slot.ending = intent.reason
             self._save(slot, slots)  # fenced: a tick that lost its lease ends nothing
+        sent = self._now()
         try:
             self._api(method, microvmIdentifier=intent.microvm_id)
         except ClientError as exc:
@@ -714,9 +719,17 @@ class Reconciler:
             else:
                 self._emit({"event": "api_error", "operation": operation, "code": _code(exc),
                             "microvm_id": intent.microvm_id, "slot": intent.slot_id})
-            return None
+            lost = _lost_answer(exc)
         except BotoCoreError as exc:
             self._emit({"event": "api_error", "operation": operation, "code": type(exc).__name__})
+            lost = _lost_answer(exc)
+        else:
+            lost = None
+        if lost is not None:
+            if intent.kind == "suspend" and slot is not None and lost:
+                if self._park_in_doubt(slot, slots, sent) == "not_landed" and resend:
+                    # Proven not landed, before any client could resume: sent again once, now.
+                    return self._call(intent, self._now(), 1, slots, resend=False)
             return None
         if intent.kind in ("suspend", "resume"):
             # uncovered: 648->651, plan() makes suspend/resume intents only for slots of its own ledger (never a stray)
@@ -732,6 +745,41 @@ class Reconciler:
             self._emit({"event": "vm_terminated", "slot": intent.slot_id, "microvm_id": intent.microvm_id,
                         "reason": intent.reason})
         return None
+
+    def _park_in_doubt(self, slot: core.Slot, slots: dict[str, core.Slot], sent: float) -> Optional[str]:
+        """A suspend sent at ``sent`` whose answer was lost: it may have landed, and a client may
+        resume the VM at any moment after. Written down at once (a tick that dies now leaves the
+        doubt to the next one), then settled by a GetMicrovm as soon as a read cannot predate the
+        suspend (``READ_LAG_SECONDS``): sent again only if that read proves it did not land.
+        Returns what the read settled (``core.settle_park_doubt``), None when nothing was read."""
+        slot.park_doubt_since = sent
+        self._save(slot, slots)
+        wait = max(0.0, READ_LAG_SECONDS - (self._now() - sent))
+        # uncovered: a lost suspend answer less than READ_LAG_SECONDS before the tick's deadline; the next tick's list settles it
+        if self.clock() + wait >= self._deadline:
+            return None
+        (self._sleep or self.sleep)(wait)
+        now = self._now()
+        # uncovered: the GetMicrovm budget (100/s) empty right after a lost suspend; no test exhausts it
+        if isinstance(self._admit("GetMicrovm", now), Deferral):
+            return None
+        try:
+            vm = self._api("get_microvm", microvmIdentifier=slot.microvm_id)
+        except ClientError as exc:
+            # uncovered: the VM gone right after a lost suspend (its /suspend hook failed); the next list requeues the slot
+            if _code(exc) != "ResourceNotFoundException":
+                self._failed("GetMicrovm", exc, now)
+            return None
+        # uncovered: a dropped connection or timeout on this read; the emulator's faults answer over HTTP (latency is real time)
+        except BotoCoreError as exc:
+            self._emit({"event": "api_error", "operation": "GetMicrovm", "code": type(exc).__name__})
+            return None
+        events: list = []
+        core.settle_park_doubt(slot, str(vm.get("state")), self._now(), events)
+        self._save(slot, slots)
+        for event in events:
+            self._emit(event)
+        return str(events[0]["outcome"])
 
     def _end_stray(self, intent: core.Intent, now: float) -> Optional[Deferral]:
         """End an idle foreign VM (opt-in): GetMicrovm first, and only while it still says
@@ -861,6 +909,16 @@ def _unlisted_warm(slots: dict[str, core.Slot], observed: list[core.Observed], l
                   if s.role == core.WARM and s.phase == core.STARTING and s.microvm_id and s.microvm_id not in shown
                   and s.vm_started_at is not None and s.vm_started_at < listed_at - 1.0
                   and now - s.vm_started_at < core.CONSISTENCY_SECONDS)
+
+
+def _lost_answer(exc: Exception) -> bool:
+    """Whether a failed call may have been carried out: a 5xx, or no answer after the request may
+    have gone out (a read timeout, a dropped connection). A throttle, a 4xx or a connection that
+    was never made proves it was not."""
+    if isinstance(exc, ClientError):
+        status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0)
+        return status >= 500 or (status == 0 and _code(exc) not in REQUEST_FAILURES | BACKOFF_CODES | {"ConflictException"})
+    return not isinstance(exc, (ConnectTimeoutError, EndpointConnectionError))
 
 
 def _code(exc: ClientError) -> str:
