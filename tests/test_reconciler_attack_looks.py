@@ -33,10 +33,11 @@ SLOW_SUSPENDS = '{"SuspendMicrovm": [0.25, 1]}'
 
 
 def test_a_client_resuming_a_parked_vm_before_a_suspends_only_step_keeps_its_session(aws, monkeypatch) -> None:
-    """Both parked slots' VMs are seen RUNNING by one look; warm-0's is suspended at once, warm-1's
-    4 s later on the same look. Between the two, a client resumes warm-0's VM (now SUSPENDED): the
-    suspends-only step sees it RUNNING on the old look, within the park grace, and leaves it alone
-    (never suspended again); the next tick makes it a member and refills the pool."""
+    """Both parked slots' VMs are assumed RUNNING 2.6 s after their runs (no look); warm-0's is
+    suspended at once, warm-1's 4 s later on the same list. Between the two, a client resumes
+    warm-0's VM (now SUSPENDED): the suspends-only step sees it RUNNING (assumed), within the park
+    grace, and leaves it alone (never suspended again); the next tick makes it a member and
+    refills the pool."""
     env = {"MIN_VMS": "1", "WARM_VMS": "2", "MAX_VMS": "5", "BUDGETS": SLOW_SUSPENDS}
     with deployed_fleet(aws, env=env, pending_seconds=2, fresh_launches=0) as fleet:
         resumed: list[str] = []
@@ -52,7 +53,7 @@ def test_a_client_resuming_a_parked_vm_before_a_suspends_only_step_keeps_its_ses
         first = fleet.invoke(monkeypatch)
         suspends = ours(fleet, "SuspendMicrovm")
         assert len(suspends) == 2 and suspends[0].microvm_id == resumed[0] != suspends[1].microvm_id
-        assert first.calls.get("ListMicrovms") == 2  # the second suspend stood on the look
+        assert first.calls.get("ListMicrovms") == 1  # the second suspend stood on the first list
         fleet.clock.advance(60)
         fleet.every_minute(monkeypatch, 2)
         # The client's session was never suspended again, and it is a member now.
@@ -65,9 +66,9 @@ def test_a_client_resuming_a_parked_vm_before_a_suspends_only_step_keeps_its_ses
 
 
 def test_a_vm_that_ends_between_the_look_and_its_suspend_is_replaced(aws, monkeypatch) -> None:
-    """warm-1's VM, seen RUNNING by the look, ends (a client terminates it: a crash or expiry
-    looks the same) before its suspend comes due: the suspend is refused (Conflict), told, and the
-    next tick starts a new VM for the slot and parks it; no more than max_vms, no duplicate."""
+    """warm-1's VM, assumed RUNNING, ends (a client terminates it: a crash or expiry looks the
+    same) before its suspend comes due: the suspend is refused (Conflict), told, the VM looked at,
+    and a new VM started for the slot and parked; no more than max_vms, no duplicate."""
     env = {"MIN_VMS": "1", "WARM_VMS": "2", "MAX_VMS": "4", "BUDGETS": SLOW_SUSPENDS}
     with deployed_fleet(aws, env=env, pending_seconds=2, fresh_launches=0) as fleet:
         ended: list[str] = []
@@ -112,11 +113,12 @@ def test_parked_slots_vms_a_lagging_list_misses_are_still_parked_in_the_tick(aws
 
 
 def test_a_throttled_peek_is_told_and_the_step_lists_instead(aws, monkeypatch) -> None:
-    """The single GetMicrovm peek at a parked slot's PENDING VM is throttled (429): the step lists
-    instead and still parks the VM, and the throttle is told (api_error, Throttles metric) like
-    every other refused call, not swallowed."""
+    """A slow start (PENDING 4 s): the parked slot's VM, assumed RUNNING at 2.6 s, refuses its
+    suspend (409); the single GetMicrovm peek at it is throttled (429): the step lists instead
+    and still parks the VM, and the throttle is told (api_error, Throttles metric) like every
+    other refused call, not swallowed."""
     with deployed_fleet(aws, env={"MIN_VMS": "1", "WARM_VMS": "1", "MAX_VMS": "3"},
-                        pending_seconds=2, fresh_launches=0) as fleet:
+                        pending_seconds=4, fresh_launches=0) as fleet:
         fleet.emulator.set_rate_limit("GetMicrovm", 1 / 600, 1, surge=0)
         try:  # the one token of the bucket: taken by a client of the test
             fleet.emulator.direct_client(caller="client").get_microvm(microvmIdentifier="nope")
@@ -124,7 +126,7 @@ def test_a_throttled_peek_is_told_and_the_step_lists_instead(aws, monkeypatch) -
             pass
         run = fleet.invoke(monkeypatch)
         assert [r.status for r in ours(fleet, "GetMicrovm")] == [429]
-        assert len(ours(fleet, "SuspendMicrovm")) == 1
+        assert [r.status for r in ours(fleet, "SuspendMicrovm")] == [409, 200]
         assert [e for e in run.events("api_error") if e.get("operation") == "GetMicrovm"]
         assert run.metrics("Throttles")
         fleet.clock.advance(60)
@@ -134,11 +136,11 @@ def test_a_throttled_peek_is_told_and_the_step_lists_instead(aws, monkeypatch) -
 
 @pytest.mark.parametrize("skew", [30.0, -30.0])
 def test_a_skewed_clock_parks_on_one_look_and_suspends_only_on_it(aws, monkeypatch, skew) -> None:
-    """A cold execution environment whose clock is 30 s off: the look's age, the suspend tokens'
-    due time and the park poll are all reckoned on the shared clock (learned from the first
-    answers), so the tick looks once at the VMs it parks, sends the second suspend on that look
-    4 s later (a 30 s skew read as a look 34 s old would list again, -26 s one would act on it
-    forever), and parks both, as with no skew."""
+    """A cold execution environment whose clock is 30 s off: the list's age, the runs' answers,
+    the suspend tokens' due time and the park poll are all reckoned on the shared clock (learned
+    from the first answers), so the tick parks its VMs without a look of its own, sends the second
+    suspend on the first list 4 s later (a 30 s skew read as a list 34 s old would list again,
+    -26 s one would act on it forever), and parks both, as with no skew."""
     from .test_reconciler_attack import dynamodb_dates_on
 
     env = {"MIN_VMS": "2", "WARM_VMS": "2", "MAX_VMS": "5", "BUDGETS": SLOW_SUSPENDS}
@@ -148,7 +150,7 @@ def test_a_skewed_clock_parks_on_one_look_and_suspends_only_on_it(aws, monkeypat
         reconciler.clock = lambda: fleet.clock.now() + skew
         fleet._environment, fleet._built_env = reconciler, (dict(fleet.env), True)
         first = fleet.invoke(monkeypatch)
-        assert first.calls == {"ListMicrovms": 2, "RunMicrovm": 4, "SuspendMicrovm": 2}
+        assert first.calls == {"ListMicrovms": 1, "RunMicrovm": 4, "SuspendMicrovm": 2}
         suspends = ours(fleet, "SuspendMicrovm")
         assert 3.9 <= suspends[1].time - suspends[0].time <= 4.5
         fleet.clock.advance(60)
@@ -161,8 +163,8 @@ def test_a_skewed_clock_parks_on_one_look_and_suspends_only_on_it(aws, monkeypat
 def test_a_handover_due_on_a_suspends_only_step_waits_for_a_fresh_list(aws, monkeypatch) -> None:
     """A time-driven resume on a suspends-only step: base-0's VM comes within the handover lead of
     its end (no headroom: a client VM and two members fill max_vms) just when a deferred suspend
-    comes due after a look 8 s old. The parked VM the look shows SUSPENDED was resumed by a client
-    since: a handover on that look would put the client's session in base-0. The handover waits
+    comes due after a list 11 s old. The parked VM the list shows SUSPENDED was resumed by a client
+    since: a handover on that list would put the client's session in base-0. The handover waits
     for a fresh list, which shows the VM taken: it is a member, never resumed by us nor in a slot."""
     env = {"MIN_VMS": "1", "WARM_VMS": "2", "MAX_VMS": "5", "MAX_LIFETIME_SECONDS": "600",
            "SUCCESSOR_LEAD_SECONDS": "200", "IDLE_SECONDS": "", "BUDGETS": '{"SuspendMicrovm": [0.1, 1]}'}
@@ -198,15 +200,15 @@ def test_a_handover_due_on_a_suspends_only_step_waits_for_a_fresh_list(aws, monk
         client.resume_microvm(microvmIdentifier=parked("warm-0"))  # warm-0 taken: refilled at 470
         at(470)
         # The SuspendMicrovm budget is busy until 481 (other fleets parking): the refilled slot's
-        # suspend comes due after the handover's time, on the look of 472.6.
+        # suspend (its VM assumed RUNNING at 472.6) comes due after the handover's time, on the
+        # list of 470.
         fleet.ddb.put_item(TableName=fleet.env["BUDGET_TABLE"],
                            Item={"operation": {"S": "SuspendMicrovm"}, "tat": {"N": repr(t0 + 481)}})
         taken: list[float] = []
 
         def on_request(record: Any) -> None:
-            if record.operation == "GetMicrovm" and record.caller == RECONCILER_CALLER and not taken:
-                taken.append(record.time)
-                fleet.clock.advance(2)
+            if record.operation == "ListMicrovms" and record.caller == RECONCILER_CALLER and not taken:
+                taken.append(record.time)  # the list has shown the donor SUSPENDED
                 client.resume_microvm(microvmIdentifier=donor)  # a client takes the parked VM
 
         fleet.emulator.subscribe(on_request)
@@ -214,7 +216,7 @@ def test_a_handover_due_on_a_suspends_only_step_waits_for_a_fresh_list(aws, monk
         lists = [r.time - t0 for r in ours(fleet, "ListMicrovms", t0 + 470)]
         suspends = [r.time - t0 for r in ours(fleet, "SuspendMicrovm", t0 + 470)]
         assert taken and suspends and suspends[0] >= 480.9  # on its budget, after the handover's time
-        assert not [t for t in lists if taken[0] - t0 < t < suspends[0]]  # the suspend stood on the look
+        assert not [t for t in lists if taken[0] - t0 < t < suspends[0]]  # the suspend stood on the list
         assert [t for t in lists if t >= suspends[0]]  # the handover waited for a fresh list
         assert not [r for r in ours(fleet, "ResumeMicrovm") if r.microvm_id == donor]
         assert not run.events("vm_handed_over")
@@ -227,8 +229,8 @@ def test_a_handover_due_on_a_suspends_only_step_waits_for_a_fresh_list(aws, monk
 
 def test_a_suspend_deferred_past_the_peek_ttl_lists_again_first(aws, monkeypatch) -> None:
     """SuspendMicrovm at one per 20 s: the second parked slot's suspend comes due 20 s after the
-    look that saw its VM RUNNING, past PEEK_TTL_SECONDS (12 s): the step lists again before it
-    (a VM may have ended or been taken since), and both VMs are parked."""
+    step that assumed its VM RUNNING, past PEEK_TTL_SECONDS (12 s) after the last list: the step
+    lists again before it (a VM may have ended or been taken since), and both VMs are parked."""
     env = {"MIN_VMS": "1", "WARM_VMS": "2", "MAX_VMS": "4", "BUDGETS": '{"SuspendMicrovm": [0.05, 1]}'}
     with deployed_fleet(aws, env=env, pending_seconds=2, fresh_launches=0) as fleet:
         first = fleet.invoke(monkeypatch)
@@ -236,23 +238,24 @@ def test_a_suspend_deferred_past_the_peek_ttl_lists_again_first(aws, monkeypatch
         lists = [r.time for r in ours(fleet, "ListMicrovms")]
         assert len(suspends) == 2 and suspends[1] - suspends[0] >= 19.9
         assert [t for t in lists if suspends[0] < t <= suspends[1]]  # a fresh list before the second
-        assert first.calls == {"ListMicrovms": 3, "RunMicrovm": 3, "SuspendMicrovm": 2}
+        assert first.calls == {"ListMicrovms": 2, "RunMicrovm": 3, "SuspendMicrovm": 2}
         fleet.clock.advance(60)
         fleet.invoke(monkeypatch)
         assert Counter(vm["state"] for vm in fleet.live()) == {"RUNNING": 1, "SUSPENDED": 2}
 
 
 def test_a_look_that_still_says_pending_looks_again_and_parks_in_the_tick(aws, monkeypatch) -> None:
-    """Every read 1.5 s late (on top of the measured 0.5 s): the look 2.6 s after the run still
-    says PENDING. The step looks again (GetMicrovm, one VM) a poll later and parks the VM in the
-    same tick; no second VM, no suspend of a PENDING VM (the service would refuse it)."""
+    """A slow start (PENDING 4 s) and every read 1.5 s late (on top of the measured 0.5 s): the VM
+    assumed RUNNING at 2.6 s refuses its suspend (409); the look a poll later still says PENDING.
+    The step looks again (GetMicrovm, one VM) and parks the VM in the same tick; no second VM,
+    no other suspend of a PENDING VM."""
     with deployed_fleet(aws, env={"MIN_VMS": "1", "WARM_VMS": "1", "MAX_VMS": "3"},
-                        pending_seconds=2, fresh_launches=0) as fleet:
+                        pending_seconds=4, fresh_launches=0) as fleet:
         fleet.emulator.stale_seconds = 1.5
         first = fleet.invoke(monkeypatch)
         gets = ours(fleet, "GetMicrovm")
-        assert len(gets) >= 2 and first.calls.get("SuspendMicrovm") == 1
-        assert {r.status for r in ours(fleet, "SuspendMicrovm")} == {200}
+        assert len(gets) >= 2 and first.calls.get("SuspendMicrovm") == 2
+        assert [r.status for r in ours(fleet, "SuspendMicrovm")] == [409, 200]
         fleet.clock.advance(60)
         fleet.invoke(monkeypatch)
         assert Counter(vm["state"] for vm in fleet.live()) == {"RUNNING": 1, "SUSPENDED": 1}
@@ -260,16 +263,17 @@ def test_a_look_that_still_says_pending_looks_again_and_parks_in_the_tick(aws, m
 
 
 def test_a_vm_neither_lists_nor_gets_show_is_looked_at_again_once_per_tick(aws, monkeypatch) -> None:
-    """Lists 60 s late and every GetMicrovm refused (500): the parked slots' VMs the look missed
-    are looked at again once (one get, refused and told, then a list), not every poll until the
-    tick's deadline; the next tick parks them when they show."""
+    """A slow start (PENDING 4 s: the VM assumed RUNNING refuses its suspend), lists 60 s late
+    and every GetMicrovm refused (500): the parked slots' VMs the look missed are looked at again
+    once (one get, refused and told, then a list), not every poll until the tick's deadline; the
+    next tick parks them when they show."""
     with deployed_fleet(aws, env={"MIN_VMS": "1", "WARM_VMS": "2", "MAX_VMS": "4"},
-                        pending_seconds=2, fresh_launches=0) as fleet:
+                        pending_seconds=4, fresh_launches=0) as fleet:
         lag = list_lag(fleet, 60)
         refused = fleet.emulator.inject("GetMicrovm", "InternalServer", times=None, caller=RECONCILER_CALLER)
         first = fleet.invoke(monkeypatch)
         assert len(ours(fleet, "GetMicrovm")) == 1 and first.calls.get("ListMicrovms") == 3
-        assert not ours(fleet, "SuspendMicrovm")
+        assert [r.status for r in ours(fleet, "SuspendMicrovm")] == [409]  # one assumption, then none
         assert [e for e in first.events("api_error") if e.get("operation") == "GetMicrovm"]
         fleet.emulator.remove_fault(lag)
         fleet.emulator.remove_fault(refused)
