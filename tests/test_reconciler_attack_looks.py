@@ -1,7 +1,10 @@
 """Round 5 attack (#11, API calls): rec's one look at the VMs a tick started for parked slots
 (2.6 s after the runs; GetMicrovm for one VM, a list for more), suspends that act on that look
 when their tokens come due after it (``suspends_only``: nothing ended or resumed on it), and
-``parking_unseen`` (no look of its own for our suspends). Everything through ``index.handler``
+``parking_unseen`` (no look of its own for our suspends). Since, those VMs are assumed RUNNING
+2.6 s after their runs with no look at all (the look is left for slow starts, whose suspend is
+refused): the tests choreograph the assumption where they choreographed the look, with the same
+safety assertions, and slow starts (PENDING 4 s) where they need the look itself. Everything through ``index.handler``
 (Powertools, one-attempt clients) against the emulator and moto on a virtual clock."""
 
 from __future__ import annotations
@@ -312,4 +315,25 @@ def test_a_suspend_whose_answer_is_lost_never_suspends_the_session_a_client_resu
         slots = fleet.ledger_slots()
         assert any(s["role"] == "member" and s["microvm_id"] == resumed[0] for s in slots.values())
         assert Counter(vm["state"] for vm in fleet.live()) == {"RUNNING": 2, "SUSPENDED": 1}
+        assert_no_duplicates(fleet)
+
+
+@pytest.mark.parametrize("warm", [1, 3])
+def test_a_slow_start_costs_one_refused_suspend_per_tick_and_still_parks_in_the_tick(aws, monkeypatch, warm) -> None:
+    """PENDING 4 s (a slow image; a fresh version's first launches take up to a minute): the
+    parked slots' VMs assumed RUNNING at 2.6 s are not. The first suspend is refused (409, told
+    with ``assumed_running``), nothing more is assumed in the tick, the VMs are looked at and
+    parked in the same tick: one refused call per tick, never one per VM, no suspend lost."""
+    env = {"MIN_VMS": "1", "WARM_VMS": str(warm), "MAX_VMS": str(warm + 2)}
+    with deployed_fleet(aws, env=env, pending_seconds=4, fresh_launches=0) as fleet:
+        t0 = fleet.clock.now()
+        first = fleet.invoke(monkeypatch)
+        statuses = [r.status for r in ours(fleet, "SuspendMicrovm")]
+        assert statuses == [409] + [200] * warm
+        assert all(r.time - t0 < 15 for r in ours(fleet, "SuspendMicrovm"))
+        refused = [e for e in first.events("api_error") if e.get("assumed_running")]
+        assert len(refused) == 1 and refused[0]["code"] == "ConflictException"
+        fleet.clock.advance(60)
+        fleet.invoke(monkeypatch)
+        assert Counter(vm["state"] for vm in fleet.live()) == {"RUNNING": 1, "SUSPENDED": warm}
         assert_no_duplicates(fleet)
