@@ -634,7 +634,7 @@ def plan(spec: FleetSpec, ledger: Mapping[str, Slot], observed: Iterable[Observe
     return Plan(slots, intents, events, gauges, live, wake_soon, tracked, wake_at, pending_ids, parking_unseen)
 
 
-def settle_park_doubt(slot: Slot, state: str, read_at: float, events: Optional[list] = None) -> None:
+def settle_park_doubt(slot: Slot, state: str, read_at: float, events: list) -> None:
     """What a read of the VM (its ``state``, read no later than ``read_at``) says of a suspend
     whose answer was lost (``park_doubt_since``: when it was sent). SUSPENDING or SUSPENDED: it
     landed. RUNNING (or PENDING) less than ``SUSPEND_THEN_RESUME_SECONDS`` after it was sent: it
@@ -652,9 +652,7 @@ def settle_park_doubt(slot: Slot, state: str, read_at: float, events: Optional[l
     else:
         outcome = "landed" if state in ("SUSPENDING", "SUSPENDED") else "unknown"
         slot.parking_since = sent
-    if events is not None:
-        events.append(_event("park_doubt_settled", slot, outcome=outcome, state=state,
-                             read_after=round(read_at - sent, 3)))
+    events.append(_event("park_doubt_settled", slot, outcome=outcome, state=state, read_after=round(read_at - sent, 3)))
 
 
 def _requeue(slot: Slot, reason: str, now: float) -> None:
