@@ -705,7 +705,7 @@ def report(side: Side, ledger_claims: dict[str, set[str]]) -> dict[str, Any]:
         touched |= {vm for vm in claimed if starter.get(vm, ("?", -1)) != (kind, fleet.index)}
 
     samples = violations = 0
-    dips = 0.0
+    dips = dips_no_headroom = 0.0
     duplicates_peak = 0
     duplicate_minutes = 0
     converged_each: dict[int, float] = {}
@@ -728,6 +728,7 @@ def report(side: Side, ledger_claims: dict[str, set[str]]) -> dict[str, Any]:
         samples += result["samples"]
         violations += result["violations"]
         dips += result["dips"]
+        dips_no_headroom += result["dips_no_headroom"]
         duplicates_peak += result["duplicates_peak"]
         duplicate_minutes += result["duplicate_minutes"]
         list_pages += result["list_pages"]
@@ -759,6 +760,7 @@ def report(side: Side, ledger_claims: dict[str, set[str]]) -> dict[str, Any]:
         "duplicate_vms": duplicates_peak,
         "duplicate_vm_minutes": duplicate_minutes,
         "dips_below_min": round(dips, 1),
+        "dips_below_min_without_headroom": round(dips_no_headroom, 1),
         "foreign_vms_touched": len(touched),
         "amplification": round(runs / units, 4) if units else None,
         "run_attempts": runs,
@@ -832,11 +834,14 @@ class _Timeline:
         marks = sorted([(t, 0, "sample", 0) for t in samples] + [(t, 0, "change", 0) for t in changes]
                        + [(start, 0, "first_list", 0)])
         out = {"samples": 0, "violations": 0, "dips": 0.0, "duplicates_peak": 0, "duplicate_minutes": 0,
-               "list_pages": 0, "converged_at": None, "dip_spans": []}
+               "list_pages": 0, "converged_at": None, "dip_spans": [], "dips_no_headroom": 0.0}
 
         def dip(a: float, b: float) -> None:
             """A stretch below min_vms, [from, seconds] since the day's start (``--details``)."""
             out["dips"] += b - a
+            min_vms, max_vms, _ = fleet.spec_at(a - start)
+            if max_vms <= min_vms:  # no room for a successor before the old VM ends: a PENDING each
+                out["dips_no_headroom"] += b - a
             spans = out["dip_spans"]
             if spans and abs(spans[-1][0] + spans[-1][1] - (a - start)) < 1e-6:
                 spans[-1][1] = round(b - start - spans[-1][0], 3)  # contiguous: one stretch

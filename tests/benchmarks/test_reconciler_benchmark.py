@@ -50,6 +50,20 @@ def test_a_base_vm_that_ends_and_is_replaced_a_minute_later_is_a_60_second_dip()
     assert result["violations"] == 0 and result["duplicates_peak"] == 0
 
 
+@pytest.mark.parametrize("max_vms, without_headroom", [(2, 3.0), (3, 0.0)])
+def test_dips_of_a_fleet_without_room_for_a_successor_are_told_apart(max_vms, without_headroom) -> None:
+    """min 2: with max 2 nothing can start before the old VM ends (each replacement is below
+    min_vms for its PENDING at least); with max 3 the same 3 s dip is the reconciler's own."""
+    vms = [
+        vm("rec-0-1", [(0, "PENDING"), (2, "RUNNING")]),
+        vm("rec-0-1", [(0, "PENDING"), (2, "RUNNING"), (600, "TERMINATING"), (601, "TERMINATED")]),
+        vm("rec-0-1", [(601, "PENDING"), (603, "RUNNING")]),
+    ]
+    result = measure(fleet(min_vms=2, max_vms=max_vms), vms)
+    assert result["dips"] == pytest.approx(3)
+    assert result["dips_no_headroom"] == pytest.approx(without_headroom)
+
+
 def test_dips_before_first_convergence_do_not_count_and_foreign_vms_do_not_fill_min() -> None:
     vms = [
         vm("rec-0-1", [(0, "PENDING"), (100, "RUNNING")]),
@@ -169,7 +183,7 @@ def test_a_short_day_of_both_sides_from_ground_truth() -> None:
     """Both sides on two fleets for half an hour: every key there, every figure sane."""
     for kind in ("ours", "naive"):
         result = bench.run_side(kind, 2, 3, 0.5)
-        for key in ("violations_max_vms", "samples", "duplicate_vms", "dips_below_min", "foreign_vms_touched",
+        for key in ("violations_max_vms", "samples", "duplicate_vms", "dips_below_min", "dips_below_min_without_headroom", "foreign_vms_touched",
                     "amplification", "run_attempts", "units_filled", "throttles_received",
                     "throttles_under_default_quotas", "convergence_seconds", "lower_bound_seconds", "api_calls",
                     "api_calls_minimum", "wall_seconds", "peak_memory_mb"):
