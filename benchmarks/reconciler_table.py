@@ -21,7 +21,8 @@ from typing import Any
 
 KEYS = [
     ("hours", "h"), ("convergence_seconds", "conv s"), ("lower_bound_seconds", "bound s"), ("violations_max_vms", "> max"),
-    ("duplicate_vms", "dup"), ("dips_below_min", "dips s"), ("foreign_vms_touched", "foreign"),
+    ("duplicate_vms", "dup"), ("dips_below_min", "dips s"),
+    ("dips_below_min_without_headroom", "of which max=min"), ("foreign_vms_touched", "foreign"),
     ("amplification", "ampl"), ("throttles_under_default_quotas", "429"), ("requests_held", "held"),
     ("api_calls_ratio", "calls/min"), ("wall_seconds", "wall s"), ("peak_memory_mb", "MB"),
 ]
@@ -54,7 +55,7 @@ def markdown(rows: list[dict[str, Any]]) -> str:
             value = row.get(key)
             over = (key == "convergence_seconds" and value is not None and row.get("convergence_goal_seconds") is not None
                     and value > row["convergence_goal_seconds"])
-            if isinstance(value, float) and key in ("dips_below_min", "wall_seconds"):
+            if isinstance(value, float) and key in ("dips_below_min", "dips_below_min_without_headroom", "wall_seconds"):
                 value = f"{value:,.0f}"
             elif isinstance(value, float) and key in ("convergence_seconds", "lower_bound_seconds", "peak_memory_mb"):
                 value = f"{value:,.1f}"
