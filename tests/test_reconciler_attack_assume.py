@@ -166,3 +166,102 @@ def test_slow_starts_around_the_assumption_park_in_the_tick_with_one_refusal(aws
         fleet.invoke(monkeypatch)
         assert Counter(vm["state"] for vm in fleet.live()) == {"RUNNING": 2, "SUSPENDED": 3}
         assert_no_duplicates(fleet)
+
+
+def test_a_tick_that_lost_its_lease_while_it_slept_suspends_nothing(aws, monkeypatch) -> None:
+    """A slow start (PENDING 4 s): the VM assumed RUNNING refuses its suspend (409), and the tick
+    sleeps to look at it again. Meanwhile a newer invocation takes the fleet's lease. The older
+    tick's look says RUNNING and changes nothing in the ledger, so no fenced write came before its
+    suspend: it suspended a VM of a fleet it no longer held (the newer tick's to park, and a
+    client's to resume after that). Every suspend is now written (fenced) before it is sent: the
+    older tick stops (``lease_lost``) and calls nothing after the takeover."""
+    env = {"MIN_VMS": "1", "WARM_VMS": "1", "MAX_VMS": "3"}
+    with deployed_fleet(aws, env=env, pending_seconds=4, fresh_launches=0) as fleet:
+        newer = fleet.reconciler(monkeypatch)
+        taken: list[float] = []
+
+        def on_request(record: Any) -> None:
+            if record.operation == "GetMicrovm" and record.caller == RECONCILER_CALLER and not taken:
+                assert newer.begin_tick(120, 50)  # a newer invocation holds the fleet from here
+                taken.append(record.time)
+
+        fleet.emulator.subscribe(on_request)
+        first = fleet.invoke(monkeypatch)
+        assert [r.status for r in ours(fleet, "SuspendMicrovm")] == [409]
+        assert taken and first.result.get("lease_lost"), first.result
+        assert not [r for r in fleet.emulator.requests if r.caller == RECONCILER_CALLER and r.time >= taken[0]
+                    and r.operation in ("SuspendMicrovm", "RunMicrovm", "TerminateMicrovm", "ResumeMicrovm")]
+        newer.end_tick()
+        fleet.clock.advance(60)
+        fleet.every_minute(monkeypatch, 2)
+        assert Counter(vm["state"] for vm in fleet.live()) == {"RUNNING": 1, "SUSPENDED": 1}
+        assert not members(fleet)
+        assert_no_duplicates(fleet)
+
+
+def test_a_parked_slots_run_whose_answer_was_lost_is_assumed_only_once_its_token_answers(aws, monkeypatch) -> None:
+    """warm-0's RunMicrovm makes a VM and the answer is lost: the slot is in doubt (no VM id, nothing
+    to assume); its retry 2 s later returns the same VM, which is assumed RUNNING 2.6 s after that
+    answer and parked in the tick: one VM for the slot, one suspend, no refusal."""
+    env = {"MIN_VMS": "1", "WARM_VMS": "1", "MAX_VMS": "3"}
+    with deployed_fleet(aws, env=env, pending_seconds=2, fresh_launches=0) as fleet:
+        fleet.emulator.inject("RunMicrovm", "lost_response", times=1)
+        fleet.invoke(monkeypatch)
+        runs = ours(fleet, "RunMicrovm")
+        assert [r.status for r in runs][:1] == [500]
+        assert [r.status for r in ours(fleet, "SuspendMicrovm")] == [200]
+        fleet.clock.advance(60)
+        fleet.invoke(monkeypatch)
+        assert Counter(vm["state"] for vm in fleet.live()) == {"RUNNING": 1, "SUSPENDED": 1}
+        assert len(fleet.emulator.microvms()) == 2
+        assert_no_duplicates(fleet)
+
+
+def test_two_ambiguous_suspend_failures_in_a_row_the_second_landed(aws, monkeypatch) -> None:
+    """The first suspend fails with a 500 that did nothing (read RUNNING 0.6 s later: sent again),
+    the second lands and its answer is lost (read SUSPENDING: landed). The VM parks with two
+    suspends, no third, no member, no extra VM."""
+    env = {"MIN_VMS": "1", "WARM_VMS": "1", "MAX_VMS": "4"}
+    with deployed_fleet(aws, env=env, pending_seconds=2, fresh_launches=0) as fleet:
+        fleet.emulator.inject("SuspendMicrovm", "InternalServer", times=1, caller=RECONCILER_CALLER)
+        fleet.emulator.inject("SuspendMicrovm", "lost_response", times=1)
+        first = fleet.invoke(monkeypatch)
+        assert [e["outcome"] for e in first.events("park_doubt_settled")] == ["not_landed", "landed"]
+        vm = first.events("park_doubt_settled")[0]["microvm_id"]
+        fleet.clock.advance(60)
+        fleet.every_minute(monkeypatch, 2)
+        assert [r.status for r in ours(fleet, "SuspendMicrovm")] == [500, 500]
+        assert fleet.emulator.state_of(vm) == "SUSPENDED" and not members(fleet)
+        assert Counter(vm["state"] for vm in fleet.live()) == {"RUNNING": 1, "SUSPENDED": 1}
+        assert_no_duplicates(fleet)
+
+
+@pytest.mark.parametrize("skew", [30.0, -30.0])
+@pytest.mark.parametrize("kind, outcome", [("InternalServer", "not_landed"), ("lost_response", "landed")])
+def test_a_skewed_clock_reckons_a_lost_suspend_on_the_shared_clock(aws, monkeypatch, skew, kind, outcome) -> None:
+    """A cold execution environment whose clock is 30 s off: the 2.6 s assumption, the send time
+    written down and the 2.2 s reckoning of the read are all on the shared clock, so a 500 that did
+    nothing is sent again and a lost answer of a landed suspend is parked, as with no skew."""
+    from contextlib import redirect_stdout
+
+    from .test_reconciler_attack import dynamodb_dates_on
+
+    env = {"MIN_VMS": "1", "WARM_VMS": "1", "MAX_VMS": "4"}
+    with deployed_fleet(aws, env=env, pending_seconds=2, fresh_launches=0) as fleet:
+        with redirect_stdout(fleet._stdout):  # its execution environment's stdout, as invoke's
+            reconciler = fleet.reconciler(monkeypatch)
+        dynamodb_dates_on(reconciler, fleet.clock)
+        reconciler.clock = lambda: fleet.clock.now() + skew
+        fleet._environment, fleet._built_env = reconciler, (dict(fleet.env), True)
+        if kind == "lost_response":
+            fleet.emulator.inject("SuspendMicrovm", kind, times=1)
+        else:
+            fleet.emulator.inject("SuspendMicrovm", kind, times=1, caller=RECONCILER_CALLER)
+        first = fleet.invoke(monkeypatch)
+        settled = first.events("park_doubt_settled")
+        assert [e["outcome"] for e in settled] == [outcome] and 0.55 <= settled[0]["read_after"] < 2.2
+        fleet.clock.advance(60)
+        fleet.invoke(monkeypatch)
+        assert Counter(vm["state"] for vm in fleet.live()) == {"RUNNING": 1, "SUSPENDED": 1}
+        assert not members(fleet)
+        assert_no_duplicates(fleet)
