@@ -168,6 +168,7 @@ def test_slow_starts_around_the_assumption_park_in_the_tick_with_one_refusal(aws
         assert_no_duplicates(fleet)
 
 
+@pytest.mark.filterwarnings("ignore:No application metrics")  # the newer tick's end flushes no metric
 def test_a_tick_that_lost_its_lease_while_it_slept_suspends_nothing(aws, monkeypatch) -> None:
     """A slow start (PENDING 4 s): the VM assumed RUNNING refuses its suspend (409), and the tick
     sleeps to look at it again. Meanwhile a newer invocation takes the fleet's lease. The older
@@ -264,4 +265,55 @@ def test_a_skewed_clock_reckons_a_lost_suspend_on_the_shared_clock(aws, monkeypa
         fleet.invoke(monkeypatch)
         assert Counter(vm["state"] for vm in fleet.live()) == {"RUNNING": 1, "SUSPENDED": 1}
         assert not members(fleet)
+        assert_no_duplicates(fleet)
+
+
+def test_a_lost_suspend_whose_read_is_throttled_is_told_and_settled_by_the_next_list(aws, monkeypatch) -> None:
+    """The suspend lands, its answer is lost, and the GetMicrovm that would settle it is throttled
+    (429: the account's GetMicrovm quota spent by others): told (``api_error``, ``Throttles``), the
+    doubt kept; the next tick's list reads SUSPENDED: landed, one suspend, no member."""
+    env = {"MIN_VMS": "1", "WARM_VMS": "1", "MAX_VMS": "4"}
+    with deployed_fleet(aws, env=env, pending_seconds=2, fresh_launches=0) as fleet:
+        fleet.emulator.inject("SuspendMicrovm", "lost_response", times=1)
+        armed: list[str] = []
+
+        def on_request(record: Any) -> None:
+            if record.operation == "SuspendMicrovm" and record.caller == RECONCILER_CALLER and not armed:
+                fleet.emulator.set_rate_limit("GetMicrovm", 1 / 600, 1, surge=0)
+                try:  # the one token of the bucket: taken by a client of the test
+                    fleet.emulator.direct_client(caller="client").get_microvm(microvmIdentifier=record.microvm_id)
+                except Exception:
+                    pass
+                armed.append(record.microvm_id)
+
+        fleet.emulator.subscribe(on_request)
+        first = fleet.invoke(monkeypatch)
+        assert [r.status for r in ours(fleet, "GetMicrovm")] == [429]
+        assert [e for e in first.events("api_error") if e.get("operation") == "GetMicrovm"] and first.metrics("Throttles")
+        assert not first.events("park_doubt_settled")
+        fleet.emulator.remove_rate_limit("GetMicrovm")
+        fleet.clock.advance(60)
+        second = fleet.invoke(monkeypatch)
+        assert [e["outcome"] for e in second.events("park_doubt_settled")] == ["landed"]
+        assert [r.microvm_id for r in ours(fleet, "SuspendMicrovm")] == armed
+        assert not members(fleet)
+        assert Counter(vm["state"] for vm in fleet.live()) == {"RUNNING": 1, "SUSPENDED": 1}
+        assert_no_duplicates(fleet)
+
+
+def test_a_very_slow_start_costs_one_refused_suspend_and_a_bounded_number_of_looks(aws, monkeypatch) -> None:
+    """PENDING 30 s (a fresh image version's first launches take 26-65 s, measured): three parked
+    slots' VMs are assumed RUNNING at 2.6 s; the first suspend is refused, nothing more is assumed,
+    and the VMs are looked at less and less often while PENDING (not once per 2.6 s poll each),
+    then parked in the same tick."""
+    env = {"MIN_VMS": "1", "WARM_VMS": "3", "MAX_VMS": "5"}
+    with deployed_fleet(aws, env=env, pending_seconds=30, fresh_launches=0) as fleet:
+        first = fleet.invoke(monkeypatch)
+        statuses = [r.status for r in ours(fleet, "SuspendMicrovm")]
+        assert statuses == [409, 200, 200, 200], statuses
+        looks = first.calls.get("GetMicrovm", 0) + first.calls.get("ListMicrovms", 0)
+        assert looks <= 12, first.calls
+        fleet.clock.advance(60)
+        fleet.invoke(monkeypatch)
+        assert Counter(vm["state"] for vm in fleet.live()) == {"RUNNING": 1, "SUSPENDED": 3}
         assert_no_duplicates(fleet)
