@@ -317,3 +317,34 @@ def test_a_very_slow_start_costs_one_refused_suspend_and_a_bounded_number_of_loo
         fleet.invoke(monkeypatch)
         assert Counter(vm["state"] for vm in fleet.live()) == {"RUNNING": 1, "SUSPENDED": 3}
         assert_no_duplicates(fleet)
+
+
+def test_a_lost_suspend_whose_vm_is_gone_when_read_is_told_and_replaced(aws, monkeypatch) -> None:
+    """The suspend's answer is lost and the VM is gone by the time it is read (ended and no longer
+    known: GetMicrovm answers 404). The refused read is told like every other (``api_error``, it was
+    swallowed), nothing is sent again, and the next tick replaces the VM and parks the new one."""
+    env = {"MIN_VMS": "1", "WARM_VMS": "1", "MAX_VMS": "4"}
+    with deployed_fleet(aws, env=env, pending_seconds=2, fresh_launches=0) as fleet:
+        fleet.emulator.inject("SuspendMicrovm", "lost_response", times=1)
+        gone: list[str] = []
+
+        def on_request(record: Any) -> None:
+            if record.operation == "SuspendMicrovm" and record.caller == RECONCILER_CALLER and not gone:
+                gone.append(record.microvm_id)
+                fleet.emulator.terminating_seconds = 0.1
+                fleet.emulator.terminated_linger_seconds = 0.2
+                fleet.emulator.direct_client(caller="client").terminate_microvm(microvmIdentifier=record.microvm_id)
+
+        fleet.emulator.subscribe(on_request)
+        first = fleet.invoke(monkeypatch)
+        assert [r.status for r in ours(fleet, "GetMicrovm")] == [404]
+        told = [e for e in first.events("api_error") if e.get("operation") == "GetMicrovm"]
+        assert told and told[0]["code"] == "ResourceNotFoundException", first.events("api_error")
+        assert [r.microvm_id for r in ours(fleet, "SuspendMicrovm")] == gone
+        fleet.emulator.terminating_seconds = 3
+        fleet.emulator.terminated_linger_seconds = 1200
+        fleet.clock.advance(60)
+        fleet.every_minute(monkeypatch, 3)
+        assert Counter(vm["state"] for vm in fleet.live()) == {"RUNNING": 1, "SUSPENDED": 1}
+        assert not members(fleet)
+        assert_no_duplicates(fleet)

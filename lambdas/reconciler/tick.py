@@ -867,9 +867,11 @@ class Reconciler:
         try:
             vm = self._api("get_microvm", microvmIdentifier=slot.microvm_id)
         except ClientError as exc:
-            # uncovered: the VM gone right after a lost suspend (its /suspend hook failed); the next list requeues the slot
             if _code(exc) != "ResourceNotFoundException":
                 self._failed("GetMicrovm", exc, now)
+            else:  # the VM gone right after a lost suspend: told (as every refusal); the next list requeues the slot
+                self._emit({"event": "api_error", "operation": "GetMicrovm", "code": _code(exc),
+                            "microvm_id": slot.microvm_id, "slot": slot.slot_id})
             return None
         # uncovered: a dropped connection or timeout on this read; the emulator's faults answer over HTTP (latency is real time)
         except BotoCoreError as exc:
