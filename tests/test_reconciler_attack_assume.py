@@ -348,3 +348,23 @@ def test_a_lost_suspend_whose_vm_is_gone_when_read_is_told_and_replaced(aws, mon
         assert Counter(vm["state"] for vm in fleet.live()) == {"RUNNING": 1, "SUSPENDED": 1}
         assert not members(fleet)
         assert_no_duplicates(fleet)
+
+
+def test_a_suspend_proven_not_landed_whose_resend_waits_for_the_budget_is_sent_in_the_tick(aws, monkeypatch) -> None:
+    """SuspendMicrovm at one a 4 s: the suspend fails with a 500 that did nothing, the read 0.6 s
+    later proves it did not land, and its resend has no token until 4 s later. It goes out then, in
+    the same tick (the one-resend-per-tick bound is for suspends that failed twice, or whose doubt
+    is open, not for one waiting for the budget), and the VM parks in the tick."""
+    env = {"MIN_VMS": "1", "WARM_VMS": "1", "MAX_VMS": "4", "BUDGETS": SLOW_SUSPENDS}
+    with deployed_fleet(aws, env=env, pending_seconds=2, fresh_launches=0) as fleet:
+        fleet.emulator.inject("SuspendMicrovm", "InternalServer", times=1, caller=RECONCILER_CALLER)
+        first = fleet.invoke(monkeypatch)
+        assert [e["outcome"] for e in first.events("park_doubt_settled")] == ["not_landed"]
+        suspends = ours(fleet, "SuspendMicrovm")
+        assert [r.status for r in suspends] == [500, 200], first.calls
+        assert suspends[1].time - suspends[0].time >= 3.9
+        fleet.clock.advance(60)
+        fleet.invoke(monkeypatch)
+        assert Counter(vm["state"] for vm in fleet.live()) == {"RUNNING": 1, "SUSPENDED": 1}
+        assert not members(fleet)
+        assert_no_duplicates(fleet)

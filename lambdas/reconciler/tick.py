@@ -828,10 +828,13 @@ class Reconciler:
                 self._save(slot, slots)
         if lost is not None:
             if intent.kind == "suspend" and slot is not None and lost:
-                self._suspend_failed.add(intent.microvm_id)  # at most one resend in this tick (below)
                 if self._park_in_doubt(slot, slots, sent) == "not_landed" and resend:
-                    # Proven not landed, before any client could resume: sent again once, now.
+                    # Proven not landed, before any client could resume: sent again once, now
+                    # (or, without a token now, by a step of this tick when the budget has one).
                     return self._call(intent, self._now(), 1, slots, resend=False)
+                # Failed twice, or its doubt still open: not sent again in this tick (before, a
+                # 500 on every suspend cost a suspend and a read per poll until the deadline).
+                self._suspend_failed.add(intent.microvm_id)
             return None
         if intent.kind in ("suspend", "resume"):
             # uncovered: 648->651, plan() makes suspend/resume intents only for slots of its own ledger (never a stray)
