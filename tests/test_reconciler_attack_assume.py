@@ -368,3 +368,32 @@ def test_a_suspend_proven_not_landed_whose_resend_waits_for_the_budget_is_sent_i
         assert Counter(vm["state"] for vm in fleet.live()) == {"RUNNING": 1, "SUSPENDED": 1}
         assert not members(fleet)
         assert_no_duplicates(fleet)
+
+
+def test_an_assumed_vm_whose_suspend_says_not_found_is_not_suspended_again_on_every_poll(aws, monkeypatch) -> None:
+    """warm-0's VM is gone (ended, no longer known) before its assumed suspend: 404. Taken as
+    nothing, the assumption stood: every later step of the tick (warm-1's suspend waits 4 s for
+    the budget) read the VM RUNNING again and sent it another suspend. A 404 on an assumed suspend
+    is now refused as a 409 is: the VM is looked at, nothing more is assumed in the tick."""
+    env = {"MIN_VMS": "1", "WARM_VMS": "2", "MAX_VMS": "5", "BUDGETS": '{"SuspendMicrovm": [0.2, 1]}'}
+    with deployed_fleet(aws, env=env, pending_seconds=2, fresh_launches=0) as fleet:
+        gone: list[str] = []
+
+        def on_request(record: Any) -> None:
+            if record.operation == "RunMicrovm" and record.caller == RECONCILER_CALLER and not gone:
+                gone.append(record.microvm_id)
+                fleet.emulator.terminating_seconds = 0.1
+                fleet.emulator.terminated_linger_seconds = 0.2
+                fleet.emulator.direct_client(caller="client").terminate_microvm(microvmIdentifier=record.microvm_id)
+
+        fleet.emulator.subscribe(on_request)
+        first = fleet.invoke(monkeypatch)
+        to_gone = [r.status for r in ours(fleet, "SuspendMicrovm") if r.microvm_id == gone[0]]
+        assert to_gone == [404], (to_gone, first.calls)
+        assert [e for e in first.events("api_error") if e.get("microvm_id") == gone[0] and e.get("assumed_running")]
+        fleet.emulator.terminating_seconds = 3
+        fleet.emulator.terminated_linger_seconds = 1200
+        fleet.clock.advance(60)
+        fleet.every_minute(monkeypatch, 2)
+        assert Counter(vm["state"] for vm in fleet.live()) == {"RUNNING": 1, "SUSPENDED": 2}
+        assert_no_duplicates(fleet)

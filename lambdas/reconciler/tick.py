@@ -805,12 +805,14 @@ class Reconciler:
             self._api(method, microvmIdentifier=intent.microvm_id)
         except ClientError as exc:
             assumed = intent.kind == "suspend" and self._assumed.get(str(intent.microvm_id)) is not None
-            if assumed and _code(exc) == "ConflictException":
+            if assumed and _code(exc) in ("ConflictException", "ResourceNotFoundException"):
                 # Assumed RUNNING, and not (still PENDING: a slow start, as a fresh image version's
-                # first launches; or ended): looked at before its next suspend, and no VM of the
-                # fleet is assumed RUNNING any more in this tick (its starts are slow).
+                # first launches; or ended, or gone: 404): looked at before its next suspend, and
+                # no VM of the fleet is assumed RUNNING any more in this tick (its starts are slow).
                 self._too_early.append(intent.microvm_id)
                 self._assumed = dict.fromkeys(self._assumed)  # every other assumption too
+            if intent.kind == "suspend" and _code(exc) == "ResourceNotFoundException":
+                self._suspend_failed.add(intent.microvm_id)  # gone: never sent again in the tick
             if _code(exc) not in ("ConflictException", "ResourceNotFoundException"):
                 self._failed(operation, exc, now)
             else:
