@@ -397,3 +397,31 @@ def test_an_assumed_vm_whose_suspend_says_not_found_is_not_suspended_again_on_ev
         fleet.every_minute(monkeypatch, 2)
         assert Counter(vm["state"] for vm in fleet.live()) == {"RUNNING": 1, "SUSPENDED": 2}
         assert_no_duplicates(fleet)
+
+
+def test_warm_vms_lowered_while_a_lost_suspend_is_in_doubt_ends_the_parked_vm_only_once_read(aws, monkeypatch) -> None:
+    """Both parked slots' suspends land; warm-1's answer is lost and its read fails (the doubt in
+    the ledger). A deploy then lowers warm_vms to 1: warm-1 drains. Its VM is ended only once a
+    read shows it SUSPENDED (landed, parked: it serves nobody), never while it may be a client's."""
+    env = {"MIN_VMS": "1", "WARM_VMS": "2", "MAX_VMS": "5"}
+    with deployed_fleet(aws, env=env, pending_seconds=2, fresh_launches=0) as fleet:
+        armed: list[str] = []
+
+        def on_request(record: Any) -> None:
+            if record.operation == "SuspendMicrovm" and record.caller == RECONCILER_CALLER and not armed:
+                armed.append(record.microvm_id)
+                fleet.emulator.inject("SuspendMicrovm", "lost_response", times=1)
+                fleet.emulator.inject("GetMicrovm", "InternalServer", times=1, caller=RECONCILER_CALLER)
+
+        fleet.emulator.subscribe(on_request)
+        fleet.invoke(monkeypatch)
+        doubted = [s for s in fleet.ledger_slots().values() if s["park_doubt_since"] is not None]
+        assert len(doubted) == 1 and doubted[0]["microvm_id"] != armed[0]
+        fleet.env["WARM_VMS"] = "1"  # a deploy: a new execution environment
+        fleet.clock.advance(60)
+        runs = fleet.every_minute(monkeypatch, 3)
+        assert [e["outcome"] for e in runs[0].events("park_doubt_settled")] == ["landed"]
+        assert fleet.emulator.state_of(doubted[0]["microvm_id"]) in ("TERMINATING", "TERMINATED", None)
+        assert Counter(vm["state"] for vm in fleet.live()) == {"RUNNING": 1, "SUSPENDED": 1}
+        assert not members(fleet)
+        assert_no_duplicates(fleet)
