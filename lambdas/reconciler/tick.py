@@ -124,6 +124,8 @@ class Reconciler:
     _run_answers: dict = field(default_factory=dict)  # VM -> (answered at, startedAt, version): this tick's runs
     _assumed: dict = field(default_factory=dict)  # parked slots' VMs assumed RUNNING this tick (-> Observed)
     _too_early: list = field(default_factory=list)  # ... whose suspend said the VM was not RUNNING yet
+    _read_at: dict = field(default_factory=dict)  # VM -> when this tick last read it (a list or a get; not a run's answer)
+    _suspend_failed: set = field(default_factory=set)  # VMs whose suspend failed ambiguously this tick: not sent again in it
 
     # ------------------------------------------------------------------ ticks and steps
 
@@ -234,6 +236,7 @@ class Reconciler:
         self._peeked = None
         self._relooked = set()
         self._run_answers, self._assumed, self._too_early = {}, {}, []
+        self._read_at, self._suspend_failed = {}, set()
         self._deadline = float("inf")
         self.ledger.release_tick(self.spec.fleet, self.holder)
         self.telemetry.flush()
@@ -306,6 +309,7 @@ class Reconciler:
             known = {o.microvm_id for o in confirmed}
             observed = [o for o in observed if o.microvm_id not in known] + confirmed
         observed = self._assume_running(observed, slots, now)
+        observed = self._unread_doubts_hidden(observed, slots)
         others = self.ledger.load_vm_ids(self.siblings) if self.siblings else set()
         fingerprint = self.spec.fingerprint()
         plan = core.plan(self.spec, slots, observed, now, others=others, strays=stats.get("strays") or {},
@@ -385,6 +389,8 @@ class Reconciler:
                 operation = _OPERATIONS[intent.kind][0]
                 if operation in budget_out:
                     continue
+                if intent.kind == "suspend" and intent.microvm_id in self._suspend_failed:
+                    continue  # failed ambiguously in this tick (sent again once at most): the next tick's turn
                 want = sum(1 for i in plan.intents if i.kind == intent.kind)
                 decision = self._call(intent, now, want, slots)
                 if isinstance(decision, Deferral):
@@ -481,6 +487,8 @@ class Reconciler:
                 self._emit({"event": "api_error", "operation": "GetMicrovm", "code": type(exc).__name__})
             self._confirmed[vm_id] = (now, seen)
             if seen is not None:
+                self._read_at[vm_id] = now
+            if seen is not None:
                 out.append(seen)
                 self._emit({"event": "vm_confirmed", "microvm_id": vm_id, "state": seen.state, "end_reason": seen.reason})
         return out
@@ -508,6 +516,7 @@ class Reconciler:
                 return None
             fresh[vm_id] = core.Observed(vm_id, vm["state"], _epoch(vm["startedAt"]), vm.get("imageVersion"),
                                          vm.get("stateReason"))
+            self._read_at[vm_id] = now
         if not fresh:  # nothing read (every VM assumed RUNNING): not a look of its own
             return list(self._observation[1])
         listed = {o.microvm_id for o in self._observation[1]}
@@ -544,6 +553,12 @@ class Reconciler:
             shown = seen.get(vm_id)
             if shown is not None and shown.state != "PENDING":
                 continue  # a read shows more than the run's answer did
+            if slot.parking_since is not None or slot.park_doubt_since is not None:
+                # Our suspend was sent (accepted, or its answer lost): the assumption was for that
+                # suspend only. A list that misses the VM later must not read as RUNNING (past the
+                # park grace: a parked VM taken for a client's, a member, the pool refilled), nor
+                # settle a lost suspend's doubt (only a read of the VM may).
+                continue
             if self._assumable(vm_id) and slot.phase == core.STARTING:
                 answered, started, version = self._run_answers[vm_id]
                 if now - answered < core.PENDING_POLL_SECONDS - 1e-6:
@@ -554,6 +569,20 @@ class Reconciler:
         if not assumed:
             return observed
         return [o for o in observed if o.microvm_id not in assumed] + list(assumed.values())
+
+    def _unread_doubts_hidden(self, observed: list[core.Observed], slots: dict[str, core.Slot]) -> list[core.Observed]:
+        """A VM whose suspend's answer was lost (``park_doubt_since``) is shown to the plan only as
+        a read made ``READ_LAG_SECONDS`` after that suspend was sent shows it: a reused list, a
+        look from before the suspend or a run's answer shows the VM as it was before the suspend
+        (RUNNING or PENDING), which would settle the doubt wrongly (``not_landed``: the suspend
+        sent again, later, on a session a client may have resumed since). Hidden, the VM is live
+        and unknown until such a read (the next list)."""
+        doubted = {s.microvm_id: s.park_doubt_since for s in slots.values()
+                   if s.park_doubt_since is not None and s.microvm_id}
+        if not doubted:
+            return observed
+        return [o for o in observed if o.microvm_id not in doubted
+                or self._read_at.get(o.microvm_id, float("-inf")) >= doubted[o.microvm_id] + READ_LAG_SECONDS]
 
     def _parking_only(self, now: float) -> bool:
         """Whether the only tokens due now are SuspendMicrovm's (parking VMs of our own)."""
@@ -599,6 +628,7 @@ class Reconciler:
                 return Deferral("ListMicrovms", 1.0, "error:" + type(exc).__name__)
             self._learn_offset(page)
             for item in page.get("items") or []:
+                self._read_at[item["microvmId"]] = now
                 observed.append(core.Observed(item["microvmId"], item["state"], _epoch(item["startedAt"]),
                                               item.get("imageVersion")))
             token = page.get("nextToken")
@@ -764,16 +794,25 @@ class Reconciler:
             slot.ending = intent.reason
             self._save(slot, slots)  # fenced: a tick that lost its lease ends nothing
         sent = self._now()
+        if intent.kind == "suspend" and slot is not None:
+            # Written before the call (fenced), as a run is: a tick that dies (or loses its lease)
+            # after the suspend went out leaves the doubt to the next one, which must not send it
+            # again on a session a client may have resumed since; a tick that lost its lease
+            # suspends nothing. Cleared below when the service answers.
+            slot.park_doubt_since = sent
+            self._save(slot, slots)
         try:
             self._api(method, microvmIdentifier=intent.microvm_id)
         except ClientError as exc:
             assumed = intent.kind == "suspend" and self._assumed.get(str(intent.microvm_id)) is not None
-            if assumed and _code(exc) == "ConflictException":
+            if assumed and _code(exc) in ("ConflictException", "ResourceNotFoundException"):
                 # Assumed RUNNING, and not (still PENDING: a slow start, as a fresh image version's
-                # first launches; or ended): looked at before its next suspend, and no VM of the
-                # fleet is assumed RUNNING any more in this tick (its starts are slow).
+                # first launches; or ended, or gone: 404): looked at before its next suspend, and
+                # no VM of the fleet is assumed RUNNING any more in this tick (its starts are slow).
                 self._too_early.append(intent.microvm_id)
                 self._assumed = dict.fromkeys(self._assumed)  # every other assumption too
+            if intent.kind == "suspend" and _code(exc) == "ResourceNotFoundException":
+                self._suspend_failed.add(intent.microvm_id)  # gone: never sent again in the tick
             if _code(exc) not in ("ConflictException", "ResourceNotFoundException"):
                 self._failed(operation, exc, now)
             else:
@@ -785,11 +824,19 @@ class Reconciler:
             lost = _lost_answer(exc)
         else:
             lost = None
+        if intent.kind == "suspend" and slot is not None and not lost:
+            slot.park_doubt_since = None  # answered (accepted or refused): no doubt
+            if lost is False:
+                self._save(slot, slots)
         if lost is not None:
             if intent.kind == "suspend" and slot is not None and lost:
                 if self._park_in_doubt(slot, slots, sent) == "not_landed" and resend:
-                    # Proven not landed, before any client could resume: sent again once, now.
+                    # Proven not landed, before any client could resume: sent again once, now
+                    # (or, without a token now, by a step of this tick when the budget has one).
                     return self._call(intent, self._now(), 1, slots, resend=False)
+                # Failed twice, or its doubt still open: not sent again in this tick (before, a
+                # 500 on every suspend cost a suspend and a read per poll until the deadline).
+                self._suspend_failed.add(intent.microvm_id)
             return None
         if intent.kind in ("suspend", "resume"):
             # uncovered: 648->651, plan() makes suspend/resume intents only for slots of its own ledger (never a stray)
@@ -808,12 +855,11 @@ class Reconciler:
 
     def _park_in_doubt(self, slot: core.Slot, slots: dict[str, core.Slot], sent: float) -> Optional[str]:
         """A suspend sent at ``sent`` whose answer was lost: it may have landed, and a client may
-        resume the VM at any moment after. Written down at once (a tick that dies now leaves the
-        doubt to the next one), then settled by a GetMicrovm as soon as a read cannot predate the
+        resume the VM at any moment after. Written down before it was sent (a tick that dies now
+        leaves the doubt to the next one: ``_call``), then settled by a GetMicrovm as soon as a read cannot predate the
         suspend (``READ_LAG_SECONDS``): sent again only if that read proves it did not land.
         Returns what the read settled (``core.settle_park_doubt``), None when nothing was read."""
-        slot.park_doubt_since = sent
-        self._save(slot, slots)
+        slot.park_doubt_since = sent  # as written before the call
         wait = max(0.0, READ_LAG_SECONDS - (self._now() - sent))
         # uncovered: a lost suspend answer less than READ_LAG_SECONDS before the tick's deadline; the next tick's list settles it
         if self.clock() + wait >= self._deadline:
@@ -826,9 +872,11 @@ class Reconciler:
         try:
             vm = self._api("get_microvm", microvmIdentifier=slot.microvm_id)
         except ClientError as exc:
-            # uncovered: the VM gone right after a lost suspend (its /suspend hook failed); the next list requeues the slot
             if _code(exc) != "ResourceNotFoundException":
                 self._failed("GetMicrovm", exc, now)
+            else:  # the VM gone right after a lost suspend: told (as every refusal); the next list requeues the slot
+                self._emit({"event": "api_error", "operation": "GetMicrovm", "code": _code(exc),
+                            "microvm_id": slot.microvm_id, "slot": slot.slot_id})
             return None
         # uncovered: a dropped connection or timeout on this read; the emulator's faults answer over HTTP (latency is real time)
         except BotoCoreError as exc:
