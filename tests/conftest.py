@@ -119,6 +119,7 @@ LONGEST_FILES = (
     "tests/test_monitoring.py", "tests/test_reconciler.py", "tests/test_fleet_teardown_handler.py",
     "tests/test_reconciler_attack.py", "tests/test_policies.py", "tests/test_fleet.py",
     "tests/test_lifecycle_requests.py", "tests/test_reconciler_faults.py", "tests/test_verify_scenarios.py",
+    "tests/test_reconciler_attack_assume.py", "tests/test_reconciler_attack_looks.py",
 )
 
 
