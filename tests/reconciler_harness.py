@@ -12,14 +12,20 @@ stdout (log lines and EMF records as Powertools prints them).
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import io
 import json
 import logging
+import os
+import shutil
 import sys
+import time
 import uuid
 from contextlib import contextmanager, redirect_stdout
 from dataclasses import dataclass, field
 from functools import lru_cache
+from pathlib import Path
 from typing import Any, Iterator, Optional
 
 from lambdas.reconciler import index
@@ -35,11 +41,54 @@ SUBSTITUTED = {"LEDGER_TABLE", "BUDGET_TABLE", "DEAD_LETTER_QUEUE_URL", "IMAGE_A
 ROLE_ARN = "arn:aws:iam::123456789012:role/mi-agente-microvm"
 
 
+#: Synthesized environments shared by the workers of one run (a synth costs about 5 CPU-s).
+SYNTH_CACHE = Path(__file__).resolve().parents[1] / ".make" / "test-synth-cache"
+
+
+@lru_cache(maxsize=None)
+def _sources_digest() -> str:
+    """What a synthesized template depends on: the library, the Lambdas it bundles, the example
+    agent, the CDK's version. A change to any of them is a new cache key."""
+    from importlib.metadata import version
+
+    root = Path(__file__).resolve().parents[1]
+    digest = hashlib.sha256(version("aws-cdk-lib").encode())
+    for folder in ("rayito_constructs", "lambdas", "examples"):
+        for path in sorted((root / folder).rglob("*")):
+            if path.is_file() and "__pycache__" not in path.parts:
+                digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()
+
+
 @lru_cache(maxsize=None)
 def synthesized_environment(metrics: bool = True, **overrides: Any) -> tuple[tuple[str, Any], ...]:
     """The reconciler function's ``Environment.Variables`` from the example fleet's template,
     synthesized with ``metrics`` (on here, so the tests can read the EMF the handler prints; the
-    default fleet's ``metrics=False`` is run in tests/test_monitoring_runtime.py)."""
+    default fleet's ``metrics=False`` is run in tests/test_monitoring_runtime.py). Synthesized once
+    per run for all its xdist workers (the first under a file lock, the others read its answer),
+    keyed by the sources' digest and the arguments."""
+    # One run's workers share an answer, never two runs: the synth also records the template for
+    # the session's cfn-lint gate (tests/conftest.py), which a run must not skip.
+    run = os.environ.get("PYTEST_XDIST_TESTRUNUID") or f"solo-{os.getpid()}"
+    folder = SYNTH_CACHE / run
+    folder.mkdir(parents=True, exist_ok=True)
+    for old in SYNTH_CACHE.iterdir():  # earlier runs' answers
+        if old != folder and old.is_dir() and old.stat().st_mtime < time.time() - 3600:
+            shutil.rmtree(old, ignore_errors=True)
+    key = json.dumps([metrics, sorted(overrides.items())], default=repr)
+    path = folder / (hashlib.sha256((_sources_digest() + key).encode()).hexdigest()[:32] + ".json")
+    with open(folder / "lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if path.exists():
+            return tuple((k, v) for k, v in json.loads(path.read_text()))
+        value = _synthesize_environment(metrics, **overrides)
+        partial = path.with_suffix(f".{os.getpid()}.tmp")
+        partial.write_text(json.dumps(value))
+        partial.replace(path)
+    return value
+
+
+def _synthesize_environment(metrics: bool, **overrides: Any) -> tuple[tuple[str, Any], ...]:
     from aws_cdk.assertions import Template
 
     from rayito_constructs import AgentProject, FleetStack

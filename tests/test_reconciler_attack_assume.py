@@ -150,7 +150,7 @@ def test_suspends_failing_for_a_whole_tick_cost_a_bounded_number_of_calls(aws, m
         assert_no_duplicates(fleet)
 
 
-@pytest.mark.parametrize("pending", [2.5, 2.7, 3.0, 3.5])
+@pytest.mark.parametrize("pending", [2.7, 3.5])  # 2.5 and 3.0 were tried too (round 6): the same
 def test_slow_starts_around_the_assumption_park_in_the_tick_with_one_refusal(aws, monkeypatch, pending) -> None:
     """PENDING lasts 2.5-3.5 s (20 runs at once measured 3.59 s): assumed RUNNING at 2.6 s, a VM
     still PENDING refuses its suspend once in the tick (told), is looked at and parked in the same
@@ -237,8 +237,8 @@ def test_two_ambiguous_suspend_failures_in_a_row_the_second_landed(aws, monkeypa
         assert_no_duplicates(fleet)
 
 
-@pytest.mark.parametrize("skew", [30.0, -30.0])
-@pytest.mark.parametrize("kind, outcome", [("InternalServer", "not_landed"), ("lost_response", "landed")])
+@pytest.mark.parametrize("skew, kind, outcome", [(30.0, "InternalServer", "not_landed"), (-30.0, "lost_response", "landed"),
+                                                 (-30.0, "InternalServer", "not_landed")])
 def test_a_skewed_clock_reckons_a_lost_suspend_on_the_shared_clock(aws, monkeypatch, skew, kind, outcome) -> None:
     """A cold execution environment whose clock is 30 s off: the 2.6 s assumption, the send time
     written down and the 2.2 s reckoning of the read are all on the shared clock, so a 500 that did
