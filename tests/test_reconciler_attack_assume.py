@@ -18,22 +18,15 @@ import pytest
 
 from .moto_server import moto_server
 from .reconciler_harness import RECONCILER_CALLER, deployed_fleet, list_lag
+from .test_reconciler_attack_looks import ours
 from .test_reconciler_handler import assert_no_duplicates
+from .test_reconciler_lost_suspend import members
 
 
 @pytest.fixture(scope="module")
 def aws() -> Iterator[str]:
     with moto_server() as endpoint:
         yield endpoint
-
-
-def ours(fleet, operation: str, since: float = 0.0) -> list[Any]:
-    return [r for r in fleet.emulator.requests
-            if r.operation == operation and r.caller == RECONCILER_CALLER and r.time >= since]
-
-
-def members(fleet: Any) -> list[str]:
-    return [s["microvm_id"] for s in fleet.ledger_slots().values() if s["role"] == "member"]
 
 
 def test_an_assumption_does_not_outlive_the_suspend_it_was_made_for(aws, monkeypatch) -> None:
