@@ -26,7 +26,7 @@ from contextlib import contextmanager, redirect_stdout
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional
 
 from lambdas.reconciler import index
 from lambdas.reconciler.budget import DynamoDBBudget
@@ -304,3 +304,32 @@ def list_lag(fleet: Fleet, seconds: float) -> Any:
     """ListMicrovms answers to the reconciler omit VMs younger than ``seconds`` (eventually
     consistent lists), injected in the emulator so the lists show in its request log."""
     return fleet.emulator.inject("ListMicrovms", "list_lag", seconds=seconds, times=None, caller=RECONCILER_CALLER)
+
+
+def at_first_call(fleet: "Fleet", operation: str, action: Callable[[Any], None]) -> list[str]:
+    """Run ``action(record)`` once, right after the reconciler's first ``operation`` request is
+    carried out (before its answer reaches the reconciler); returns the list that then holds that
+    request's MicroVM ID (empty until it happens)."""
+    seen: list[str] = []
+
+    def on_request(record: Any) -> None:
+        if record.operation == operation and record.caller == RECONCILER_CALLER and not seen:
+            seen.append(record.microvm_id)
+            action(record)
+
+    fleet.emulator.subscribe(on_request)
+    return seen
+
+
+def fail_the_next_read(fleet: "Fleet") -> Callable[[Any], None]:
+    """An ``at_first_call`` action: the reconciler's next GetMicrovm is answered 500."""
+    return lambda record: fleet.emulator.inject("GetMicrovm", "InternalServer", times=1, caller=RECONCILER_CALLER)
+
+
+def end_the_vm(fleet: "Fleet") -> Callable[[Any], None]:
+    """An ``at_first_call`` action: a client ends the request's VM, gone from the service 0.3 s later."""
+    def end(record: Any) -> None:
+        fleet.emulator.terminating_seconds = 0.1
+        fleet.emulator.terminated_linger_seconds = 0.2
+        fleet.emulator.direct_client(caller="client").terminate_microvm(microvmIdentifier=record.microvm_id)
+    return end

@@ -17,7 +17,7 @@ from typing import Any, Iterator
 import pytest
 
 from .moto_server import moto_server
-from .reconciler_harness import RECONCILER_CALLER, deployed_fleet, list_lag
+from .reconciler_harness import RECONCILER_CALLER, at_first_call, deployed_fleet, end_the_vm, fail_the_next_read, list_lag
 from .test_reconciler_attack_looks import ours
 from .test_reconciler_handler import assert_no_duplicates
 from .test_reconciler_lost_suspend import members
@@ -64,14 +64,7 @@ def test_a_lost_suspend_whose_read_fails_is_settled_by_a_read_never_by_the_assum
     with deployed_fleet(aws, env=env, pending_seconds=2, fresh_launches=0) as fleet:
         lag = list_lag(fleet, 45)
         fleet.emulator.inject("SuspendMicrovm", "lost_response", times=1)
-        armed: list[str] = []
-
-        def on_request(record: Any) -> None:
-            if record.operation == "SuspendMicrovm" and record.caller == RECONCILER_CALLER and not armed:
-                fleet.emulator.inject("GetMicrovm", "InternalServer", times=1, caller=RECONCILER_CALLER)
-                armed.append(record.microvm_id)
-
-        fleet.emulator.subscribe(on_request)
+        armed = at_first_call(fleet, "SuspendMicrovm", fail_the_next_read(fleet))
         first = fleet.invoke(monkeypatch)
         assert len(ours(fleet, "SuspendMicrovm")) == 2
         assert not first.events("park_doubt_settled"), [(e["outcome"], e["state"], e["read_after"]) for e in first.events("park_doubt_settled")]
@@ -319,16 +312,7 @@ def test_a_lost_suspend_whose_vm_is_gone_when_read_is_told_and_replaced(aws, mon
     env = {"MIN_VMS": "1", "WARM_VMS": "1", "MAX_VMS": "4"}
     with deployed_fleet(aws, env=env, pending_seconds=2, fresh_launches=0) as fleet:
         fleet.emulator.inject("SuspendMicrovm", "lost_response", times=1)
-        gone: list[str] = []
-
-        def on_request(record: Any) -> None:
-            if record.operation == "SuspendMicrovm" and record.caller == RECONCILER_CALLER and not gone:
-                gone.append(record.microvm_id)
-                fleet.emulator.terminating_seconds = 0.1
-                fleet.emulator.terminated_linger_seconds = 0.2
-                fleet.emulator.direct_client(caller="client").terminate_microvm(microvmIdentifier=record.microvm_id)
-
-        fleet.emulator.subscribe(on_request)
+        gone = at_first_call(fleet, "SuspendMicrovm", end_the_vm(fleet))
         first = fleet.invoke(monkeypatch)
         assert [r.status for r in ours(fleet, "GetMicrovm")] == [404]
         told = [e for e in first.events("api_error") if e.get("operation") == "GetMicrovm"]
@@ -370,16 +354,7 @@ def test_an_assumed_vm_whose_suspend_says_not_found_is_not_suspended_again_on_ev
     is now refused as a 409 is: the VM is looked at, nothing more is assumed in the tick."""
     env = {"MIN_VMS": "1", "WARM_VMS": "2", "MAX_VMS": "5", "BUDGETS": '{"SuspendMicrovm": [0.2, 1]}'}
     with deployed_fleet(aws, env=env, pending_seconds=2, fresh_launches=0) as fleet:
-        gone: list[str] = []
-
-        def on_request(record: Any) -> None:
-            if record.operation == "RunMicrovm" and record.caller == RECONCILER_CALLER and not gone:
-                gone.append(record.microvm_id)
-                fleet.emulator.terminating_seconds = 0.1
-                fleet.emulator.terminated_linger_seconds = 0.2
-                fleet.emulator.direct_client(caller="client").terminate_microvm(microvmIdentifier=record.microvm_id)
-
-        fleet.emulator.subscribe(on_request)
+        gone = at_first_call(fleet, "RunMicrovm", end_the_vm(fleet))
         first = fleet.invoke(monkeypatch)
         to_gone = [r.status for r in ours(fleet, "SuspendMicrovm") if r.microvm_id == gone[0]]
         assert to_gone == [404], (to_gone, first.calls)

@@ -20,7 +20,7 @@ from lambdas.reconciler import core
 from lambdas.reconciler.tick import _lost_answer
 
 from .moto_server import moto_server
-from .reconciler_harness import RECONCILER_CALLER, deployed_fleet
+from .reconciler_harness import RECONCILER_CALLER, at_first_call, deployed_fleet, fail_the_next_read
 from .test_reconciler_handler import assert_no_duplicates
 
 ENV = {"MIN_VMS": "1", "WARM_VMS": "1", "MAX_VMS": "4"}
@@ -112,14 +112,7 @@ def test_a_lost_suspend_whose_read_fails_is_settled_by_the_next_list_never_resen
     session that may be a client's)."""
     with deployed_fleet(aws, env=ENV, pending_seconds=2, fresh_launches=0) as fleet:
         fleet.emulator.inject("SuspendMicrovm", "InternalServer", times=1, caller=RECONCILER_CALLER)
-        armed: list[str] = []
-
-        def on_request(record: Any) -> None:
-            if record.operation == "SuspendMicrovm" and record.caller == RECONCILER_CALLER and not armed:
-                fleet.emulator.inject("GetMicrovm", "InternalServer", times=1, caller=RECONCILER_CALLER)
-                armed.append(record.microvm_id)
-
-        fleet.emulator.subscribe(on_request)
+        armed = at_first_call(fleet, "SuspendMicrovm", fail_the_next_read(fleet))
         first = fleet.invoke(monkeypatch)
         assert not first.events("park_doubt_settled")
         doubt = [s for s in fleet.ledger_slots().values() if s["role"] == "warm"]

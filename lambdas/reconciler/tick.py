@@ -488,7 +488,6 @@ class Reconciler:
             self._confirmed[vm_id] = (now, seen)
             if seen is not None:
                 self._read_at[vm_id] = now
-            if seen is not None:
                 out.append(seen)
                 self._emit({"event": "vm_confirmed", "microvm_id": vm_id, "state": seen.state, "end_reason": seen.reason})
         return out
@@ -859,7 +858,6 @@ class Reconciler:
         leaves the doubt to the next one: ``_call``), then settled by a GetMicrovm as soon as a read cannot predate the
         suspend (``READ_LAG_SECONDS``): sent again only if that read proves it did not land.
         Returns what the read settled (``core.settle_park_doubt``), None when nothing was read."""
-        slot.park_doubt_since = sent  # as written before the call
         wait = max(0.0, READ_LAG_SECONDS - (self._now() - sent))
         # uncovered: a lost suspend answer less than READ_LAG_SECONDS before the tick's deadline; the next tick's list settles it
         if self.clock() + wait >= self._deadline:
