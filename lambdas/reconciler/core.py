@@ -208,6 +208,10 @@ class Plan:
     #: Only suspends we sent are not seen yet (not worth a look of its own: the next tick's list
     #: sees them parked, or a client's resume, or the end a failed ``/suspend`` hook brings).
     parking_unseen: bool = False
+    #: When a base VM that nothing can replace before its end (no headroom, nothing parked) is
+    #: replaced: its end plus EXPIRY_WAKE_SECONDS. A tick whose deadline comes first may work a
+    #: little past it for this (``Reconciler.tick``'s ``overtime_seconds``).
+    replace_at: Optional[float] = None
 
 
 def client_token(epoch: str, fleet: str, slot_id: str, generation: int) -> str:
@@ -524,6 +528,7 @@ def plan(spec: FleetSpec, ledger: Mapping[str, Slot], observed: Iterable[Observe
     runs: list[Intent] = []
     successors: list[Intent] = []
     wake_at: Optional[float] = None
+    replace_at: Optional[float] = None
     ordered = sorted(slots.values(), key=lambda s: slot_order(s.slot_id, s.role, spec))
     for slot in ordered:
         if slot.role == MEMBER or slot.phase == DEAD or slot.draining:
@@ -600,6 +605,7 @@ def plan(spec: FleetSpec, ledger: Mapping[str, Slot], observed: Iterable[Observe
             # No headroom, nothing parked (max_vms == min_vms, say): replace it the moment it ends.
             at = expires + EXPIRY_WAKE_SECONDS
             wake_at = at if wake_at is None else min(wake_at, at)
+            replace_at = at if replace_at is None else min(replace_at, at)
             continue
         donor = max(usable, key=lambda d: (d.vm_started_at or 0) + (d.lifetime or life))
         donors.remove(donor)
@@ -631,7 +637,8 @@ def plan(spec: FleetSpec, ledger: Mapping[str, Slot], observed: Iterable[Observe
         # (a fresh image version's first launches take up to a minute).
         poll = now + max(PENDING_POLL_SECONDS, (now - max(pending_since)) / 2)
         wake_at = poll if wake_at is None else min(wake_at, poll)
-    return Plan(slots, intents, events, gauges, live, wake_soon, tracked, wake_at, pending_ids, parking_unseen)
+    return Plan(slots, intents, events, gauges, live, wake_soon, tracked, wake_at, pending_ids, parking_unseen,
+                replace_at)
 
 
 def settle_park_doubt(slot: Slot, state: str, read_at: float, events: list) -> None:

@@ -198,7 +198,10 @@ def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
         deadline = min(float(os.environ.get("TICK_SECONDS", "50")), max(1.0, remaining - DEADLINE_MARGIN_SECONDS))
         # The lease covers the whole invocation; past it, the fence (not the clock) keeps a late
         # tick from writing or calling.
-        return reconciler.tick(deadline_seconds=deadline, lease_seconds=remaining + 5)
+        # Past the deadline, what the invocation has left (its margin kept) may go to replacing
+        # a base VM that nothing could replace before its end (Reconciler.tick).
+        overtime = max(0.0, remaining - DEADLINE_MARGIN_SECONDS - deadline)
+        return reconciler.tick(deadline_seconds=deadline, lease_seconds=remaining + 5, overtime_seconds=overtime)
     except FleetOff:
         # The fleet's teardown turned it off: the lease was never taken, nothing was called.
         fleet = reconciler.spec.fleet

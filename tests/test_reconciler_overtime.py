@@ -1,0 +1,148 @@
+"""A base VM that nothing can replace before its end (``max_vms == min_vms``, nothing parked) is
+replaced the moment it ends, also when the end falls between a tick's deadline (50 s) and the next
+scheduled tick: the tick works past its deadline for it, within what the invocation has left
+(``overtime_seconds``). Before, such an end waited for the next tick: up to 10 s more below
+``min_vms`` (the 37-fleet benchmark day, seed 5).
+
+Through ``index.handler`` with its Powertools telemetry, against the emulator and moto; every
+time asserted is the emulator's (its request log and each VM's history)."""
+
+from __future__ import annotations
+
+from typing import Any, Iterator
+
+import pytest
+
+from .moto_server import moto_server
+from .reconciler_harness import RECONCILER_CALLER, deployed_fleet
+
+NO_HEADROOM = {"MIN_VMS": "2", "WARM_VMS": "0", "MAX_VMS": "2", "IDLE_SECONDS": ""}
+
+
+@pytest.fixture(scope="module")
+def aws() -> Iterator[str]:
+    with moto_server() as endpoint:
+        yield endpoint
+
+
+def _next_end(fleet: Any) -> tuple[float, str]:
+    """When the first of the fleet's live VMs reaches its maximum lifetime, and which."""
+    live = {vm["microvmId"] for vm in fleet.live()}
+    ends = [(vm["startedAt"] + vm["maximumDurationInSeconds"], vm["microvmId"])
+            for vm in fleet.emulator.microvms_ever() if vm["microvmId"] in live]
+    return min(ends)
+
+
+def _runs_after(fleet: Any, t: float) -> list[float]:
+    return [r.time for r in fleet.emulator.requests
+            if r.operation == "RunMicrovm" and r.caller == RECONCILER_CALLER and r.time >= t]
+
+
+def _running_below_min(fleet: Any, since: float, until: float) -> float:
+    """Seconds in [since, until] with fewer RUNNING VMs of the image than ``min_vms``, from each
+    VM's history (ground truth)."""
+    edges = []
+    for vm in fleet.emulator.microvms_ever():
+        running_from = None
+        for at, state, _ in vm["history"]:
+            if state == "RUNNING" and running_from is None:
+                running_from = at
+            elif state != "RUNNING" and running_from is not None:
+                edges += [(running_from, 1), (at, -1)]
+                running_from = None
+        if running_from is not None:
+            edges += [(running_from, 1), (float("inf"), -1)]
+    edges.sort()
+    count, below, last = 0, 0.0, since
+    for at, step in edges:
+        at_c = min(max(at, since), until)
+        if count < int(fleet.env["MIN_VMS"]):
+            below += at_c - last
+        last = at_c
+        count += step
+    if count < int(fleet.env["MIN_VMS"]):
+        below += until - last
+    return below
+
+
+def _converged(aws: str, monkeypatch: Any, **env: str) -> Any:
+    fleet_cm = deployed_fleet(aws, env={**NO_HEADROOM, **env}, pending_seconds=2)
+    fleet = fleet_cm.__enter__()
+    monkeypatch.setattr(fleet, "_cm", fleet_cm, raising=False)
+    fleet.every_minute(monkeypatch, 2)
+    assert len(fleet.live(("RUNNING",))) == 2
+    return fleet
+
+
+@pytest.fixture
+def fleet(aws: str, monkeypatch: Any) -> Iterator[Any]:
+    f = _converged(aws, monkeypatch)
+    try:
+        yield f
+    finally:
+        f._cm.__exit__(None, None, None)
+
+
+def _tick_starting_before_end(fleet: Any, monkeypatch: Any, before: float, timeout: float = 65.0) -> tuple[Any, float, str]:
+    """Move the clock to ``before`` seconds ahead of the next end and invoke the handler."""
+    end, vm_id = _next_end(fleet)
+    fleet.clock.advance(end - before - fleet.clock.now())
+    start = fleet.clock.now()
+    invocation = fleet.invoke(monkeypatch, timeout=timeout)
+    return invocation, end - start, vm_id
+
+
+@pytest.mark.parametrize("into_tick", [50.5, 53.0, 55.5])
+def test_an_end_after_the_deadline_is_replaced_in_overtime(fleet, monkeypatch, into_tick) -> None:
+    invocation, _, vm_id = _tick_starting_before_end(fleet, monkeypatch, into_tick)
+    end = _next_end_of(fleet, vm_id)
+    runs = _runs_after(fleet, end)
+    assert runs and runs[0] - end <= 2.5, (end, runs)  # end + EXPIRY_WAKE_SECONDS (1 s) + the list
+    assert len(invocation.events("tick_overtime")) == 1
+    assert fleet.clock.now() - (end - into_tick) <= 57.0 + 1.0  # within the invocation's time, margin kept
+    fleet.every_minute(monkeypatch, 1)
+    # Below min_vms only for the wake (1 s) and the successor's PENDING (2 s).
+    assert _running_below_min(fleet, end - 5, end + 30) <= 3.6
+    assert len(fleet.live()) <= 2
+
+
+def _next_end_of(fleet: Any, vm_id: str) -> float:
+    vm = next(v for v in fleet.emulator.microvms_ever() if v["microvmId"] == vm_id)
+    return vm["startedAt"] + vm["maximumDurationInSeconds"]
+
+
+def test_the_overtime_ends_before_the_invocation_does(fleet, monkeypatch) -> None:
+    """With the default timeout (65 s) and margin (8 s), an end at 57 s (wake at 58 s) is past
+    the overtime: the next tick (at 60 s) replaces it, at once."""
+    invocation, _, vm_id = _tick_starting_before_end(fleet, monkeypatch, 57.0)
+    end = _next_end_of(fleet, vm_id)
+    assert not invocation.events("tick_overtime")
+    assert not _runs_after(fleet, end)
+    tick_start = end - 57.0
+    fleet.clock.advance(tick_start + 60 - fleet.clock.now())
+    fleet.invoke(monkeypatch)
+    runs = _runs_after(fleet, end)
+    assert runs and runs[0] - (tick_start + 60) <= 1.0, runs
+
+
+def test_no_time_left_no_overtime(fleet, monkeypatch) -> None:
+    """An invocation with no more than its deadline and margin left (timeout 58 s) works no
+    overtime: the end at 53 s waits for the next tick."""
+    invocation, _, vm_id = _tick_starting_before_end(fleet, monkeypatch, 53.0, timeout=58.0)
+    end = _next_end_of(fleet, vm_id)
+    assert not invocation.events("tick_overtime")
+    assert not _runs_after(fleet, end)
+
+
+def test_overtime_is_for_ends_nothing_can_replace_before(aws, monkeypatch) -> None:
+    """With one slot of headroom the successor starts before the end (SUCCESSOR_LEAD_SECONDS):
+    no tick works past its deadline, through every first VM's end."""
+    f = _converged(aws, monkeypatch, MAX_VMS="3", MAX_LIFETIME_SECONDS="1500", SUCCESSOR_LEAD_SECONDS="300")
+    try:
+        t0 = f.clock.now()
+        runs = f.every_minute(monkeypatch, 26)
+        assert not [r for r in runs if r.events("tick_overtime")]
+        assert len(_runs_after(f, 0)) >= 4  # 2 first VMs and their 2 successors at least
+        assert _running_below_min(f, t0, f.clock.now()) == 0.0
+    finally:
+        f._cm.__exit__(None, None, None)
