@@ -29,11 +29,26 @@ DEFAULT_BUDGETS: dict[str, tuple[float, float]] = {
 
 
 EPSILON = 1e-6  # float sums of 1/rate must not lose a token at the edge of the burst
+#: The shortest retry a refusal names (a refusal that just took the place in line may be admitted
+#: on its next ask at once).
+MIN_RETRY_SECONDS = 0.05
 #: A stored arrival time further ahead than a reservation can reach (burst, the reservation
 #: horizon and this slack) was written by a clock that runs ahead: it is treated as idle, so one
 #: skewed reconciler cannot stall every other one for the length of its skew.
 SKEW_SLACK_SECONDS = 5.0
-MAX_HORIZON_SECONDS = 2.0
+#: The asker next in line for an operation (one per bucket, ``acquire``'s ``asker``) reserves on a
+#: line this much later than the others. Under saturation the line is ``now + horizon``, and the
+#: asks of a process whose clock runs even 0.1 s ahead were admitted on a later line and took every
+#: refill while the other process starved (0-1 grants in 15 s, round 4's attack). The place in line
+#: goes to the first asker refused while it is free and ends with its grant: an order no clock
+#: decides. Others are never held back by it, so an asker that goes away costs nothing.
+NEXT_IN_LINE_BONUS_SECONDS = 2.0
+#: A place in line is kept this long past the retry its refusal named (then another asker may take
+#: it), judged on each asker's own clock: more than the skew that learning the service's clock
+#: leaves (under a second).
+NEXT_IN_LINE_GRACE_SECONDS = 3.0
+#: The furthest a reservation reaches: the reconciler's horizon (2 s) and the bonus of the next in line.
+MAX_HORIZON_SECONDS = 2.0 + NEXT_IN_LINE_BONUS_SECONDS
 
 
 def implausible(now: float, interval: float, burst: float) -> float:
@@ -127,6 +142,18 @@ class _Gcra:
             return Deferral(operation, interval, "budget_empty")
         return None
 
+    @staticmethod
+    def _bonus(horizon: float, horizon_cap: Optional[float]) -> float:
+        """The horizon of the asker next in line: NEXT_IN_LINE_BONUS_SECONDS more, never past
+        ``horizon_cap`` (the caller's own limit: a tick reserves nothing due after its deadline)."""
+        longer = horizon + NEXT_IN_LINE_BONUS_SECONDS
+        return longer if horizon_cap is None else max(horizon, min(longer, horizon_cap))
+
+    @staticmethod
+    def _line_free(asker: str, holder: Optional[str], until: float, now: float) -> bool:
+        """Whether ``asker`` may take the place in line (free, its own, or kept past its time)."""
+        return holder is None or holder == asker or until < now - NEXT_IN_LINE_GRACE_SECONDS
+
     def shape(self, operation: str) -> tuple[float, float]:
         rate, burst = self.budgets.get(operation, (10.0, 10.0))
         return 1.0 / rate, float(burst)
@@ -140,13 +167,18 @@ class MemoryBudget(_Gcra):
         self._lock = threading.Lock()
         self._tat: dict[str, float] = {}
         self._backoff: dict[str, tuple[float, str]] = {}
+        self._line: dict[str, tuple[str, float]] = {}  # operation -> (asker next in line, until)
 
-    def acquire(self, operation: str, now: float, cost: int = 1, horizon: float = 0.0) -> Decision:
-        """``cost`` tokens now, or (``horizon`` > 0) a reservation of them at most that far ahead."""
+    def acquire(self, operation: str, now: float, cost: int = 1, horizon: float = 0.0,
+                asker: Optional[str] = None, horizon_cap: Optional[float] = None) -> Decision:
+        """``cost`` tokens now, or (``horizon`` > 0) a reservation of them at most that far ahead.
+        An ``asker`` refused while the place in line is free takes it, and its asks reserve
+        NEXT_IN_LINE_BONUS_SECONDS further (never past ``horizon_cap``) until one is granted."""
         interval, burst = self.shape(operation)
         too_many = self._check(operation, cost, interval, burst)
         if too_many is not None:
             return too_many
+        queued = asker is not None and horizon > 0
         with self._lock:
             until, why = self._backoff.get(operation, (0.0, ""))
             if until > now:
@@ -154,9 +186,16 @@ class MemoryBudget(_Gcra):
             tat = max(self._tat.get(operation, now), now)
             if tat > implausible(now, interval, burst):
                 tat = now
-            limit = admission_limit(now, horizon, interval, burst, cost)
+            holder, held_until = self._line.get(operation, (None, 0.0))
+            first = queued and holder == asker
+            limit = admission_limit(now, self._bonus(horizon, horizon_cap) if first else horizon, interval, burst, cost)
             if tat > limit:
-                return Deferral(operation, tat - limit, "budget_empty")
+                if queued and not first and self._line_free(asker, holder, held_until, now):
+                    limit = admission_limit(now, self._bonus(horizon, horizon_cap), interval, burst, cost)
+                    self._line[operation] = (asker, now + max(0.0, tat - limit))
+                return Deferral(operation, max(MIN_RETRY_SECONDS, tat - limit), "budget_empty")
+            if first:
+                del self._line[operation]
             self._tat[operation] = tat + cost * interval
             return Granted(operation, cost, max(0.0, tat - (burst - cost) * interval - now))
 
@@ -190,14 +229,86 @@ class DynamoDBBudget(_Gcra):
         self._ddb = dynamodb
         self._table = table_name
         self._last_tat: dict[str, float] = {}
+        self._in_line: set[tuple[str, str]] = set()  # (operation, asker) this process put next in line
 
-    def acquire(self, operation: str, now: float, cost: int = 1, horizon: float = 0.0) -> Decision:
+    def acquire(self, operation: str, now: float, cost: int = 1, horizon: float = 0.0,
+                asker: Optional[str] = None, horizon_cap: Optional[float] = None) -> Decision:
         """``cost`` tokens now, or (``horizon`` > 0) a reservation of them at most that far ahead:
-        one conditional UpdateItem when the guess of idle or busy is right, two otherwise."""
+        one conditional UpdateItem when the guess of idle or busy is right, two otherwise. An
+        ``asker`` refused while the place in line is free takes it (one write more), and its asks
+        reserve NEXT_IN_LINE_BONUS_SECONDS further (never past ``horizon_cap``) until one is granted."""
         interval, burst = self.shape(operation)
         too_many = self._check(operation, cost, interval, burst)
         if too_many is not None:
             return too_many
+        queued = asker is not None and horizon > 0
+        if queued and (operation, asker) in self._in_line:
+            decision = self._as_first(operation, now, cost, interval, burst, str(asker), self._bonus(horizon, horizon_cap))
+            if decision is not None:
+                return decision
+        decision, old = self._acquire(operation, now, cost, interval, burst, horizon)
+        if (queued and isinstance(decision, Deferral) and decision.reason == "budget_empty" and old is not None
+                and self._line_free(str(asker), old.get("next_asker", {}).get("S"),
+                                    float(old.get("next_until", {}).get("N", 0)), now)):
+            return self._take_line(operation, now, cost, interval, burst, str(asker), self._bonus(horizon, horizon_cap),
+                                   float(old.get("tat", {}).get("N", now)), decision)
+        return decision
+
+    def _as_first(self, operation: str, now: float, cost: int, interval: float, burst: float, asker: str,
+                  horizon: float) -> Optional[Decision]:
+        """The ask of the asker next in line, on its later line; None: it is not (any more) next
+        in line, or the bucket is idle (the plain ask follows)."""
+        limit = admission_limit(now, horizon, interval, burst, cost)
+        try:
+            result = self._ddb.update_item(
+                TableName=self._table,
+                Key={"operation": {"S": operation}},
+                UpdateExpression="SET tat = tat + :step REMOVE next_asker, next_until",
+                ConditionExpression=("tat > :now AND tat <= :limit AND next_asker = :me AND "
+                                     "(attribute_not_exists(backoff_until) OR backoff_until <= :now)"),
+                ExpressionAttributeValues={":now": _n(now), ":step": _n(cost * interval), ":limit": _n(limit),
+                                           ":me": {"S": asker}},
+                ReturnValues="UPDATED_NEW",
+                ReturnValuesOnConditionCheckFailure="ALL_OLD",
+            )
+        except self._ddb.exceptions.ConditionalCheckFailedException as exc:
+            old = exc.response.get("Item") or {}
+            until = float(old.get("backoff_until", {}).get("N", 0))
+            tat = float(old.get("tat", {}).get("N", now))
+            if old.get("next_asker", {}).get("S") != asker or tat <= now or until > now:
+                self._in_line.discard((operation, asker))
+                return None  # another asker's place now, an idle bucket or a backoff: the plain ask says
+            self._last_tat[operation] = tat
+            return Deferral(operation, max(MIN_RETRY_SECONDS, tat - limit), "budget_empty")
+        self._in_line.discard((operation, asker))
+        new_tat = float(result["Attributes"]["tat"]["N"])
+        self._last_tat[operation] = new_tat
+        start = new_tat - cost * interval - (burst - cost) * interval
+        return Granted(operation, cost, max(0.0, start - now))
+
+    def _take_line(self, operation: str, now: float, cost: int, interval: float, burst: float, asker: str,
+                   horizon: float, tat: float, refused: Deferral) -> Decision:
+        """Take the place in line after a refusal (if no other asker took it first): the retry is
+        then the one the later line gives."""
+        limit = admission_limit(now, horizon, interval, burst, cost)
+        retry = max(MIN_RETRY_SECONDS, tat - limit)
+        try:
+            self._ddb.update_item(
+                TableName=self._table,
+                Key={"operation": {"S": operation}},
+                UpdateExpression="SET next_asker = :me, next_until = :until",
+                ConditionExpression="attribute_not_exists(next_asker) OR next_asker = :me OR next_until < :stale",
+                ExpressionAttributeValues={":me": {"S": asker}, ":until": _n(now + retry),
+                                           ":stale": _n(now - NEXT_IN_LINE_GRACE_SECONDS)},
+            )
+        except self._ddb.exceptions.ConditionalCheckFailedException:
+            return refused  # another asker took the place first
+        self._in_line.add((operation, asker))
+        return Deferral(operation, retry, "budget_empty")
+
+    def _acquire(self, operation: str, now: float, cost: int, interval: float, burst: float,
+                 horizon: float) -> tuple[Decision, Optional[dict[str, Any]]]:
+        """The plain ask (no place in line), and the item a refused write returned."""
         key = {"operation": {"S": operation}}
         not_in_backoff = "(attribute_not_exists(backoff_until) OR backoff_until <= :now)"
         idle_first = self._last_tat.get(operation, 0.0) <= now
@@ -227,7 +338,7 @@ class DynamoDBBudget(_Gcra):
                 new_tat = float(result["Attributes"]["tat"]["N"])
                 self._last_tat[operation] = new_tat
                 start = new_tat - cost * interval - (burst - cost) * interval
-                return Granted(operation, cost, max(0.0, start - now))
+                return Granted(operation, cost, max(0.0, start - now)), None
             except self._ddb.exceptions.ConditionalCheckFailedException as exc:
                 old = exc.response.get("Item") or old
                 # uncovered: a failed write that returns no item (the bucket deleted between a
@@ -236,18 +347,18 @@ class DynamoDBBudget(_Gcra):
                     continue
                 until = float(old.get("backoff_until", {}).get("N", 0))
                 if until > now:
-                    return Deferral(operation, until - now, f"backoff:{old.get('backoff_reason', {}).get('S', '')}")
+                    return Deferral(operation, until - now, f"backoff:{old.get('backoff_reason', {}).get('S', '')}"), old
                 tat = float(old.get("tat", {}).get("N", now))
                 self._last_tat[operation] = tat
                 if tat > implausible(now, interval, burst) and attempt == "busy":
                     continue  # the idle attempt (next) resets a bucket a skewed clock wrote
                 limit = admission_limit(now, horizon, interval, burst, cost)
                 if tat > limit:
-                    return Deferral(operation, tat - limit, "budget_empty")
+                    return Deferral(operation, tat - limit, "budget_empty"), old
         # uncovered: both conditional writes refused while the item each returned says the ask
         # fits (another process moved the bucket between them); a race no single-process test makes
         tat = self._last_tat.get(operation, now)
-        return Deferral(operation, max(interval, tat - admission_limit(now, horizon, interval, burst, cost)), "budget_empty")
+        return Deferral(operation, max(interval, tat - admission_limit(now, horizon, interval, burst, cost)), "budget_empty"), old
 
     def backoff(self, operation: str, until: float, reason: str) -> None:
         try:

@@ -680,8 +680,12 @@ class Reconciler:
         cost = max(1, min(want, burst))
         # Never reserve past the tick's deadline: the tick would end holding tokens nobody uses
         # (a batch's tokens are due up to (cost - 1) intervals after the horizon).
-        horizon = max(0.0, min(self.reserve_horizon, self._deadline - self.clock() - 1 - (cost - 1) * interval))
-        decision = self.budget.acquire(operation, now, cost=cost, horizon=horizon)
+        reach = max(0.0, self._deadline - self.clock() - 1 - (cost - 1) * interval)
+        horizon = min(self.reserve_horizon, reach)
+        # The fleet is the asker: refused while the budget's place in line is free, it goes first
+        # (budget.NEXT_IN_LINE_BONUS_SECONDS), so a fleet whose clock runs behind is not starved.
+        decision = self.budget.acquire(operation, now, cost=cost, horizon=horizon, asker=self.spec.fleet,
+                                       horizon_cap=reach)
         if isinstance(decision, Deferral):
             self._deferred(decision)
             return decision
