@@ -86,7 +86,25 @@ def test_an_asker_that_goes_away_holds_the_place_only_past_its_retry_and_grace(m
     late = NOW + taken.retry_after_seconds + NEXT_IN_LINE_GRACE_SECONDS + 1.0
     _fill(b, late)
     assert isinstance(b.acquire("RunMicrovm", late, horizon=2.0, asker="fleet-b"), Deferral)
+    # "gone" comes back: the place is fleet-b's now; "gone" asks on its own line (refused).
+    assert isinstance(a.acquire("RunMicrovm", late, horizon=2.0, asker="gone"), Deferral)
     assert isinstance(b.acquire("RunMicrovm", late, horizon=2.0, asker="fleet-b"), Granted)
+
+
+def test_a_place_taken_between_the_refusal_and_the_taking_is_not_taken(aws) -> None:
+    """Two processes refused at once both see the place free; the second write loses (DynamoDB's
+    condition), and its refusal stands as it was."""
+    ddb = aws_client("dynamodb", aws)
+    table = f"budget-{uuid.uuid4().hex[:8]}"
+    DynamoDBBudget.create_table(ddb, table)
+    a, b = DynamoDBBudget(ddb, table, SHAPE), DynamoDBBudget(ddb, table, SHAPE)
+    _fill(a, NOW)
+    assert isinstance(b.acquire("RunMicrovm", NOW, horizon=2.0, asker="fleet-b"), Deferral)  # b's place
+    refused = Deferral("RunMicrovm", 1.5, "budget_empty")
+    interval, burst = a.shape("RunMicrovm")
+    # a saw the place free before b took it: a's write of the place is refused.
+    assert a._take_line("RunMicrovm", NOW, 1, interval, burst, "fleet-a", 4.0, NOW + 3.0, refused) is refused
+    assert ("RunMicrovm", "fleet-a") not in a._in_line
 
 
 def test_the_later_line_stays_within_the_callers_cap_and_asks_without_a_reservation_never_queue(make) -> None:
