@@ -704,7 +704,7 @@ def report(side: Side, ledger_claims: dict[str, set[str]]) -> dict[str, Any]:
         fleet = next(f for f in side.fleets if f.name == fleet_name)
         touched |= {vm for vm in claimed if starter.get(vm, ("?", -1)) != (kind, fleet.index)}
 
-    samples = violations = 0
+    samples = violations = violations_by_others = 0
     dips = dips_no_headroom = 0.0
     duplicates_peak = 0
     duplicate_minutes = 0
@@ -727,6 +727,7 @@ def report(side: Side, ledger_claims: dict[str, set[str]]) -> dict[str, Any]:
         details[fleet.name] = {k: v for k, v in result.items() if v} | {"own_vms": len(own)}
         samples += result["samples"]
         violations += result["violations"]
+        violations_by_others += result["violations_by_others"]
         dips += result["dips"]
         dips_no_headroom += result["dips_no_headroom"]
         duplicates_peak += result["duplicates_peak"]
@@ -756,6 +757,7 @@ def report(side: Side, ledger_claims: dict[str, set[str]]) -> dict[str, Any]:
     bound = lower_bound(side.fleets, side.emulator.timings.pending, side.emulator.timings.suspending)
     return {
         "violations_max_vms": violations,
+        "violations_max_vms_by_others": violations_by_others,
         "samples": samples,
         "duplicate_vms": duplicates_peak,
         "duplicate_vm_minutes": duplicate_minutes,
@@ -833,7 +835,7 @@ class _Timeline:
         # the image may hold others' VMs): one list is owed there as well as at each minute after.
         marks = sorted([(t, 0, "sample", 0) for t in samples] + [(t, 0, "change", 0) for t in changes]
                        + [(start, 0, "first_list", 0)])
-        out = {"samples": 0, "violations": 0, "dips": 0.0, "duplicates_peak": 0, "duplicate_minutes": 0,
+        out = {"samples": 0, "violations": 0, "violations_by_others": 0, "dips": 0.0, "duplicates_peak": 0, "duplicate_minutes": 0,
                "list_pages": 0, "converged_at": None, "dip_spans": [], "dips_no_headroom": 0.0}
 
         def dip(a: float, b: float) -> None:
@@ -879,6 +881,10 @@ class _Timeline:
                 out["samples"] += 1
                 if counts["live"] > fleet.max_allowed(t - start):
                     out["violations"] += 1
+                    if counts["own"] - counts["retiring"] <= min_vms:
+                        # Nothing of the side's could have been ended (its base VMs may serve):
+                        # clients' and other apps' VMs of the image are what is above max_vms.
+                        out["violations_by_others"] += 1
                 out["list_pages"] += max(1, math.ceil(counts["listed"] / 50))
                 allowance = min_vms + warm + (shrink_extra if t < shrink_until else 0)
                 excess = max(0, counts["own"] - counts["retiring"] - allowance)

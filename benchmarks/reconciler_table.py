@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 KEYS = [
-    ("hours", "h"), ("convergence_seconds", "conv s"), ("lower_bound_seconds", "bound s"), ("violations_max_vms", "> max"),
+    ("hours", "h"), ("convergence_seconds", "conv s"), ("lower_bound_seconds", "bound s"), ("violations_max_vms", "> max"), ("violations_max_vms_by_others", "of which others"),
     ("duplicate_vms", "dup"), ("dips_below_min", "dips s"),
     ("dips_below_min_without_headroom", "of which max=min"), ("foreign_vms_touched", "foreign"),
     ("amplification", "ampl"), ("throttles_under_default_quotas", "429"), ("requests_held", "held"),

@@ -90,6 +90,17 @@ def test_max_vms_is_counted_over_every_live_vm_each_minute() -> None:
     result = measure(fleet(min_vms=2, max_vms=4), vms)
     assert result["samples"] == 60
     assert result["violations"] == 3  # minutes 3, 4 and 5: five live VMs against a max of 4
+    assert result["violations_by_others"] == 0  # three of the side's, above its min_vms (2): one could end
+
+
+def test_a_violation_by_clients_and_other_apps_is_told_apart() -> None:
+    """The side keeps only its min_vms (base VMs may serve) and others' VMs of the image put it above
+    max_vms: counted, and counted as others'."""
+    vms = [vm("rec-0-1", [(0, "PENDING"), (2, "RUNNING")]) for _ in range(2)]
+    vms += [vm("other-0", [(100, "PENDING"), (102, "RUNNING"), (400, "TERMINATING"), (403, "TERMINATED")])
+            for _ in range(3)]
+    result = measure(fleet(min_vms=2, max_vms=4), vms)
+    assert result["violations"] == result["violations_by_others"] == 5  # minutes 2 to 6
 
 
 def test_duplicates_are_live_fleet_vms_beyond_one_per_slot_retiring_ones_aside() -> None:
@@ -183,7 +194,7 @@ def test_a_short_day_of_both_sides_from_ground_truth() -> None:
     """Both sides on two fleets for half an hour: every key there, every figure sane."""
     for kind in ("ours", "naive"):
         result = bench.run_side(kind, 2, 3, 0.5)
-        for key in ("violations_max_vms", "samples", "duplicate_vms", "dips_below_min", "dips_below_min_without_headroom", "foreign_vms_touched",
+        for key in ("violations_max_vms", "violations_max_vms_by_others", "samples", "duplicate_vms", "dips_below_min", "dips_below_min_without_headroom", "foreign_vms_touched",
                     "amplification", "run_attempts", "units_filled", "throttles_received",
                     "throttles_under_default_quotas", "convergence_seconds", "lower_bound_seconds", "api_calls",
                     "api_calls_minimum", "wall_seconds", "peak_memory_mb"):
