@@ -106,17 +106,20 @@ def _to_before_end(fleet: Any, before: float) -> tuple[float, str, float]:
 
 
 def _hook_sleep(fleet: Any, after: float, action: Callable[[], None]) -> list[float]:
-    """The warm environment's reconciler sleeps on the virtual clock; the first sleep that ends at
-    or after ``after`` runs ``action`` before returning (what happens while that tick sleeps)."""
+    """The warm environment's reconciler sleeps on the virtual clock; ``action`` runs at ``after``
+    (or when the sleep that spans it begins, if later): what happens while that tick sleeps. An
+    action that advances the clock past the sleep's end delays the tick's wake to then."""
     reconciler = fleet._environment
     done: list[float] = []
     advance = fleet.clock.advance
 
     def sleep(seconds: float) -> None:
-        advance(seconds)
-        if not done and fleet.clock.now() >= after:
+        wake = fleet.clock.now() + seconds
+        if not done and wake >= after:
+            advance(max(0.0, after - fleet.clock.now()))  # the action comes during the sleep
             done.append(fleet.clock.now())
             action()
+        advance(max(0.0, wake - fleet.clock.now()))
 
     reconciler.sleep = sleep
     return done
@@ -268,17 +271,19 @@ def test_a_second_invocation_while_the_overtime_tick_sleeps(aws, stack, monkeypa
     _sound(fleet, end - 1)
 
 
-def test_a_second_invocation_while_the_overtime_run_is_in_flight(aws, stack, monkeypatch) -> None:
-    """The second invocation starts after the overtime RunMicrovm was carried out, before its
-    answer reaches the first tick (the service's thread runs it); new VMs are listed 30 s late.
-    It must find the successor by the slot's token, not start another."""
+@pytest.mark.parametrize("operation", ["RunMicrovm", "ListMicrovms"])
+def test_a_second_invocation_while_an_overtime_call_is_in_flight(aws, stack, monkeypatch, operation) -> None:
+    """The second invocation starts after the overtime step's RunMicrovm (or ListMicrovms) was
+    carried out, before its answer reaches the first tick (the service's thread runs it); new VMs
+    are listed 30 s late. The second must find the successor by the slot's token, and the first,
+    acting on a list older than the second's run, must not start another."""
     fleet = _fleet(aws, stack, monkeypatch)
     end, _, start = _to_before_end(fleet, 51.0)
     list_lag(fleet, 30.0)
     second: list[Any] = []
 
     def on_request(record: Any) -> None:
-        if (record.operation == "RunMicrovm" and record.caller == RECONCILER_CALLER and record.time >= end
+        if (record.operation == operation and record.caller == RECONCILER_CALLER and record.time >= end
                 and not second):
             second.append(None)
             second[0] = fleet.invoke(monkeypatch, timeout=12.0, cold=True)
