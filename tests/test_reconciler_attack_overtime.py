@@ -324,7 +324,8 @@ def test_never_past_the_invocation_time_less_its_margin(aws, stack, monkeypatch,
 
 
 @pytest.mark.parametrize("tick_seconds,into_tick", [("30", 40.0), ("20", 45.0), ("45", 56.0)])
-def test_other_tick_lengths(aws, stack, monkeypatch, tick_seconds, into_tick) -> None:
+def test_other_tick_lengths_with_a_long_timeout(aws, stack, monkeypatch, tick_seconds, into_tick) -> None:
+    """A function given 65 s whatever its tick_seconds: the overtime covers the gap."""
     fleet = _fleet(aws, stack, monkeypatch, env={"TICK_SECONDS": tick_seconds})
     end, _, start = _to_before_end(fleet, into_tick)
     invocation = fleet.invoke(monkeypatch)
@@ -335,7 +336,7 @@ def test_other_tick_lengths(aws, stack, monkeypatch, tick_seconds, into_tick) ->
     _sound(fleet, end - 1)
 
 
-@pytest.mark.parametrize("skew", [30.0, -30.0, 2.7])
+@pytest.mark.parametrize("skew", [30.0, -30.0, 2.7, 0.9, -0.9, 1.4])
 def test_a_skewed_lambda_clock(aws, stack, monkeypatch, skew) -> None:
     """The function's clock is ``skew`` s off the service's (the handler's time left is the
     context's): the successor still starts about a second after the service's end."""
@@ -463,3 +464,33 @@ def test_a_run_refused_once_in_overtime_is_tried_again_in_overtime(aws, stack, m
     ok = _runs(fleet, end, ok=True)
     assert ok and ok[0].time - end <= RETRIED_WITHIN[kind], ([r.time - end for r in _runs(fleet, end)],
                                                             invocation.result)
+
+
+@pytest.mark.parametrize("tick_seconds,into_tick", [("45", 50.5), ("30", 35.5)])
+def test_other_tick_lengths_with_the_synthesized_timeout_within_it(aws, stack, monkeypatch, tick_seconds,
+                                                                   into_tick) -> None:
+    """The construct gives the function tick_seconds + 15 s (reconciler.py): 7 s of overtime."""
+    fleet = _fleet(aws, stack, monkeypatch, env={"TICK_SECONDS": tick_seconds})
+    end, _, start = _to_before_end(fleet, into_tick)
+    fleet.invoke(monkeypatch, timeout=float(tick_seconds) + 15.0)
+    runs = _runs(fleet, end, ok=True)
+    assert runs and runs[0].time - end <= 2.5, [r.time - end for r in runs]
+    assert fleet.clock.now() - start <= float(tick_seconds) + 7.0 + 1e-6
+
+
+@pytest.mark.xfail(strict=True, reason="found: with tick_seconds below 50 the construct's timeout (tick_seconds + 15, "
+                   "rayito_constructs/reconciler.py:246) leaves 7 s of overtime (index.py: remaining - 8 - deadline), "
+                   "so an end between tick_seconds + 7 and the next scheduled tick (60 s) waits for it: "
+                   "with tick_seconds 30 an end at 40 s is replaced 20 s after it, with 20 an end at 45 s 15 s after it (docs/reconciler.md says an end "
+                   "that falls between two ticks is replaced one second after it)")
+@pytest.mark.parametrize("tick_seconds,into_tick", [("30", 40.0), ("20", 45.0)])
+def test_other_tick_lengths_with_the_synthesized_timeout_in_the_gap(aws, stack, monkeypatch, tick_seconds,
+                                                                   into_tick) -> None:
+    fleet = _fleet(aws, stack, monkeypatch, env={"TICK_SECONDS": tick_seconds})
+    end, _, start = _to_before_end(fleet, into_tick)
+    fleet.invoke(monkeypatch, timeout=float(tick_seconds) + 15.0)
+    assert fleet.clock.now() - start <= float(tick_seconds) + 7.0 + 1e-6
+    fleet.clock.advance(start + 60 - fleet.clock.now())
+    fleet.invoke(monkeypatch, timeout=float(tick_seconds) + 15.0)
+    runs = _runs(fleet, end, ok=True)
+    assert runs and runs[0].time - end <= 2.5, [r.time - end for r in runs]
