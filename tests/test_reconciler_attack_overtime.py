@@ -601,3 +601,35 @@ def test_a_list_late_by_more_than_the_wake_does_not_hammer_listmicrovms(aws, sta
     fleet.emulator.stale_seconds = 0.0
     lists = _lists(fleet, end, end + 10)
     assert len(lists) <= 4, [round(r.time - end, 2) for r in lists]
+
+
+def test_three_ends_in_one_gap_the_third_is_the_next_ticks(aws, stack, monkeypatch) -> None:
+    """min = max = 3, the three VMs end 2 s apart in one gap: the overtime's two steps replace
+    the first two within ~2.5 s each; the third (past the cap of two steps) is the next tick's,
+    at its start. Nothing doubled, never above max_vms."""
+    three = {"MIN_VMS": "3", "MAX_VMS": "3"}
+    fleet = _fleet(aws, stack, monkeypatch, env=three)
+    client = fleet.emulator.direct_client(caller="client")
+    fleet.emulator.terminating_seconds = 0.1
+    t = fleet.clock.now()
+    for i, vm_id in enumerate([vm["microvmId"] for vm in fleet.live(("RUNNING",))]):
+        fleet.clock.advance(max(0.0, t + 2.0 * i - fleet.clock.now()))
+        client.terminate_microvm(microvmIdentifier=vm_id)
+        fleet.clock.advance(1.0)
+        fleet.invoke(monkeypatch, timeout=10.5)  # deadline 2.5 s: replaces it at once
+    fleet.emulator.terminating_seconds = 3.0
+    fleet.every_minute(monkeypatch, 1)
+    ends = [e for e, _ in _ends(fleet)]
+    assert len(ends) == 3 and 1.0 < ends[1] - ends[0] < 3.0 and 1.0 < ends[2] - ends[1] < 3.0, ends
+    end, _, start = _to_before_end(fleet, 50.2)
+    fleet.invoke(monkeypatch)
+    runs = _runs(fleet, end, ok=True)
+    assert len(runs) >= 2 and runs[0].time - ends[0] <= 2.5 and runs[1].time - ends[1] <= 2.5, \
+        [r.time - end for r in runs]
+    assert fleet.clock.now() - start <= 57.0 + 1.0
+    fleet.clock.advance(start + 60 - fleet.clock.now())
+    fleet.invoke(monkeypatch)
+    runs = _runs(fleet, end, ok=True)
+    assert len(runs) >= 3 and runs[2].time - (start + 60) <= 1.0, [r.time - end for r in runs]
+    _settle(fleet, monkeypatch, start + 60)
+    _sound(fleet, end - 1)
