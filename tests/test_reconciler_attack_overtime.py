@@ -461,7 +461,9 @@ def test_a_run_refused_once_before_the_deadline_is_tried_again_at_once(aws, stac
 
 
 @pytest.mark.xfail(strict=True, reason="found: a successor run refused once in the overtime step is not retried in "
-                   "the overtime (tick.py _overtime_wake returns None: the plan after the end has no replace_at), "
+                   "the overtime: the step's plan (the VM ended) makes the run intent and no replace_at (core.py:608 sets it "
+                   "only before the end), tick.py:344 stores None, so the refused run's backoff wake (past the "
+                   "deadline) goes to _overtime_wake, which returns None (tick.py:179) and the tick ends (tick.py:162-164); "
                    "so the base slot waits for the next scheduled tick (~8 s below min_vms) though the invocation "
                    "has time and the same refusal before the deadline is retried in ~2 s")
 @pytest.mark.parametrize("kind", ["InternalServer", "InsufficientCapacity"])
@@ -532,9 +534,9 @@ def test_the_shared_run_budget_empty_before_the_deadline_is_waited_for(aws, stac
 
 
 @pytest.mark.xfail(strict=True, reason="found: when the shared RunMicrovm budget has no token at the overtime step "
-                   "(other fleets hold it for 2 s), the run is deferred and the tick stops: tick.py tick() calls "
-                   "_overtime_wake, whose _replace_at is None (the plan at the step made the run intent, core.plan "
-                   "sets replace_at only before the end), so the successor waits for the next scheduled tick (~8 s) "
+                   "(other fleets hold it for 2 s), the run is deferred (run_deferred) and the tick stops: tick.py:162 calls "
+                   "_overtime_wake, whose _replace_at is None (tick.py:179; the plan at the step made the run intent, "
+                   "core.py:608 sets replace_at only before the end), so the successor waits for the next scheduled tick (~8 s) "
                    "though the invocation has ~5 s left")
 def test_the_shared_run_budget_empty_at_the_overtime_step(aws, stack, monkeypatch) -> None:
     fleet = _fleet(aws, stack, monkeypatch)
