@@ -509,14 +509,14 @@ def test_other_tick_lengths_with_the_synthesized_timeout_in_the_gap(aws, stack, 
     assert runs and runs[0].time - end <= 2.5, [r.time - end for r in runs]
 
 
-def _other_fleets_take_the_run_budget(fleet: Any, ahead: float) -> Callable[[], None]:
-    """Other fleets on the shared budget table reserve every RunMicrovm token for ``ahead`` s."""
+def _other_fleets_take_the_run_budget(fleet: Any, ahead: float, operation: str = "RunMicrovm") -> Callable[[], None]:
+    """Other fleets on the shared budget table reserve every ``operation`` token for ``ahead`` s."""
     def take() -> None:
         other = copy.copy(fleet._environment.budget)  # the same table and shape, another process
         other._last_tat = {}
-        interval, burst = other.shape("RunMicrovm")
+        interval, burst = other.shape(operation)
         for _ in range(200):
-            decision = other.acquire("RunMicrovm", fleet.clock.now(), cost=int(burst), horizon=ahead)
+            decision = other.acquire(operation, fleet.clock.now(), cost=int(burst), horizon=ahead)
             if not hasattr(decision, "wait_seconds") or decision.wait_seconds >= ahead - interval:
                 break
     return take
@@ -633,5 +633,30 @@ def test_three_ends_in_one_gap_the_third_is_the_next_ticks(aws, stack, monkeypat
     fleet.invoke(monkeypatch)
     runs = _runs(fleet, end, ok=True)
     assert len(runs) >= 3 and runs[2].time - (start + 60) <= 1.0, [r.time - end for r in runs]
+    _settle(fleet, monkeypatch, start + 60)
+    _sound(fleet, end - 1)
+
+
+@pytest.mark.parametrize("held", [0.5, 3.0])
+def test_the_shared_list_budget_empty_at_the_overtime_step(aws, stack, monkeypatch, held) -> None:
+    """Other fleets hold every ListMicrovms token of the shared budget at the overtime step: held
+    0.5 s, the second overtime step (1 s later) lists and replaces; held 3 s, the next tick does,
+    at its start. No raise, nothing doubled."""
+    fleet = _fleet(aws, stack, monkeypatch)
+    end, _, start = _to_before_end(fleet, 50.5)
+    _hook_sleep(fleet, end + 0.9, _other_fleets_take_the_run_budget(fleet, held, "ListMicrovms"))
+    invocation = fleet.invoke(monkeypatch)
+    assert "steps" in invocation.result
+    assert fleet.clock.now() - start <= 57.0 + 1.0
+    if held < 1.0:
+        ok = _runs(fleet, end, ok=True)
+        assert ok and ok[0].time - end <= 2.5, ([r.time - end for r in _runs(fleet, end)],
+                                                [e["message"] for e in invocation.events()][-6:])
+    else:
+        assert not _runs(fleet, end)
+        fleet.clock.advance(start + 60 - fleet.clock.now())
+        fleet.invoke(monkeypatch)
+        ok = _runs(fleet, end, ok=True)
+        assert ok and ok[0].time - (start + 60) <= 1.0
     _settle(fleet, monkeypatch, start + 60)
     _sound(fleet, end - 1)
