@@ -64,6 +64,9 @@ MIN_STAGGER_STEP_SECONDS = 60.0
 HANDOVER_LEAD_SECONDS = 120.0
 #: A base VM that cannot have a successor before its end is replaced this soon after it.
 EXPIRY_WAKE_SECONDS = 1.0
+#: A VM still listed after its expected end (a list that lags, a clock a little off) is looked at
+#: again this long after, not at once: a list every 50 ms until it showed the end before.
+LATE_END_POLL_SECONDS = 0.5
 #: Backoff of a slot after a failed RunMicrovm: base * 4^(errors-1), at most the cap.
 RETRY_BASE_SECONDS = 2.0
 RETRY_CAP_SECONDS = 900.0
@@ -210,8 +213,17 @@ class Plan:
     parking_unseen: bool = False
     #: When a base VM that nothing can replace before its end (no headroom, nothing parked) is
     #: replaced: its end plus EXPIRY_WAKE_SECONDS. A tick whose deadline comes first may work a
-    #: little past it for this (``Reconciler.tick``'s ``overtime_seconds``).
+    #: little past it for this (``Reconciler.tick``'s ``overtime_seconds``), and for a base slot
+    #: that had a VM and is still without one after the step (``short_base_due``).
     replace_at: Optional[float] = None
+
+
+def short_base_due(slots: dict[str, Slot], now: float) -> Optional[float]:
+    """When the first base slot that had a VM (or a failed start) and has none can start one: now,
+    or its backoff's end (None: none is short). Below ``min_vms`` until then."""
+    dues = [max(now, s.retry_at or now) for s in slots.values()
+            if s.role == BASE and s.microvm_id is None and s.generation > 0 and s.phase != DEAD and not s.draining]
+    return min(dues) if dues else None
 
 
 def client_token(epoch: str, fleet: str, slot_id: str, generation: int) -> str:
@@ -603,7 +615,7 @@ def plan(spec: FleetSpec, ledger: Mapping[str, Slot], observed: Iterable[Observe
         usable = [d for d in donors if (d.vm_started_at or now) + (d.lifetime or life) - now > spec.successor_lead_seconds]
         if not usable:
             # No headroom, nothing parked (max_vms == min_vms, say): replace it the moment it ends.
-            at = expires + EXPIRY_WAKE_SECONDS
+            at = max(expires + EXPIRY_WAKE_SECONDS, now + LATE_END_POLL_SECONDS)
             wake_at = at if wake_at is None else min(wake_at, at)
             replace_at = at if replace_at is None else min(replace_at, at)
             continue

@@ -49,8 +49,12 @@ HOLDER_SKEW_SECONDS = 35.0
 #: A step waiting for our own suspend or resume to show looks again after this long.
 TRANSITION_POLL_SECONDS = 5.0
 MIN_WAIT_SECONDS = 0.05
-#: Steps a tick may take past its deadline for a base VM that nothing replaces before its end.
-MAX_OVERTIME_STEPS = 2
+#: Steps a tick may take past its deadline for a base slot left without a VM, and their spacing.
+MAX_OVERTIME_STEPS = 3
+OVERTIME_SPACING_SECONDS = 0.5
+#: The longest backoff a 429's retryAfterSeconds may set for every fleet (the service's value was
+#: never measured; an artificial quota answered about 1,000 s).
+MAX_RETRY_AFTER_SECONDS = 60.0
 #: A step that wakes for tokens it reserved acts on the list its reservation was made with, if
 #: that list is at most this old (with the VMs it started since): reserved calls then go out on
 #: time instead of waiting for a list of their own, which would bunch them up behind others'.
@@ -159,9 +163,12 @@ class Reconciler:
                 steps += 1
                 wake = result.wake_after
                 if wake is None or self.clock() + wake > start + deadline_seconds:
-                    wake = self._overtime_wake(start + deadline_seconds + overtime_seconds, overtime_steps)
+                    until = start + deadline_seconds + overtime_seconds
+                    wake = self._overtime_wake(until, overtime_steps, wake)
                     if wake is None:
                         break
+                    # The steps past the deadline reserve and wait within the overtime, not the deadline.
+                    self._deadline = until
                     overtime_steps += 1
                 sleep(wake)
         except FencedOut:
@@ -171,14 +178,17 @@ class Reconciler:
             self.end_tick()
         return {"fleet": self.spec.fleet, "steps": steps, "api_calls": self.api_calls - calls, **outcome}
 
-    def _overtime_wake(self, until: float, taken: int) -> Optional[float]:
-        """The wait before one more step past the deadline (None: none): for the replacement the
-        last plan put off to a base VM's end (``Plan.replace_at``), when it comes before
-        ``until`` (this process's clock). Two such steps a tick at most (the second for a list
-        that still showed the VM), a second at least between them."""
+    def _overtime_wake(self, until: float, taken: int, wake_after: Optional[float]) -> Optional[float]:
+        """The wait before one more step past the deadline (None: none): for a base slot the last
+        plan left without a VM (``Plan.replace_at``: a VM that nothing replaces before its end, or
+        a slot whose VM ended), when it comes before ``until`` (this process's clock), and not
+        before the step's own wait (a refused run's backoff, the shared budget). Three such steps
+        a tick at most (a list that still showed the VM, a refused run), OVERTIME_SPACING_SECONDS
+        at least between them."""
         if self._replace_at is None or taken >= MAX_OVERTIME_STEPS:
             return None
-        wake = max(MIN_WAIT_SECONDS if not taken else 1.0, self._replace_at - self._now())
+        wake = max(MIN_WAIT_SECONDS if not taken else OVERTIME_SPACING_SECONDS, self._replace_at - self._now(),
+                   wake_after or 0.0)
         if self.clock() + wake > until:
             return None
         self._emit({"event": "tick_overtime", "reason": "a base VM that nothing replaces before its end ends first",
@@ -341,7 +351,6 @@ class Reconciler:
         fingerprint = self.spec.fingerprint()
         plan = core.plan(self.spec, slots, observed, now, others=others, strays=stats.get("strays") or {},
                          redrive=stats.get("spec") not in (None, fingerprint))
-        self._replace_at = plan.replace_at
         meta: dict[str, Any] = {}
         if stats.get("spec") != fingerprint:
             meta["spec"] = fingerprint
@@ -427,6 +436,10 @@ class Reconciler:
                     # uncovered: Suspend/Terminate/Resume budget empty beyond the reserve horizon (2 s): dozens of fleets parking at once; the tests never exhaust those quotas
                     if decision.reason == "budget_empty" and intent.kind in ("suspend", "terminate", "resume"):
                         self._demand[operation] = want
+        # What a tick may work past its deadline for: a base VM that nothing replaces before its
+        # end, and base slots still without a VM after this step's runs (refused, or no token yet).
+        dues = [at for at in (plan.replace_at, core.short_base_due(slots, now)) if at is not None]
+        self._replace_at = min(dues) if dues else None
         if attempts or filled:
             self.ledger.add_stats(fleet, run_attempts=attempts, slots_filled=filled)
             total_attempts = stats["run_attempts"] + attempts
@@ -952,7 +965,7 @@ class Reconciler:
     def _failed(self, operation: str, exc: ClientError, now: float) -> Deferral:
         """Turn a service error into a shared backoff when it is about capacity or rate."""
         code = _code(exc)
-        retry_after = float(exc.response.get("retryAfterSeconds") or 1)
+        retry_after = min(MAX_RETRY_AFTER_SECONDS, float(exc.response.get("retryAfterSeconds") or 1))
         if code in BACKOFF_CODES:
             self._held.pop(operation, None)  # reserved tokens are worthless once the service says no
         if code == "ThrottlingException":
