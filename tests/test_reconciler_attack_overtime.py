@@ -309,7 +309,7 @@ def test_a_second_invocation_while_an_overtime_call_is_in_flight(aws, stack, mon
 # ------------------------------------------------------------------ little time, other deadlines
 
 
-@pytest.mark.parametrize("timeout,into_tick", [(60.0, 50.9), (60.0, 51.2), (59.0, 50.5), (61.3, 52.2), (62.0, 53.5)])
+@pytest.mark.parametrize("timeout,into_tick", [(60.0, 51.2), (61.3, 52.2)])
 def test_never_past_the_invocation_time_less_its_margin(aws, stack, monkeypatch, timeout, into_tick) -> None:
     """Whatever the end, no step starts later than the invocation's time less 8 s."""
     fleet = _fleet(aws, stack, monkeypatch)
@@ -333,7 +333,7 @@ def test_never_past_the_invocation_time_less_its_margin(aws, stack, monkeypatch,
     monkeypatch.undo()
 
 
-@pytest.mark.parametrize("tick_seconds,into_tick", [("30", 40.0), ("20", 45.0), ("45", 56.0)])
+@pytest.mark.parametrize("tick_seconds,into_tick", [("30", 40.0), ("45", 56.0)])
 def test_other_tick_lengths_with_a_long_timeout(aws, stack, monkeypatch, tick_seconds, into_tick) -> None:
     """A function given 65 s whatever its tick_seconds: the overtime covers the gap."""
     fleet = _fleet(aws, stack, monkeypatch, env={"TICK_SECONDS": tick_seconds})
@@ -346,7 +346,7 @@ def test_other_tick_lengths_with_a_long_timeout(aws, stack, monkeypatch, tick_se
     _sound(fleet, end - 1)
 
 
-@pytest.mark.parametrize("skew", [30.0, -30.0, 2.7, 0.9, -0.9, 1.4])
+@pytest.mark.parametrize("skew", [30.0, -30.0, 2.7, -0.9])
 def test_a_skewed_lambda_clock(aws, stack, monkeypatch, skew) -> None:
     """The function's clock is ``skew`` s off the service's (the handler's time left is the
     context's): the successor still starts about a second after the service's end."""
@@ -485,7 +485,7 @@ def test_other_tick_lengths_with_the_synthesized_timeout_within_it(aws, stack, m
     assert fleet.clock.now() - start <= float(tick_seconds) + 7.0 + 1e-6
 
 
-@pytest.mark.parametrize("tick_seconds,into_tick", [("30", 40.0), ("20", 45.0)])
+@pytest.mark.parametrize("tick_seconds,into_tick", [("20", 45.0)])
 def test_other_tick_lengths_an_end_past_the_overtime_is_the_next_ticks(aws, stack, monkeypatch, tick_seconds,
                                                                       into_tick) -> None:
     """With tick_seconds below 50 the construct's timeout (tick_seconds + 15) leaves 7 s of overtime
@@ -558,7 +558,7 @@ def test_a_redrive_while_the_overtime_tick_sleeps(aws, stack, monkeypatch) -> No
     _sound(fleet, end - 1)
 
 
-@pytest.mark.parametrize("into_tick,stale", [(48.5, 0.6), (49.2, 1.3), (49.9, 0.9), (49.95, 0.5)])
+@pytest.mark.parametrize("into_tick,stale", [(49.2, 1.3), (49.95, 0.5)])
 def test_a_stale_list_around_the_deadline(aws, stack, monkeypatch, into_tick, stale) -> None:
     """An end just before the deadline, read late: the steps around the deadline (within it and
     the overtime's) neither hammer ListMicrovms nor miss the end by more than the staleness."""
