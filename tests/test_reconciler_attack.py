@@ -228,7 +228,7 @@ def test_a_tick_killed_after_reserving_and_lists_that_lag_make_no_duplicate(aws,
         assert held == sorted(vm["microvmId"] for vm in made)
 
 
-@pytest.mark.parametrize("skew", [0.0, 1.0, 1.9])
+@pytest.mark.parametrize("skew", [0.0, 1.0])
 def test_two_processes_with_mixed_asks_share_the_rate_and_neither_starves(aws, skew) -> None:
     """Two reconcilers' processes on one DynamoDB bucket (each with its own guess of idle or busy),
     one of them with a clock ``skew`` off (what can be left after both learned the shared clock
