@@ -146,3 +146,20 @@ def test_overtime_is_for_ends_nothing_can_replace_before(aws, monkeypatch) -> No
         assert _running_below_min(f, t0, f.clock.now()) == 0.0
     finally:
         f._cm.__exit__(None, None, None)
+
+
+def test_no_overtime_while_clients_hold_the_room_under_max_vms(fleet, monkeypatch) -> None:
+    """The base VM ends in the gap while a client's session VM of the image holds the one slot
+    of headroom there is (max 2: the other base VM and the client's): its replacement waits for
+    room, and the tick does not spend its overtime listing for a run it may not make (clients may
+    hold the room for hours)."""
+    fleet.emulator.client().run_microvm(imageIdentifier=fleet.image, clientToken="client-session-1")
+    end, vm_id = _next_end(fleet)
+    fleet.clock.advance(end - 52.0 - fleet.clock.now())
+    start = fleet.clock.now()
+    invocation = fleet.invoke(monkeypatch)
+    assert not _runs_after(fleet, end)
+    overtime_lists = [r for r in fleet.emulator.requests
+                      if r.operation == "ListMicrovms" and r.caller == RECONCILER_CALLER and r.time > start + 50]
+    assert len(overtime_lists) <= 1, [r.time - end for r in overtime_lists]  # the end's own look
+    assert len(invocation.events("tick_overtime")) <= 1

@@ -140,12 +140,13 @@ class Reconciler:
              lease_seconds: float = 120.0, overtime_seconds: float = 0.0) -> dict[str, Any]:
         """One scheduled run: take the tick lease, step until done or the deadline, release.
 
-        ``overtime_seconds``: how far past the deadline one more step may start, only for a base
-        VM that nothing can replace before its end (``max_vms == min_vms``, nothing parked) and
-        that ends in that time. Left to the next scheduled tick, an end that fell between this
-        tick's deadline and the next tick was replaced up to 10 s late (the 37-fleet benchmark
-        day, seed 5). The lease is recorded to end at the deadline: a tick that starts during
-        the overtime takes it over at once, and the fence stops this one at its next write."""
+        ``overtime_seconds``: how far past the deadline more steps may start (MAX_OVERTIME_STEPS),
+        only for a base VM that nothing can replace before its end (``max_vms == min_vms``,
+        nothing parked) and that ends in that time, and for a base slot still without a VM after
+        a step (its run refused, no token yet). Left to the next scheduled tick, an end that fell
+        between this tick's deadline and the next tick was replaced up to 10 s late (the 37-fleet
+        benchmark day, seed 5). The lease is recorded to end at the deadline: a tick that starts
+        during the overtime takes it over at once, and the fence stops this one at its next write."""
         sleep = self._sleep = sleep or self.sleep
         start = self.clock()
         if not self._wait_for_holder(start, deadline_seconds, sleep):
@@ -191,7 +192,7 @@ class Reconciler:
                    wake_after or 0.0)
         if self.clock() + wake > until:
             return None
-        self._emit({"event": "tick_overtime", "reason": "a base VM that nothing replaces before its end ends first",
+        self._emit({"event": "tick_overtime", "reason": "a base slot is, or is about to be, without a VM",
                     "wake": round(wake, 3)})
         return wake
 
@@ -382,6 +383,7 @@ class Reconciler:
         budget_out: set[str] = set()
         run_waits: list[float] = []  # waits for the shared RunMicrovm budget (not for this fleet's VMs)
         started_warm: list[str] = []
+        at_max: set[str] = set()  # slots whose run waits for room under max_vms (clients' VMs, say)
         for intent in plan.intents:
             if suspends_only and intent.kind in ("terminate", "resume"):
                 waits.append(0.0)  # a parked VM a client may have taken since: after a fresh list
@@ -392,6 +394,7 @@ class Reconciler:
                     continue
                 if live >= self.spec.max_vms and not intent.retry:
                     self._note(slot, "max_vms_reached", intent)
+                    at_max.add(slot.slot_id)
                     continue
                 if runs >= width:
                     waits.append(0.0)
@@ -437,8 +440,10 @@ class Reconciler:
                     if decision.reason == "budget_empty" and intent.kind in ("suspend", "terminate", "resume"):
                         self._demand[operation] = want
         # What a tick may work past its deadline for: a base VM that nothing replaces before its
-        # end, and base slots still without a VM after this step's runs (refused, or no token yet).
-        dues = [at for at in (plan.replace_at, core.short_base_due(slots, now)) if at is not None]
+        # end, and base slots still without a VM after this step's runs (refused, or no token yet;
+        # not one that waits for room under max_vms: clients may hold it for hours).
+        short = {k: v for k, v in slots.items() if k not in at_max}
+        dues = [at for at in (plan.replace_at, core.short_base_due(short, now)) if at is not None]
         self._replace_at = min(dues) if dues else None
         if attempts or filled:
             self.ledger.add_stats(fleet, run_attempts=attempts, slots_filled=filled)
