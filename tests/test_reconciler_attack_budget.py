@@ -327,3 +327,53 @@ def test_both_stores_free_the_place_when_its_holder_is_granted_on_an_idle_bucket
         budget.acquire(OP, t, horizon=2.0, asker="y")
         outcomes[kind] = type(budget.acquire(OP, t + 0.1, horizon=2.0, asker="y")).__name__
     assert outcomes["memory"] == outcomes["dynamodb"] == "Granted", outcomes
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "found (not new with the place in line: the same with asker=None): a clock 12-30 s ahead and "
+    "one on true time ping-pong the bucket's reset, and the service sees about ten times the "
+    "quota. The process ahead reserves on its own clock (tat ~ its now + 2 s + burst); the other "
+    "finds tat past implausible() (budget.py: now + burst/rate + MAX_HORIZON_SECONDS + "
+    "SKEW_SLACK_SECONDS), resets it to its now and takes a burst and a horizon's worth; the process "
+    "ahead then finds tat far behind its clock (the 'idle' attempt / max(tat, now)) and takes its "
+    "own burst and horizon again, on every 0.1 s round. Measured (4.75/s, burst 4, skew 20 s, "
+    "memory store, 20 s): 276 calls in the worst 5 s window (true time) against a bound of "
+    "4 + 4.75 x (5 + 20) = 123 even granting the whole skew. The reset keeps one skewed clock "
+    "from stalling everyone, but nothing limits how often it may happen."))
+@pytest.mark.parametrize("kind", ["memory", "dynamodb"])
+def test_a_clock_far_ahead_does_not_multiply_the_rate(kind, request) -> None:
+    shape = (4.75, 4.0)
+    make = _factory(kind, request, {OP: shape})
+    seconds = 20.0 if kind == "memory" else 6.0  # DynamoDB (moto): 273 calls in its 6 s
+    uses, _ = _simulate(make, shape, [0.0, 20.0], 4, seconds, 1, cap=False)
+    window = min(5.0, seconds)
+    assert _worst_window(uses, window) <= 4 + 4.75 * (window + 20.0) + 1e-6
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "found: for one sequence of asks from one process (no skew) the two stores disagree "
+    "(seeds 0-11, 40 asks each, costs 1-2, horizons 0/0.1/2, caps, askers a/b/c/None): seed 2, "
+    "ask 24 (asker 'a', horizon 0.1, cost 2) is granted by MemoryBudget on the later line (wait "
+    "1.1 s) and refused by DynamoDBBudget (0.05 s). Root cause at ask 3: 'c', holder of the place, "
+    "is granted on an idle bucket; memory frees the place, DynamoDB's idle write (_acquire's "
+    "'SET tat = :new') leaves next_asker 'c'. So at ask 5 'a' takes the place in memory but not in "
+    "DynamoDB (c's stale place is kept until next_until + GRACE), and from then on the stores "
+    "hold different places (see test_both_stores_free_the_place_when_its_holder_is_granted_on_an_"
+    "idle_bucket). The benchmark's store is not the production one's behaviour."))
+def test_memory_and_dynamodb_give_the_same_answers_for_the_same_asks(aws) -> None:
+    shape = {OP: (2.0, 2.0)}
+    differences = []
+    for seed in range(12):
+        rng = random.Random(seed)
+        mem, ddb = MemoryBudget(shape), _ddb(aws, shape)()
+        t = NOW
+        for k in range(40):
+            t = round(t + rng.choice([0, 0.05, 0.1, 0.3, 1.0, 3.5]), 6)
+            cost, horizon = rng.randint(1, 2), rng.choice([0.0, 0.1, 2.0])
+            asker, cap = rng.choice([None, "a", "b", "c"]), rng.choice([None, horizon, 2.5])
+            m = mem.acquire(OP, t, cost=cost, horizon=horizon, asker=asker, horizon_cap=cap)
+            d = ddb.acquire(OP, t, cost=cost, horizon=horizon, asker=asker, horizon_cap=cap)
+            if type(m) is not type(d) or (isinstance(m, Granted) and abs(m.wait_seconds - d.wait_seconds) > 1e-3):
+                differences.append((seed, k, m, d))
+                break
+    assert not differences, differences
