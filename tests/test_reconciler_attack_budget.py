@@ -217,6 +217,27 @@ def test_bad_horizon_caps_never_reach_past_horizon_plus_bonus(cap) -> None:
     assert _worst_window(uses, 1.0) <= 2 + 2.0 * 1.0 + 1e-6
 
 
+def test_the_bucket_item_deleted_while_someone_holds_the_place(aws) -> None:
+    """The DynamoDB item deleted (by hand, a restore) while "holder" holds the place and another
+    process guesses the bucket busy: both are served from the fresh bucket, within its burst."""
+    shape = {OP: (2.0, 2.0)}
+    ddb = aws_client("dynamodb", aws)
+    table = f"budget-{uuid.uuid4().hex[:8]}"
+    DynamoDBBudget.create_table(ddb, table)
+    here, there = DynamoDBBudget(ddb, table, shape), DynamoDBBudget(ddb, table, shape)
+    while isinstance(there.acquire(OP, NOW, horizon=2.0), Granted):
+        pass
+    assert isinstance(here.acquire(OP, NOW, horizon=2.0, asker="holder"), Deferral)
+    ddb.delete_item(TableName=table, Key={"operation": {"S": OP}})
+    first = here.acquire(OP, NOW + 0.1, horizon=2.0, asker="holder")
+    second = there.acquire(OP, NOW + 0.1, horizon=2.0, asker="other")
+    assert isinstance(first, Granted) and first.wait_seconds == 0.0
+    assert isinstance(second, Granted) and second.wait_seconds <= 1e-6
+    # the fresh bucket still limits: 2 + 2 s x 2/s at most, all asks at one instant
+    more = sum(isinstance(there.acquire(OP, NOW + 0.1, horizon=2.0), Granted) for _ in range(20))
+    assert 2 + more <= 2 + 2.0 * 2.0 + 1
+
+
 # --- what broke ----------------------------------------------------------------------------------
 
 
