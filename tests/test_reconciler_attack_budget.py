@@ -241,16 +241,6 @@ def test_the_bucket_item_deleted_while_someone_holds_the_place(aws) -> None:
 # --- what broke ----------------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "found: one process with no skew resets its own bucket. budget.implausible() allows a stored "
-    "tat up to now + burst*interval + MAX_HORIZON_SECONDS(4) + SKEW_SLACK(5), but an admitted ask "
-    "leaves tat up to admission_limit (now + horizon + bonus + (burst-1)*interval) + cost*interval, "
-    "i.e. (cost-1)*interval more than burst*interval + horizon + bonus (budget.py admission_limit "
-    "and the MemoryBudget/DynamoDB 'tat + cost * interval' updates). With a valid user budget of "
-    "(0.2/s, burst 3) and asks of 3 tokens (tick._admit asks min(want, burst)) tat reaches "
-    "now + 2 + 2 + 10 + 15 = now + 29 > now + 24: the next ask sees an 'implausible' tat, resets it "
-    "to now and is granted the whole burst again; 27 grants (81 tokens) in 20 s instead of at most "
-    "3 + 0.2 x 20 = 7 tokens. MAX_HORIZON/implausible must count (burst + cost - 1) * interval."))
 @pytest.mark.parametrize("kind", ["memory", "dynamodb"])
 def test_a_slow_bucket_with_batch_asks_is_never_reset_by_its_own_reservations(kind, request) -> None:
     shape = (0.2, 3.0)
@@ -264,41 +254,25 @@ def test_a_slow_bucket_with_batch_asks_is_never_reset_by_its_own_reservations(ki
     assert _worst_window(uses, 20.0) <= 3 + 0.2 * 20.0 + 1e-6, sorted(uses)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "found: a NaN clock poisons MemoryBudget for good. acquire() computes tat = max(stored, now): "
-    "with now NaN and no stored tat it is NaN, 'tat > implausible(...)' and 'tat > limit' are both "
-    "False, so the ask is granted and _tat becomes NaN + cost*interval = NaN; afterwards "
-    "max(NaN, now) keeps NaN (max returns its first argument when the second is not greater) and "
-    "every later ask with a sane clock is granted at once: unlimited calls. acquire() takes `now` "
-    "unchecked (budget.py MemoryBudget.acquire, the `tat = max(self._tat.get(operation, now), now)` "
-    "line); a non-finite now should be refused (or raise) before touching the bucket."))
 def test_a_nan_clock_does_not_unlock_the_bucket_forever() -> None:
+    """A NaN clock compared False everywhere: granted, and a NaN stored in the memory store granted
+    every later ask (found: 50 of 50 at one instant). Now refused as the caller's bug it is, with
+    the bucket untouched."""
     budget = MemoryBudget({OP: (2.0, 2.0)})
-    budget.acquire(OP, float("nan"), horizon=2.0, asker="nan-clock")
+    with pytest.raises(ValueError, match="not finite"):
+        budget.acquire(OP, float("nan"), horizon=2.0, asker="nan-clock")
     granted = sum(isinstance(budget.acquire(OP, NOW, horizon=2.0, asker=f"a{i}"), Granted) for i in range(50))
     assert granted <= 2 + 2.0 * 2.0 + 1, granted
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "found: a NaN horizon is granted every time by MemoryBudget: admission_limit() returns NaN, "
-    "'tat > limit' is False, so the ask is Granted (wait max(0.0, ...) = 0: at once); 50 asks at "
-    "one instant all granted (the rate bound allows 7). horizon (and now) are not checked for "
-    "being finite in acquire()."))
-def test_a_nan_horizon_is_not_a_free_pass() -> None:
+@pytest.mark.parametrize("horizon", [float("nan"), float("inf")])
+def test_a_nan_horizon_is_not_a_free_pass(horizon) -> None:
     budget = MemoryBudget({OP: (2.0, 2.0)})
-    granted = sum(isinstance(budget.acquire(OP, NOW, horizon=float("nan")), Granted) for _ in range(50))
-    assert granted <= 2 + 2.0 * 2.0 + 1, granted
+    with pytest.raises(ValueError, match="not finite"):
+        budget.acquire(OP, NOW, horizon=horizon)
+    assert budget.remaining(OP, NOW) == 2.0
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "found: the DynamoDB holder of the place is stalled by a bucket a clock far ahead wrote. "
-    "DynamoDBBudget._as_first's refusal branch returns Deferral(tat - limit) whenever next_asker is "
-    "still the asker and tat > now, without the implausible() check that _acquire does (the "
-    "'tat > implausible(...) and attempt == \"busy\": continue' reset): a process 20 s ahead "
-    "reserving on its own clock leaves tat ~20 s ahead, every other asker is granted at once by the "
-    "reset, but the asker next in line is told to come back in ~18 s, again and again until its "
-    "own clock catches up. MemoryBudget resets and grants it (the stores disagree). Being next in "
-    "line makes it the only one starved."))
 def test_the_holder_of_the_place_is_not_stalled_by_a_clock_far_ahead(aws) -> None:
     shape = (2.0, 2.0)
     make = _ddb(aws, {OP: shape})
@@ -310,23 +284,13 @@ def test_the_holder_of_the_place_is_not_stalled_by_a_clock_far_ahead(aws) -> Non
     # refused, so it never takes the place), tat left ~20 s ahead of the true clock.
     for _ in range(5):
         assert isinstance(ahead.acquire(OP, NOW + 20, horizon=2.0, asker="ahead"), Granted)
-    # The holder: 30 asks over 3 s, none granted, each told to wait ~18 s...
-    decisions = [here.acquire(OP, NOW + 0.1 + k * 0.1, horizon=2.0, asker="holder") for k in range(30)]
-    held_back = [round(d.retry_after_seconds, 1) for d in decisions[:3] if isinstance(d, Deferral)]
-    # ...while an asker that is not next in line resets the implausible bucket and is granted.
-    assert isinstance(other.acquire(OP, NOW + 3.2, horizon=2.0, asker="anyone"), Granted)
-    assert any(isinstance(d, Granted) for d in decisions), held_back
+    # The holder (found: refused 30 times over 3 s, each told to wait ~18 s, while anyone else
+    # reset the implausible bucket and was granted) resets it too, and the place is freed.
+    first = here.acquire(OP, NOW + 0.1, horizon=2.0, asker="holder")
+    assert isinstance(first, Granted) and first.wait_seconds == 0.0, first
+    assert isinstance(other.acquire(OP, NOW + 0.2, horizon=2.0, asker="anyone"), Granted)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "found: MemoryBudget and DynamoDBBudget disagree once the holder is granted on an idle bucket. "
-    "MemoryBudget frees the place on any grant of its holder ('if first: del self._line'); "
-    "DynamoDBBudget._as_first's condition 'tat > :now' fails on an idle bucket, it discards "
-    "_in_line and the plain _acquire grants with 'SET tat = :new', which never REMOVEs next_asker/"
-    "next_until: the place stays with the asker just served until next_until + GRACE, and the next "
-    "asker refused cannot take it (DynamoDB: refused on the plain line; memory: granted on the later "
-    "line). The same for a holder granted on its plain line after a cold start (_in_line is per "
-    "process)."))
 def test_both_stores_free_the_place_when_its_holder_is_granted_on_an_idle_bucket(request) -> None:
     shape = (2.0, 2.0)
     outcomes = {}
@@ -371,16 +335,6 @@ def test_a_clock_far_ahead_does_not_multiply_the_rate(kind, request) -> None:
     assert _worst_window(uses, window) <= 4 + 4.75 * (window + 20.0) + 1e-6
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "found: for one sequence of asks from one process (no skew) the two stores disagree "
-    "(seeds 2, 5, 8 of 0-11 tried, 40 asks each, costs 1-2, horizons 0/0.1/2, caps, askers a/b/c/None): seed 2, "
-    "ask 24 (asker 'a', horizon 0.1, cost 2) is granted by MemoryBudget on the later line (wait "
-    "1.1 s) and refused by DynamoDBBudget (0.05 s). Root cause at ask 3: 'c', holder of the place, "
-    "is granted on an idle bucket; memory frees the place, DynamoDB's idle write (_acquire's "
-    "'SET tat = :new') leaves next_asker 'c'. So at ask 5 'a' takes the place in memory but not in "
-    "DynamoDB (c's stale place is kept until next_until + GRACE), and from then on the stores "
-    "hold different places (see test_both_stores_free_the_place_when_its_holder_is_granted_on_an_"
-    "idle_bucket). The benchmark's store is not the production one's behaviour."))
 def test_memory_and_dynamodb_give_the_same_answers_for_the_same_asks(aws) -> None:
     shape = {OP: (2.0, 2.0)}
     differences = []
@@ -398,49 +352,3 @@ def test_memory_and_dynamodb_give_the_same_answers_for_the_same_asks(aws) -> Non
                 differences.append((seed, k, m, d))
                 break
     assert not differences, differences
-
-
-@pytest.mark.parametrize("skew", [-1.7])
-def test_two_fleets_on_one_budget_table_one_clock_skewed_end_to_end(aws, monkeypatch, skew) -> None:
-    """The built reconcilers of two fleets (7 VMs each, no warm slots) on one budget table, their
-    steps interleaved on the emulator's clock, the second fleet's clock ``skew`` off (what it learns
-    from DynamoDB's Date, in whole seconds, leaves under a second): from the emulator's request log,
-    RunMicrovm stays within the documented quota (5/s, burst 5) in every window, none is
-    throttled, and both fleets converge within the tick."""
-    from .reconciler_harness import deployed_fleet
-    from .test_reconciler_attack import dynamodb_dates_on
-
-    env = {"MIN_VMS": "7", "WARM_VMS": "0", "MAX_VMS": "7"}
-    with deployed_fleet(aws, env=env) as a:
-        with deployed_fleet(aws, emulator=a.emulator, fleet="otra",
-                            env={**env, "BUDGET_TABLE": a.env["BUDGET_TABLE"]}) as b:
-            ra, rb = a.reconciler(monkeypatch), b.reconciler(monkeypatch)
-            rb.clock = lambda: a.clock.now() + skew
-            for r in (ra, rb):
-                dynamodb_dates_on(r, a.clock)
-            start = a.clock.now()
-            assert ra.begin_tick(120, 50) and rb.begin_tick(120, 50)
-            wake = {0: start, 1: start}
-            reconcilers = {0: ra, 1: rb}
-            steps = 0
-            while wake and a.clock.now() < start + 20:  # 14 runs at 4.75/s: converged well before
-                steps += 1
-                who = min(wake, key=wake.get)
-                if wake[who] > a.clock.now():
-                    a.clock.advance(wake[who] - a.clock.now())
-                result = reconcilers[who].step()
-                if result.wake_after is None:
-                    del wake[who]
-                else:
-                    wake[who] = a.clock.now() + result.wake_after
-            for r in (ra, rb):
-                r.end_tick()
-            runs = sorted(rec.time for rec in a.emulator.requests if rec.operation == "RunMicrovm")
-            assert a.emulator.throttled.get("RunMicrovm", 0) == 0
-            for i, at in enumerate(runs):
-                for window in (0.5, 1.0, 3.0):
-                    within = sum(1 for u in runs[i:] if u < at + window - 1e-6)
-                    assert within <= 5 + 5 * window + 1e-6, (at - start, window, within)
-            by_fleet = Counter(rec.caller for rec in a.emulator.requests if rec.operation == "RunMicrovm")
-            assert len(runs) >= 14, (len(runs), by_fleet, steps)
-            assert len(a.ours()) == 7 and len(b.ours()) == 7, (len(a.ours()), len(b.ours()))

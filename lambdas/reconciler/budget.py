@@ -52,8 +52,11 @@ MAX_HORIZON_SECONDS = 2.0 + NEXT_IN_LINE_BONUS_SECONDS
 
 
 def implausible(now: float, interval: float, burst: float) -> float:
-    """The arrival time past which the bucket's state comes from a skewed clock."""
-    return now + burst * interval + MAX_HORIZON_SECONDS + SKEW_SLACK_SECONDS
+    """The arrival time past which the bucket's state comes from a skewed clock: past what an ask
+    admitted on the furthest line (horizon, bonus and ``burst - 1`` tokens) of up to ``burst``
+    tokens leaves, and the slack. With ``burst * interval`` alone, a slow bucket (0.2/s, burst 3)
+    asked for 3 tokens at a time reset itself: 81 tokens in 20 s instead of 7 (round-7 attack)."""
+    return now + 2 * burst * interval + MAX_HORIZON_SECONDS + SKEW_SLACK_SECONDS
 
 
 def admission_limit(now: float, horizon: float, interval: float, burst: float, cost: int) -> float:
@@ -131,13 +134,18 @@ class _Gcra:
         self.budgets = {**defaults, **valid}
 
     @staticmethod
-    def _check(operation: str, cost: Any, interval: float, burst: float) -> Optional[Deferral]:
+    def _check(operation: str, cost: Any, interval: float, burst: float, now: float = 0.0,
+               horizon: float = 0.0) -> Optional[Deferral]:
         """A cost of no tokens is a caller's bug (0 took none, a negative one gave tokens back):
         raised. More tokens than the burst never conform at once: refused, whatever the horizon
         (the memory store granted them with a reservation, all usable at one instant: a burst
         above the quota; DynamoDB never did)."""
         if not isinstance(cost, int) or isinstance(cost, bool) or cost < 1:
             raise ValueError(f"cost: {cost!r} is not a whole number of tokens of at least 1")
+        if not (math.isfinite(now) and math.isfinite(horizon)):
+            # A NaN clock or horizon compared False everywhere: granted at once, and a NaN stored
+            # in the memory store granted every later ask (round-7 attack). A caller's bug.
+            raise ValueError(f"now: {now!r}, horizon: {horizon!r}: not finite numbers of seconds")
         if cost > burst:
             return Deferral(operation, interval, "budget_empty")
         return None
@@ -175,7 +183,7 @@ class MemoryBudget(_Gcra):
         An ``asker`` refused while the place in line is free takes it, and its asks reserve
         NEXT_IN_LINE_BONUS_SECONDS further (never past ``horizon_cap``) until one is granted."""
         interval, burst = self.shape(operation)
-        too_many = self._check(operation, cost, interval, burst)
+        too_many = self._check(operation, cost, interval, burst, now, horizon)
         if too_many is not None:
             return too_many
         queued = asker is not None and horizon > 0
@@ -238,7 +246,7 @@ class DynamoDBBudget(_Gcra):
         ``asker`` refused while the place in line is free takes it (one write more), and its asks
         reserve NEXT_IN_LINE_BONUS_SECONDS further (never past ``horizon_cap``) until one is granted."""
         interval, burst = self.shape(operation)
-        too_many = self._check(operation, cost, interval, burst)
+        too_many = self._check(operation, cost, interval, burst, now, horizon)
         if too_many is not None:
             return too_many
         queued = asker is not None and horizon > 0
@@ -275,6 +283,9 @@ class DynamoDBBudget(_Gcra):
             old = exc.response.get("Item") or {}
             until = float(old.get("backoff_until", {}).get("N", 0))
             tat = float(old.get("tat", {}).get("N", now))
+            if (old.get("next_asker", {}).get("S") == asker and until <= now
+                    and (tat <= now or tat > implausible(now, interval, burst))):
+                return self._as_first_reset(operation, now, cost, interval, burst, asker)
             if old.get("next_asker", {}).get("S") != asker or tat <= now or until > now:
                 self._in_line.discard((operation, asker))
                 return None  # another asker's place now, an idle bucket or a backoff: the plain ask says
@@ -285,6 +296,29 @@ class DynamoDBBudget(_Gcra):
         self._last_tat[operation] = new_tat
         start = new_tat - cost * interval - (burst - cost) * interval
         return Granted(operation, cost, max(0.0, start - now))
+
+    def _as_first_reset(self, operation: str, now: float, cost: int, interval: float, burst: float,
+                        asker: str) -> Optional[Decision]:
+        """The asker next in line on an idle bucket, or one a clock far ahead wrote: granted at once
+        as the plain ask would be, and the place freed with it (the memory store frees it on any
+        grant of its holder; a plain write left it held until its grace ran out). None: the bucket
+        moved meanwhile (the plain ask follows)."""
+        self._in_line.discard((operation, asker))
+        try:
+            self._ddb.update_item(
+                TableName=self._table,
+                Key={"operation": {"S": operation}},
+                UpdateExpression="SET tat = :new REMOVE next_asker, next_until",
+                ConditionExpression=("(tat <= :now OR tat > :skewed) AND next_asker = :me AND "
+                                     "(attribute_not_exists(backoff_until) OR backoff_until <= :now)"),
+                ExpressionAttributeValues={":now": _n(now), ":new": _n(now + cost * interval), ":me": {"S": asker},
+                                           ":skewed": _n(implausible(now, interval, burst))},
+            )
+        # uncovered: the bucket moved between the refused ask of the place's holder and this write (another process's grant); no single-process test makes that race
+        except self._ddb.exceptions.ConditionalCheckFailedException:
+            return None
+        self._last_tat[operation] = now + cost * interval
+        return Granted(operation, cost, 0.0)
 
     def _take_line(self, operation: str, now: float, cost: int, interval: float, burst: float, asker: str,
                    horizon: float, tat: float, refused: Deferral) -> Decision:
