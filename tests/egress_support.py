@@ -48,7 +48,7 @@ class CountingStore:
 
         self._server = make_server("127.0.0.1", 0, counting, threaded=True, request_handler=Quiet)
         self.endpoint = f"http://127.0.0.1:{self._server.server_port}"
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
         self._thread.start()
 
     def total(self) -> int:
@@ -182,7 +182,7 @@ class Upstream:
         self._server.daemon_threads = True
         self.port = self._server.server_port
         self.url = f"http://127.0.0.1:{self.port}"
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
         self._thread.start()
 
     def paths(self) -> list[str]:

@@ -33,7 +33,8 @@ def moto_server() -> Iterator[str]:
     server = make_server("127.0.0.1", 0, untraced(DomainDispatcherApplication(create_backend_app)), threaded=True,
                          request_handler=MotoRequestHandler)
     port = server.server_address[1]
-    thread = threading.Thread(target=server.serve_forever, name=f"moto-{port}", daemon=True)
+    # A poll of 50 ms, not 0.5 s: shutdown() waits out one poll, once per test module.
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, name=f"moto-{port}", daemon=True)
     thread.start()
     try:
         yield f"http://127.0.0.1:{port}"

@@ -123,7 +123,7 @@ class _Connect(BaseHTTPRequestHandler):
 
 
 def _serve(server: ThreadingHTTPServer) -> threading.Thread:
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)  # shutdown() waits out one poll
     thread.start()
     return thread
 
