@@ -264,8 +264,9 @@ class DynamoDBBudget(_Gcra):
 
     def _as_first(self, operation: str, now: float, cost: int, interval: float, burst: float, asker: str,
                   horizon: float) -> Optional[Decision]:
-        """The ask of the asker next in line, on its later line; None: it is not (any more) next
-        in line, or the bucket is idle (the plain ask follows)."""
+        """The ask of the asker next in line, on its later line (on an idle bucket, or one a clock
+        far ahead wrote: ``_as_first_reset``); None: it is not (any more) next in line, or a backoff
+        holds (the plain ask follows)."""
         limit = admission_limit(now, horizon, interval, burst, cost)
         try:
             result = self._ddb.update_item(
@@ -286,13 +287,16 @@ class DynamoDBBudget(_Gcra):
             if (old.get("next_asker", {}).get("S") == asker and until <= now
                     and (tat <= now or tat > implausible(now, interval, burst))):
                 return self._as_first_reset(operation, now, cost, interval, burst, asker)
-            if old.get("next_asker", {}).get("S") != asker or tat <= now or until > now:
+            if old.get("next_asker", {}).get("S") != asker or until > now:
                 self._in_line.discard((operation, asker))
-                return None  # another asker's place now, an idle bucket or a backoff: the plain ask says
+                return None  # another asker's place now, or a backoff: the plain ask says
             self._last_tat[operation] = tat
             return Deferral(operation, max(MIN_RETRY_SECONDS, tat - limit), "budget_empty")
         self._in_line.discard((operation, asker))
-        new_tat = float(result["Attributes"]["tat"]["N"])
+        return self._granted(operation, cost, float(result["Attributes"]["tat"]["N"]), interval, burst, now)
+
+    def _granted(self, operation: str, cost: int, new_tat: float, interval: float, burst: float, now: float) -> Granted:
+        """A grant that left the bucket at ``new_tat``: its tokens are usable when the first conforms."""
         self._last_tat[operation] = new_tat
         start = new_tat - cost * interval - (burst - cost) * interval
         return Granted(operation, cost, max(0.0, start - now))
@@ -369,10 +373,7 @@ class DynamoDBBudget(_Gcra):
                     ReturnValues="UPDATED_NEW",
                     ReturnValuesOnConditionCheckFailure="ALL_OLD",
                 )
-                new_tat = float(result["Attributes"]["tat"]["N"])
-                self._last_tat[operation] = new_tat
-                start = new_tat - cost * interval - (burst - cost) * interval
-                return Granted(operation, cost, max(0.0, start - now)), None
+                return self._granted(operation, cost, float(result["Attributes"]["tat"]["N"]), interval, burst, now), None
             except self._ddb.exceptions.ConditionalCheckFailedException as exc:
                 old = exc.response.get("Item") or old
                 # uncovered: a failed write that returns no item (the bucket deleted between a
