@@ -125,3 +125,63 @@ def test_a_throttled_list_backs_off_as_told(aws, monkeypatch) -> None:
         assert {e["code"] for e in run.events("api_error") if e["operation"] == "ListMicrovms"} == {
             "ThrottlingException"}
         assert run.calls.get("RunMicrovm", 0) == 0 and len(fleet.ours()) == 2
+
+
+def _fleet_queries(reconciler: Any, table: str, fleet: str, action: Any = None) -> list[int]:
+    """Counts the ledger's whole-fleet Queries (the slots' read) the reconciler sends; runs
+    ``action()`` right after the first one's answer."""
+    seen: list[int] = []
+
+    def on_query(params: dict, **_: Any) -> None:
+        if params.get("TableName") == table and "begins_with" not in params.get("KeyConditionExpression", "") \
+                and params["ExpressionAttributeValues"][":fleet"]["S"] == fleet:
+            seen.append(1)
+
+    def after(**_: Any) -> None:
+        if action is not None and len(seen) == 1 and not getattr(after, "done", False):
+            after.done = True  # type: ignore[attr-defined]
+            action()
+
+    reconciler.ledger._ddb.meta.events.register("provide-client-params.dynamodb.Query", on_query)
+    reconciler.ledger._ddb.meta.events.register("after-call.dynamodb.Query", after)
+    return seen
+
+
+def test_a_tick_reads_the_fleets_slots_once(aws, monkeypatch) -> None:
+    """The ledger read that sizes a tick's first demand is the one its first step plans on (a
+    second Query before the first list read the same items: one DynamoDB call of about seven
+    a tick). A tick that must start a VM and a tick with nothing to do each read the slots once."""
+    with deployed_fleet(aws, env={"MIN_VMS": "2", "WARM_VMS": "1", "MAX_VMS": "4"}) as fleet:
+        fleet.every_minute(monkeypatch, 2)
+        assert len(fleet.ours()) == 3
+        fleet.env.update(MIN_VMS="3")
+        for expect_runs in (1, 0):
+            reconciler = fleet.reconciler(monkeypatch)
+            seen = _fleet_queries(reconciler, fleet.env["LEDGER_TABLE"], fleet.fleet)
+            index._RECONCILER = reconciler
+            done = fleet.invoke(monkeypatch, cold=False)
+            assert done.calls.get("RunMicrovm", 0) == expect_runs
+            assert len(seen) == 1, (expect_runs, len(seen))
+            fleet.clock.advance(60)
+        assert len(fleet.ours()) == 4
+
+
+def test_a_takeover_after_the_first_read_stops_the_tick_before_it_acts(aws, monkeypatch) -> None:
+    """The first step plans on the tick's first ledger read, taken right after the lease. A tick
+    that takes the lease over just after that read (a newer invocation) leaves the first one's
+    plan stale: its first fenced write (the run's slot, written before RunMicrovm) is refused,
+    it says ``lease_lost`` and sends no RunMicrovm."""
+    with deployed_fleet(aws, env={"MIN_VMS": "1", "WARM_VMS": "0", "MAX_VMS": "3"}) as fleet:
+        fleet.every_minute(monkeypatch, 1)
+        fleet.env.update(MIN_VMS="2")
+        reconciler = fleet.reconciler(monkeypatch)
+        newer = DynamoDBLedger(fleet.ddb, fleet.env["LEDGER_TABLE"])
+        taken: list[int] = []
+        seen = _fleet_queries(reconciler, fleet.env["LEDGER_TABLE"], fleet.fleet, lambda: taken.append(
+            newer.acquire_tick(fleet.fleet, "newer-tick", fleet.clock.now(), 120.0, tick_until=fleet.clock.now() + 50)))
+        index._RECONCILER = reconciler
+        raced = fleet.invoke(monkeypatch, cold=False)
+        assert taken and taken[0] and seen
+        assert raced.result.get("lease_lost") is True, raced.result
+        assert "RunMicrovm" not in raced.calls
+        assert len(fleet.ours()) == 1

@@ -133,6 +133,7 @@ class Reconciler:
     _too_early: list = field(default_factory=list)  # ... whose suspend said the VM was not RUNNING yet
     _read_at: dict = field(default_factory=dict)  # VM -> when this tick last read it (a list or a get; not a run's answer)
     _suspend_failed: set = field(default_factory=set)  # VMs whose suspend failed ambiguously this tick: not sent again in it
+    _loaded: Optional[tuple] = None  # the tick's first ledger read, for its first step's plan (then None)
 
     # ------------------------------------------------------------------ ticks and steps
 
@@ -240,8 +241,12 @@ class Reconciler:
         first list, so a fleet that waits for the shared RunMicrovm budget lists once, when its
         tokens come due (at hundreds of fleets, listing first and again after the wait was a
         quarter of all calls)."""
-        slots, _ = self.ledger.load(self.spec.fleet)
-        due = core.ledger_demand(self.spec, slots, self._now())
+        loaded = self.ledger.load(self.spec.fleet)
+        # The tick's first step plans on this read: nothing but this tick writes the fleet's
+        # slots while it holds the lease (every write is fenced), so a second Query before the
+        # first list would read the same items (one DynamoDB call of about seven a tick).
+        self._loaded = loaded
+        due = core.ledger_demand(self.spec, loaded[0], self._now())
         if due:
             self._demand["RunMicrovm"] = min(due, self.spec.max_starts_per_step)
 
@@ -275,6 +280,7 @@ class Reconciler:
         self._relooked = set()
         self._run_answers, self._assumed, self._too_early = {}, {}, []
         self._read_at, self._suspend_failed = {}, set()
+        self._loaded = None
         self._deadline = float("inf")
         self.ledger.release_tick(self.spec.fleet, self.holder)
         self.telemetry.flush()
@@ -341,7 +347,8 @@ class Reconciler:
             if self.clock() + observed.retry_after_seconds >= self._deadline:
                 return StepResult(None)  # no list before the deadline: the next tick
             return StepResult(max(MIN_WAIT_SECONDS, observed.retry_after_seconds))
-        slots, stats = self.ledger.load(fleet)
+        loaded, self._loaded = self._loaded, None
+        slots, stats = loaded or self.ledger.load(fleet)
         confirmed = self._confirm(slots, observed, now)
         if confirmed:  # a get's answer is newer than the list's line about the same VM
             known = {o.microvm_id for o in confirmed}
