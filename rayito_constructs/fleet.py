@@ -446,6 +446,15 @@ class AgentFleet(_FleetGrants):
             )
             if reconciler_alarms is not False:
                 self.reconciler.add_alarms(custom_metrics=reconciler_alarms, option="reconciler_alarms=True")
+            scaling = project.scaling
+            if scaling.min_vms and scaling.max_vms <= scaling.min_vms:
+                # Told, not warned: 1 and 1 is the default, and `cdk synth --strict` fails on warnings.
+                cdk.Annotations.of(self).add_info(
+                    f"no_headroom: max_vms = min_vms = {scaling.min_vms}: a base VM's successor can start only "
+                    "once the VM ends (at its lifetime, 8 h at most), so the fleet is one VM short for each "
+                    "successor's start, about 2 s, and up to about a minute for the first launches of a newly "
+                    "published image version; max_vms = min_vms + 1 lets successors start before the end "
+                    "(docs/reconciler.md, 'No room at all')")
         self.teardown: Optional[FleetTeardown] = None
         """Ends the fleet's VMs when the fleet is deleted (with a reconciler: what it started)."""
         if self.reconciler is not None:

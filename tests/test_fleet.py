@@ -177,6 +177,24 @@ def test_no_recipe_warns_with_the_page_code() -> None:
         assert len(warnings) == 1
 
 
+def test_a_fleet_without_headroom_is_told_what_its_successors_cost() -> None:
+    """max_vms = min_vms (the default 1 and 1, or 4 and 4): an info, not a warning (it is the
+    default, and `cdk synth --strict` fails on warnings); one VM of headroom, or no reconciler
+    (nothing replaces VMs then), says nothing."""
+    told = {}
+    for name, scaling, reconciler in [("one", (1, 1), True), ("four", (4, 4), True), ("room", (2, 3), True),
+                                      ("none", (0, 2), True), ("off", (1, 1), False)]:
+        app = new_app()
+        stack = new_stack(app)
+        project = AgentProject.from_dict({}, name=name, min_vms=scaling[0], max_vms=scaling[1])
+        AgentFleet(stack, "Fleet", project=project, reconciler=reconciler)
+        annotations = Annotations.from_stack(stack)
+        assert not annotations.find_warning("*", Match.string_like_regexp("no_headroom"))
+        told[name] = [m.entry.data for m in annotations.find_info("*", Match.string_like_regexp("^no_headroom: "))]
+    assert [name for name, infos in told.items() if infos] == ["one", "four"]
+    assert "max_vms = min_vms = 4" in told["four"][0] and "max_vms = min_vms + 1" in told["four"][0]
+
+
 def test_recipe_too_large_warns() -> None:
     import random
 
