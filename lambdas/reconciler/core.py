@@ -213,16 +213,18 @@ class Plan:
     parking_unseen: bool = False
     #: When a base VM that nothing can replace before its end (no headroom, nothing parked) is
     #: replaced: its end plus EXPIRY_WAKE_SECONDS. A tick whose deadline comes first may work a
-    #: little past it for this (``Reconciler.tick``'s ``overtime_seconds``), and for a base slot
-    #: that had a VM and is still without one after the step (``short_base_due``).
+    #: little past it for this (``Reconciler.tick``'s ``overtime_seconds``), and for a base
+    #: or parked slot still without a VM after the step (``short_slot_due``).
     replace_at: Optional[float] = None
 
 
-def short_base_due(slots: dict[str, Slot], now: float) -> Optional[float]:
-    """When the first base slot that had a VM (or a failed start) and has none can start one: now,
-    or its backoff's end (None: none is short). Below ``min_vms`` until then."""
+def short_slot_due(slots: dict[str, Slot], now: float) -> Optional[float]:
+    """When the first wanted slot (base or parked) without a VM can start one: now, or its
+    backoff's end (None: none is short). A base slot is below ``min_vms`` until then; a fleet's
+    first fills are its convergence (left to the next scheduled tick, up to a minute late: the
+    36-fleet benchmark run, seed 19, missed its goal by 1.5 s)."""
     dues = [max(now, s.retry_at or now) for s in slots.values()
-            if s.role == BASE and s.microvm_id is None and s.generation > 0 and s.phase != DEAD and not s.draining]
+            if s.role in (BASE, WARM) and s.microvm_id is None and s.phase != DEAD and not s.draining]
     return min(dues) if dues else None
 
 
