@@ -49,14 +49,16 @@ HOLDER_SKEW_SECONDS = 35.0
 #: A step waiting for our own suspend or resume to show looks again after this long.
 TRANSITION_POLL_SECONDS = 5.0
 MIN_WAIT_SECONDS = 0.05
-#: Steps a tick may take past its deadline for a slot left without a VM (those that call the
-#: service: a list, a run, a suspend), and their spacing.
+#: Steps a tick may take past its deadline for a slot left without a VM that list (ListMicrovms
+#: is shared by every fleet: a list that still shows an ended VM, a refused run), and their spacing.
 MAX_OVERTIME_STEPS = 3
 OVERTIME_SPACING_SECONDS = 0.5
-#: ... and steps past it that only wait for tokens they reserved (no call): counted apart, so that
-#: a fleet whose runs come due just past its deadline is not stopped by its own waits (the
-#: 36-fleet benchmark run, seed 19: three such steps, then its last five runs a minute later).
-MAX_OVERTIME_WAITS = 10
+#: ... and steps past it that do not list (they wait for tokens they booked, or run, park, get on
+#: the step's list): counted apart, so that a fleet whose last runs and parking come due just
+#: past its deadline is not stopped halfway (the 36-fleet benchmark run, seed 19: three steps
+#: that waited, then its last five runs a minute later; 37 fleets, seed 19: its last VM parked
+#: by the next tick).
+MAX_OVERTIME_QUIET_STEPS = 10
 #: The longest backoff a 429's retryAfterSeconds may set for every fleet (the service's value was
 #: never measured; an artificial quota answered about 1,000 s).
 MAX_RETRY_AFTER_SECONDS = 60.0
@@ -118,6 +120,7 @@ class Reconciler:
     holder: str = field(default_factory=lambda: uuid.uuid4().hex)
     siblings: tuple[str, ...] = ()
     api_calls: int = 0
+    list_calls: int = 0  # the ListMicrovms pages among them (overtime steps are counted by these)
     fence: Optional[int] = None
     reserve_horizon: float = OBSERVATION_TTL_SECONDS
     _observation: Optional[tuple[float, list]] = None
@@ -160,21 +163,21 @@ class Reconciler:
             return {"fleet": self.spec.fleet, "skipped": "holder_covers_fleet"}
         if not self.begin_tick(lease_seconds, start + deadline_seconds - self.clock()):
             return {"fleet": self.spec.fleet, "skipped": "tick_in_progress"}  # pragma: no cover - both ledgers' acquire_tick always takes the lease (a fenced takeover)
-        steps = overtime_steps = overtime_waits = 0
+        steps = overtime_steps = overtime_quiet = 0
         calls = self.api_calls
         outcome: dict[str, Any] = {}
         try:
             self._demand_from_ledger()
             while True:
-                before = self.api_calls
+                lists = self.list_calls
                 result = self.step()
                 steps += 1
-                if self._deadline > start + deadline_seconds and self.api_calls == before:
-                    overtime_steps, overtime_waits = overtime_steps - 1, overtime_waits + 1  # it only waited
+                if self._deadline > start + deadline_seconds and self.list_calls == lists:
+                    overtime_steps, overtime_quiet = overtime_steps - 1, overtime_quiet + 1  # it did not list
                 wake = result.wake_after
                 if wake is None or self.clock() + wake > start + deadline_seconds:
                     until = start + deadline_seconds + overtime_seconds
-                    wake = self._overtime_wake(until, overtime_steps, wake, overtime_waits)
+                    wake = self._overtime_wake(until, overtime_steps, wake, overtime_quiet)
                     if wake is None:
                         break
                     # The steps past the deadline reserve and wait within the overtime, not the deadline.
@@ -188,18 +191,18 @@ class Reconciler:
             self.end_tick()
         return {"fleet": self.spec.fleet, "steps": steps, "api_calls": self.api_calls - calls, **outcome}
 
-    def _overtime_wake(self, until: float, taken: int, wake_after: Optional[float], waits: int = 0) -> Optional[float]:
+    def _overtime_wake(self, until: float, taken: int, wake_after: Optional[float], quiet: int = 0) -> Optional[float]:
         """The wait before one more step past the deadline (None: none): for a base slot the last
         plan left without a VM (``Plan.replace_at``: a VM that nothing replaces before its end, or
         a slot whose VM ended), when it comes before ``until`` (this process's clock), and not
         before the step's own wait (a refused run's backoff, the shared budget). Three steps that
-        call the service a tick at most (a list that still showed the VM, a refused run), and
-        MAX_OVERTIME_WAITS that only waited for tokens; OVERTIME_SPACING_SECONDS at least between
-        them, unless tokens this tick reserved come due sooner (left waiting, they would be
-        spent late, on top of other fleets' calls, or dropped)."""
-        if self._replace_at is None or taken >= MAX_OVERTIME_STEPS or waits >= MAX_OVERTIME_WAITS:
+        list a tick at most (a list that still showed the VM, a refused run), and
+        MAX_OVERTIME_QUIET_STEPS that did not; OVERTIME_SPACING_SECONDS at least between them,
+        unless tokens this tick booked come due sooner (left waiting, they would be spent late,
+        on top of other fleets' calls, or dropped)."""
+        if self._replace_at is None or taken >= MAX_OVERTIME_STEPS or quiet >= MAX_OVERTIME_QUIET_STEPS:
             return None
-        spacing = MIN_WAIT_SECONDS if not (taken or waits) or self._held else OVERTIME_SPACING_SECONDS
+        spacing = MIN_WAIT_SECONDS if not (taken or quiet) or self._held else OVERTIME_SPACING_SECONDS
         wake = max(spacing, self._replace_at - self._now(), wake_after or 0.0)
         if self.clock() + wake > until:
             return None
@@ -987,6 +990,8 @@ class Reconciler:
 
     def _api(self, method: str, **kwargs: Any) -> Any:
         self.api_calls += 1
+        if method == "list_microvms":
+            self.list_calls += 1
         return getattr(self.microvms, method)(**kwargs)
 
     def _failed(self, operation: str, exc: ClientError, now: float) -> Deferral:
