@@ -292,12 +292,3 @@ def test_a_retried_token_refused_for_capacity_proves_no_vm(aws, monkeypatch) -> 
         calls = [r for r in fleet.emulator.requests if r.operation == "RunMicrovm"]
         assert len({r.client_token for r in calls}) == 1 and calls[-1].status == 200
         assert len(fleet.ours()) == 1 and not fleet.dead_letters()
-
-
-def test_crash_probes_back_off_to_eight_hours() -> None:
-    """A crash-dead slot's probes: 15 min, then doubled after each probe that crashed too, 8 h at
-    most, whatever the count (no overflow)."""
-    from lambdas.reconciler.core import crash_probe_delay
-
-    assert [crash_probe_delay(n) for n in range(7)] == [900, 1800, 3600, 7200, 14400, 28800, 28800]
-    assert crash_probe_delay(-3) == 900 and crash_probe_delay(10**9) == 28800

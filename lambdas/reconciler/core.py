@@ -73,17 +73,6 @@ RETRY_CAP_SECONDS = 900.0
 #: A dead-lettered slot whose failures were the service's (500s) or the app's (early ends in a
 #: row) is probed once per this long; failures of the request wait for redrive or a new spec.
 DEAD_PROBE_SECONDS = 900.0
-#: The longest wait between two probes of a slot dead-lettered for early ends in a row.
-CRASH_PROBE_CAP_SECONDS = 28_800.0
-
-
-def crash_probe_delay(failed_probes: int) -> float:
-    """The wait before probing a crash-dead slot again: DEAD_PROBE_SECONDS after it was
-    dead-lettered, doubled after each probe whose VM ended early too, CRASH_PROBE_CAP_SECONDS at
-    most."""
-    return min(CRASH_PROBE_CAP_SECONDS, DEAD_PROBE_SECONDS * 2.0 ** max(0, min(failed_probes, 16)))
-
-
 #: Words of the ``stateReason`` of ends that are no crash: a TerminateMicrovm (measured:
 #: "Success."), the end of the lifetime ("MicroVM exceeded maximum lifetime.") or of an idle
 #: policy's suspended duration ("MicroVM exceeded suspended duration.").
@@ -430,11 +419,10 @@ def plan(spec: FleetSpec, ledger: Mapping[str, Slot], observed: Iterable[Observe
                 vm_id = slot.microvm_id
                 requeue(slot, "crash_loop")
                 slot.phase, slot.dead_kind = DEAD, "crash"
-                # Probed, as a 5xx-dead slot is, but less often each time (15 min, 30, 1 h... 8 h
-                # at most): an app that crashed for a while (a dependency down, three VMs that
-                # each crashed after hours) comes back without a redrive; a crash loop that goes
-                # on costs a few VMs a day per slot.
-                slot.retry_at = now + crash_probe_delay(slot.crashes - spec.max_start_attempts)
+                # Probed as a 5xx-dead slot is: an app that crashes for a while (a dependency
+                # down, three VMs that each crashed after hours) comes back without a redrive; a
+                # crash loop costs one VM a probe.
+                slot.retry_at = now + DEAD_PROBE_SECONDS
                 slot.reason = f"ended early {slot.crashes} times in a row (last: {vm.reason or vm.state})"
                 events.append(_event("slot_dead_lettered", slot, reason=slot.reason, kind="crash",
                                      errors=slot.crashes, last_vm=vm_id))
