@@ -486,30 +486,6 @@ def test_a_crash_at_601_seconds_is_a_crash_loop(aws, monkeypatch) -> None:
         assert letter["kind"] == "crash" and "3 times" in letter["reason"]
 
 
-def test_a_crash_dead_slot_is_probed_and_comes_back_when_the_app_does(aws, monkeypatch) -> None:
-    """Three VMs that each crash (here after 20 min: not a tight loop, a dependency down, say)
-    dead-letter the slot; it is probed once every 15 minutes (DEAD_PROBE_SECONDS), as a 5xx-dead
-    slot is: while the app still crashes each probe is one VM and one more dead letter, and once it
-    runs again the slot fills without a redrive (before: dead until someone redrove it)."""
-    with deployed_fleet(aws, env={"MIN_VMS": "1", "WARM_VMS": "0", "MAX_VMS": "2"}) as fleet:
-        crash = fleet.emulator.inject("RunMicrovm", "crash", after_seconds=1200, reason="Container Stopped with Exit Code: 1",
-                                      times=None)
-        fleet.every_minute(monkeypatch, 3 * 21 + 2)
-        assert fleet.emulator.calls["RunMicrovm"] == 3 and len(fleet.dead_letters()) == 1
-        fleet.every_minute(monkeypatch, 11)
-        assert fleet.emulator.calls["RunMicrovm"] == 3  # not before the probe's time
-        fleet.every_minute(monkeypatch, 4 + 21)  # the probe, its VM's crash 20 min later
-        assert fleet.emulator.calls["RunMicrovm"] == 4
-        (again,) = fleet.dead_letters()
-        assert again["kind"] == "crash" and "4 times" in again["reason"]
-        fleet.emulator.remove_fault(crash)
-        fleet.every_minute(monkeypatch, 16)  # the next probe: the app runs now
-        assert fleet.emulator.calls["RunMicrovm"] == 5  # within 16 minutes of the second dead letter
-        fleet.every_minute(monkeypatch, 25)
-        assert len(fleet.live()) == 1 and fleet.ledger_slots()["base-0"]["phase"] == "running"  # (idle: suspended)
-        assert fleet.emulator.calls["RunMicrovm"] == 5 and not fleet.dead_letters()
-
-
 @pytest.mark.parametrize("case", ["validation", "not_found", "access_denied", "conflict"])
 def test_request_errors_dead_letter_after_max_start_attempts(aws, monkeypatch, case) -> None:
     """#17: RunMicrovm Validation / NotFound / AccessDenied / Conflict."""

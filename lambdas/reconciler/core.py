@@ -70,8 +70,8 @@ LATE_END_POLL_SECONDS = 0.5
 #: Backoff of a slot after a failed RunMicrovm: base * 4^(errors-1), at most the cap.
 RETRY_BASE_SECONDS = 2.0
 RETRY_CAP_SECONDS = 900.0
-#: A dead-lettered slot whose failures were the service's (500s) or the app's (early ends in a
-#: row) is probed once per this long; failures of the request wait for redrive or a new spec.
+#: A dead-lettered slot whose failures were the service's (500s, capacity, quota) is probed
+#: once per this long; failures of the request or of the app wait for redrive or a new spec.
 DEAD_PROBE_SECONDS = 900.0
 #: Words of the ``stateReason`` of ends that are no crash: a TerminateMicrovm (measured:
 #: "Success."), the end of the lifetime ("MicroVM exceeded maximum lifetime.") or of an idle
@@ -393,8 +393,8 @@ def plan(spec: FleetSpec, ledger: Mapping[str, Slot], observed: Iterable[Observe
                     slot.generation += 1
                     slot.request = None
                 events.append(_event("slot_redriven", slot, reason="spec_changed"))
-            elif slot.dead_kind in ("service", "crash") and (slot.retry_at or 0) <= now:
-                slot.phase = QUEUED  # one probe; a failure (an early end) dead-letters it again
+            elif slot.dead_kind == "service" and (slot.retry_at or 0) <= now:
+                slot.phase = QUEUED  # one probe; a failure dead-letters it again
                 events.append(_event("dead_slot_probed", slot))
             continue
         if slot.microvm_id is None:
@@ -419,10 +419,6 @@ def plan(spec: FleetSpec, ledger: Mapping[str, Slot], observed: Iterable[Observe
                 vm_id = slot.microvm_id
                 requeue(slot, "crash_loop")
                 slot.phase, slot.dead_kind = DEAD, "crash"
-                # Probed as a 5xx-dead slot is: an app that crashes for a while (a dependency
-                # down, three VMs that each crashed after hours) comes back without a redrive; a
-                # crash loop costs one VM a probe.
-                slot.retry_at = now + DEAD_PROBE_SECONDS
                 slot.reason = f"ended early {slot.crashes} times in a row (last: {vm.reason or vm.state})"
                 events.append(_event("slot_dead_lettered", slot, reason=slot.reason, kind="crash",
                                      errors=slot.crashes, last_vm=vm_id))
