@@ -577,6 +577,21 @@ def test_insufficient_capacity_backs_off_every_reconciler(aws, monkeypatch) -> N
         assert len(fleet.ours()) == 3
 
 
+def test_a_long_wait_passes_the_admission_deadline_once(aws, monkeypatch) -> None:
+    """Ten minutes of InsufficientCapacity: each slot's wait passes the admission deadline
+    (300 s) once and says so once (`admission_deadline_exceeded`), not on each of its ~100
+    attempts; the next wait (after the slot filled and its VM ended) may say it again."""
+    with deployed_fleet(aws, env={"MIN_VMS": "2", "WARM_VMS": "0", "MAX_VMS": "3"}) as fleet:
+        capacity = fleet.emulator.inject("RunMicrovm", "InsufficientCapacity", times=None)
+        runs = fleet.every_minute(monkeypatch, 10)
+        told = [e["slot"] for r in runs for e in r.events("admission_deadline_exceeded")]
+        assert sorted(told) == ["base-0", "base-1"], told
+        assert fleet.emulator.calls["RunMicrovm"] > 50  # it kept trying, 5 s apart
+        fleet.emulator.remove_fault(capacity)
+        fleet.every_minute(monkeypatch, 2)
+        assert len(fleet.ours()) == 2
+
+
 def test_pagination_past_fifty(aws, monkeypatch) -> None:
     with deployed_fleet(aws, env={"MIN_VMS": "2", "WARM_VMS": "0", "MAX_VMS": "80"}) as fleet:
         for i in range(60):

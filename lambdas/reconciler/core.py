@@ -749,7 +749,9 @@ def admit_run(spec: FleetSpec, slot: Slot, intent: Intent, now: float) -> Slot:
     slot.lifetime = int(slot.request.get("maximumDurationInSeconds") or spec.max_lifetime_seconds)
     slot.phase = STARTING
     slot.requested_at = now
-    slot.noted = None
+    # What was told of this wait is forgotten, except that it passed the admission deadline: a
+    # run refused again and again (30 minutes of InsufficientCapacity) told it on every attempt.
+    slot.noted = "deadline" if noted(slot, "deadline") and not intent.successor else None
     slot.retry_at = None
     slot.parking_since = None  # of the previous VM: never of this one
     return slot
