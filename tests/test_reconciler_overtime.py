@@ -209,20 +209,3 @@ def test_a_parked_slots_suspend_that_comes_due_past_the_deadline_is_sent_in_over
         assert invocation.events("tick_overtime") and not fleet.emulator.throttled
         assert len(fleet.live(("SUSPENDING", "SUSPENDED"))) == 2
 
-
-def test_run_tokens_that_come_due_while_the_list_is_booked_go_out_on_the_last_list(aws, monkeypatch) -> None:
-    """A RunMicrovm token comes due while the step's list must wait for a ListMicrovms token booked
-    for later (1 list every 5 s, 1 run every 3 s): the run goes out on time on the last list (a
-    few seconds old, with the VMs started since), as when the list budget is empty, instead of
-    being dropped and booked again after the list (every run then a list later: convergence at
-    hundreds of fleets leaves the shared RunMicrovm budget idle at the end of ticks)."""
-    budgets = '{"RunMicrovm":[0.3333,1],"ListMicrovms":[0.2,1]}'
-    env = {"MIN_VMS": "5", "WARM_VMS": "0", "MAX_VMS": "5", "BUDGETS": budgets}
-    with deployed_fleet(aws, env=env, pending_seconds=2) as fleet:
-        start = fleet.clock.now()
-        fleet.invoke(monkeypatch)
-        runs = [t - start for t in _reconciler_requests(fleet, "RunMicrovm")]
-        lists = [t - start for t in _reconciler_requests(fleet, "ListMicrovms")]
-        assert len(runs) == 5 and not fleet.emulator.throttled, runs
-        assert runs[-1] <= 4 * 3.0 + 1.0, (runs, lists)  # at the run budget's pace, not the list's
-        assert len(fleet.live()) == 5

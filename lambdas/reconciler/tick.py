@@ -349,12 +349,16 @@ class Reconciler:
             if not isinstance(observed, Deferral):
                 self._observation = (now, list(observed))
                 self._peeked = None
-            elif (ready and self._observation is not None and observed.reason in ("budget_empty", "reserved")
+            elif (ready and self._observation is not None and observed.reason == "budget_empty"
                   and now - self._observation[0] <= STALE_OBSERVATION_SECONDS):
                 # No list to be had now (ListMicrovms is shared by every fleet): tokens that came
                 # due are spent on the last list, a few seconds old, with the VMs started since,
-                # rather than given up (a refill of the shared quota that nobody would use).
+                # rather than given up (a refill of the shared quota that nobody would use). It
+                # ends and resumes nothing: a parked VM it shows SUSPENDED a client may have
+                # resumed since (found by the round-8 attack: a client's session terminated as
+                # above max_vms on a 3 s old list); that waits for a fresh list.
                 observed = list(self._observation[1])
+                suspends_only = True
         if isinstance(observed, Deferral):
             self._drop_due(now)  # reserved calls cannot wait for a list: given up, never sent late
             if self.clock() + observed.retry_after_seconds >= self._deadline:
