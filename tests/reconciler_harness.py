@@ -333,3 +333,42 @@ def end_the_vm(fleet: "Fleet") -> Callable[[Any], None]:
         fleet.emulator.terminated_linger_seconds = 0.2
         fleet.emulator.direct_client(caller="client").terminate_microvm(microvmIdentifier=record.microvm_id)
     return end
+
+
+def peak_live(fleet: "Fleet", mine: bool = False) -> int:
+    """The most VMs of the fleet's image alive (not ending or ended) at once, over every VM's
+    history (ground truth); ``mine``: only those a token of the reconciler started."""
+    edges = []
+    for vm in fleet.emulator.microvms_ever():
+        if vm["imageArn"] != fleet.image or (mine and not (vm["clientToken"] or "").startswith("rz1-")):
+            continue
+        born = vm["history"][0][0]
+        gone = next((at for at, state, _ in vm["history"] if state in ("TERMINATING", "TERMINATED")), float("inf"))
+        edges += [(born, 1), (gone, -1)]
+    edges.sort(key=lambda e: (e[0], e[1]))
+    peak = count = 0
+    for _, step in edges:
+        count += step
+        peak = max(peak, count)
+    return peak
+
+
+def act_during_sleep(fleet: "Fleet", after: float, action: Callable[[], None]) -> list[float]:
+    """The warm environment's reconciler sleeps on the virtual clock; ``action`` runs at ``after``
+    (or when the sleep that spans it begins, if later): what happens while that tick sleeps. An
+    action that advances the clock past the sleep's end delays the tick's wake to then. Returns
+    the list that then holds when the action ran."""
+    reconciler = fleet._environment
+    done: list[float] = []
+    advance = fleet.clock.advance
+
+    def sleep(seconds: float) -> None:
+        wake = fleet.clock.now() + seconds
+        if not done and wake >= after:
+            advance(max(0.0, after - fleet.clock.now()))  # the action comes during the sleep
+            done.append(fleet.clock.now())
+            action()
+        advance(max(0.0, wake - fleet.clock.now()))
+
+    reconciler.sleep = sleep
+    return done

@@ -18,7 +18,7 @@ import pytest
 from lambdas.reconciler import index
 
 from .moto_server import moto_server
-from .reconciler_harness import RECONCILER_CALLER, deployed_fleet, list_lag
+from .reconciler_harness import RECONCILER_CALLER, deployed_fleet, list_lag, peak_live, act_during_sleep
 
 NO_HEADROOM = {"MIN_VMS": "2", "WARM_VMS": "0", "MAX_VMS": "2", "IDLE_SECONDS": ""}
 ENDED = ("TERMINATING", "TERMINATED")
@@ -65,21 +65,7 @@ def _lists(fleet: Any, since: float, until: float = float("inf")) -> list[Any]:
             and since <= r.time <= until]
 
 
-def _peak_live(fleet: Any) -> int:
-    """The most VMs of the image alive (not ending or ended) at once, over every VM's history."""
-    edges = []
-    for vm in fleet.emulator.microvms_ever():
-        if vm["imageArn"] != fleet.image:
-            continue
-        born = vm["history"][0][0]
-        gone = next((at for at, state, _ in vm["history"] if state in ENDED), float("inf"))
-        edges += [(born, 1), (gone, -1)]
-    edges.sort(key=lambda e: (e[0], e[1]))
-    peak = count = 0
-    for _, step in edges:
-        count += step
-        peak = max(peak, count)
-    return peak
+_peak_live = peak_live
 
 
 def _started_after(fleet: Any, t: float) -> list[dict[str, Any]]:
@@ -106,24 +92,7 @@ def _to_before_end(fleet: Any, before: float) -> tuple[float, str, float]:
     return end, vm_id, fleet.clock.now()
 
 
-def _hook_sleep(fleet: Any, after: float, action: Callable[[], None]) -> list[float]:
-    """The warm environment's reconciler sleeps on the virtual clock; ``action`` runs at ``after``
-    (or when the sleep that spans it begins, if later): what happens while that tick sleeps. An
-    action that advances the clock past the sleep's end delays the tick's wake to then."""
-    reconciler = fleet._environment
-    done: list[float] = []
-    advance = fleet.clock.advance
-
-    def sleep(seconds: float) -> None:
-        wake = fleet.clock.now() + seconds
-        if not done and wake >= after:
-            advance(max(0.0, after - fleet.clock.now()))  # the action comes during the sleep
-            done.append(fleet.clock.now())
-            action()
-        advance(max(0.0, wake - fleet.clock.now()))
-
-    reconciler.sleep = sleep
-    return done
+_hook_sleep = act_during_sleep
 
 
 def _settle(fleet: Any, monkeypatch: Any, tick_start: float) -> None:

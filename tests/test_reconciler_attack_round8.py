@@ -9,13 +9,12 @@ environment) against the MicroVMs emulator and moto; every assertion is from the
 
 from __future__ import annotations
 
-import contextlib
 from typing import Any, Iterator, Optional
 
 import pytest
 
 from .moto_server import moto_server
-from .reconciler_harness import RECONCILER_CALLER, deployed_fleet
+from .reconciler_harness import RECONCILER_CALLER, deployed_fleet, peak_live, act_during_sleep
 
 ENDED = ("TERMINATING", "TERMINATED")
 MARGIN = 8.0  # index.DEADLINE_MARGIN_SECONDS
@@ -32,21 +31,7 @@ def _ours(fleet: Any, operation: str, since: float = 0.0, until: float = float("
             and since <= r.time <= until and (ok is None or (r.status < 300) == ok)]
 
 
-def _peak(fleet: Any, mine: bool = False) -> int:
-    """The most VMs of the image alive at once (every VM's history); ``mine``: only ours."""
-    edges = []
-    for vm in fleet.emulator.microvms_ever():
-        if vm["imageArn"] != fleet.image or (mine and not (vm["clientToken"] or "").startswith("rz1-")):
-            continue
-        born = vm["history"][0][0]
-        gone = next((at for at, state, _ in vm["history"] if state in ENDED), float("inf"))
-        edges += [(born, 1), (gone, -1)]
-    edges.sort(key=lambda e: (e[0], e[1]))
-    peak = count = 0
-    for _, step in edges:
-        count += step
-        peak = max(peak, count)
-    return peak
+_peak = peak_live
 
 
 def _dump(fleet: Any, start: float) -> str:
@@ -56,23 +41,7 @@ def _dump(fleet: Any, start: float) -> str:
 
 
 
-def _hook_sleep(fleet: Any, at: float, action: Any) -> list[float]:
-    """The warm environment's reconciler sleeps on the virtual clock; ``action`` runs once at
-    ``at`` (or when the sleep spanning it begins): what happens while that tick sleeps."""
-    reconciler = fleet._environment
-    done: list[float] = []
-    advance = fleet.clock.advance
-
-    def sleep(seconds: float) -> None:
-        wake = fleet.clock.now() + seconds
-        if not done and wake >= at:
-            advance(max(0.0, at - fleet.clock.now()))
-            done.append(fleet.clock.now())
-            action()
-        advance(max(0.0, wake - fleet.clock.now()))
-
-    reconciler.sleep = sleep
-    return done
+_hook_sleep = act_during_sleep
 
 
 
