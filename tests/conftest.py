@@ -120,7 +120,10 @@ LONGEST_FILES = (
     "tests/test_monitoring.py", "tests/test_reconciler.py", "tests/test_fleet_teardown_handler.py",
     "tests/test_reconciler_attack.py", "tests/test_policies.py", "tests/test_fleet.py",
     "tests/test_lifecycle_requests.py", "tests/test_reconciler_faults.py", "tests/test_verify_scenarios.py",
-    "tests/test_reconciler_attack_assume.py", "tests/test_reconciler_attack_looks.py",
+    # 10-20 s each on their own (measured 2026-11-30): after the longer ones, before the rest
+    "tests/test_reconciler_attack_round8.py", "tests/test_reconciler_attack_assume.py",
+    "tests/test_reconciler_overtime.py", "tests/test_reconciler_attack_looks.py",
+    "tests/test_reconciler_paths.py", "tests/test_reconciler_lost_suspend.py",
 )
 
 
