@@ -277,10 +277,10 @@ def test_a_parked_slots_pending_vm_in_the_overtime_is_polled_within_bounds(aws, 
     (run at 32 s) runs at about 51 s (19 s) or 62 s (30 s). Held: the polls of its PENDING VM stay
     within the overtime's bounds (at most three lists past the deadline, no call past 57 s), no VM
     is parked before it ran, never above max_vms, and the next tick parks what is left at once.
-    Noticed (19 s): the tick's last look (48.7 s) schedules the next poll at 57.05 s (the plan's
+    Found (19 s): the tick's last look (48.7 s) scheduled the next poll at 57.05 s (the plan's
     expected end of PENDING), 0.05 s past the overtime's end, so the VM that runs at about 51 s
-    is parked by the next tick (about 62 s), as before the round; a poll clamped to the
-    overtime's last moment would have parked it at 57 s."""
+    was parked by the next tick (about 62 s). The look is now taken just before the overtime ends
+    (OVERTIME_LAST_LOOK_SECONDS), and that VM is parked by this tick."""
     budgets = '{"RunMicrovm":[0.0625,1],"ListMicrovms":[5,5]}'
     env = {"MIN_VMS": "0", "WARM_VMS": "3", "MAX_VMS": "3", "BUDGETS": budgets}
     with deployed_fleet(aws, env=env, pending_seconds=pending) as fleet:
@@ -298,6 +298,8 @@ def test_a_parked_slots_pending_vm_in_the_overtime_is_polled_within_bounds(aws, 
         for vm in fleet.emulator.microvms_ever():
             running = next(at for at, state, _ in vm["history"] if state == "RUNNING")
             assert running <= suspended[vm["microvmId"]] <= max(running, start + 60) + 3.0, _dump(fleet, start)
+            if pending == 19.0:  # RUNNING at about 51 s: parked within this tick's overtime
+                assert suspended[vm["microvmId"]] <= start + 57.0, _dump(fleet, start)
 
 
 def test_first_fills_while_clients_hold_max_vms_spend_no_overtime(aws, monkeypatch) -> None:
