@@ -131,7 +131,9 @@ def base_vm_seconds(
     successor_lead_seconds: int = DEFAULT_SUCCESSOR_LEAD_SECONDS,
 ) -> tuple[float, float]:
     """``(running, suspended)`` VM-seconds of ``min_vms`` base slots in a month with no traffic."""
-    cycle = max(1, vm_lifetime_seconds - successor_lead_seconds)  # a new VM per slot this often
+    # The reconciler caps the lead at half a lifetime (lambdas/reconciler/core.py, successor_lead).
+    lead = min(successor_lead_seconds, vm_lifetime_seconds / 2)
+    cycle = max(1, vm_lifetime_seconds - lead)  # a new VM per slot this often
     vms = min_vms * SECONDS_PER_MONTH / cycle
     running = min(idle, vm_lifetime_seconds) if idle else vm_lifetime_seconds
     return vms * running, vms * (vm_lifetime_seconds - running)

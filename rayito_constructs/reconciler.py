@@ -72,7 +72,9 @@ class FleetReconciler(Construct):
     :param schedule: how often a tick runs. Default: every minute.
     :param tick_seconds: how long a tick may keep working. Default: 50 seconds.
     :param max_lifetime_seconds: ``maximumDurationInSeconds`` of every VM. Default: 28,800.
-    :param successor_lead_seconds: how long before a VM's end its successor starts. Default: 900.
+    :param successor_lead_seconds: how long before a VM's end its successor starts, at most half
+        of ``max_lifetime_seconds`` (a longer lead is capped there, and the construct says so at
+        synth). Default: 900.
     :param max_start_attempts: failed starts in a row before a slot is dead-lettered. Default: 3.
     :param max_starts_per_step: RunMicrovm calls one step may make (admission width). Default: 10.
     :param budgets: ``{operation: (rate_per_second, burst)}`` over the documented default quotas,
@@ -143,6 +145,14 @@ class FleetReconciler(Construct):
             raise ValueError(f"stray_grace_seconds: {stray_grace_seconds} is not within 60 to 28800")
         if not 1 <= max_lifetime_seconds <= 28_800:
             raise ValueError(f"max_lifetime_seconds: {max_lifetime_seconds} is not within 1 to 28800 (8 hours)")
+        if not 0 <= successor_lead_seconds <= 28_800:
+            raise ValueError(f"successor_lead_seconds: {successor_lead_seconds} is not within 0 to 28800 (8 hours)")
+        if successor_lead_seconds > max_lifetime_seconds / 2:
+            # Told, not warned: the cap is what the reconciler does anyway (core.successor_lead).
+            cdk.Annotations.of(self).add_info(
+                f"successor_lead_capped: successor_lead_seconds = {successor_lead_seconds} is more than half of "
+                f"max_lifetime_seconds = {max_lifetime_seconds}: successors start {max_lifetime_seconds / 2:g} s "
+                "before a VM's end (a lead as long as the lifetime would start every VM's successor at once)")
         if tick_seconds >= schedule.to_seconds():
             raise ValueError(f"tick_seconds: {tick_seconds} leaves no room before the next tick ({schedule.to_seconds()} s)")
         self.fleet_name = project.name

@@ -353,6 +353,32 @@ def peak_live(fleet: "Fleet", mine: bool = False) -> int:
     return peak
 
 
+def seconds_below(fleet: "Fleet", floor: int, since: float, until: float) -> float:
+    """Seconds between ``since`` and ``until`` with fewer than ``floor`` VMs of the fleet's image
+    RUNNING, over every VM's history (ground truth, as the benchmark's ``dips_below_min``)."""
+    edges = []
+    for vm in fleet.emulator.microvms_ever():
+        if vm["imageArn"] != fleet.image:
+            continue
+        running = None
+        for at, state, _ in vm["history"]:
+            if state == "RUNNING" and running is None:
+                running = at
+            elif state != "RUNNING" and running is not None:
+                edges += [(running, 1), (at, -1)]
+                running = None
+        if running is not None:
+            edges.append((running, 1))
+    edges.sort()
+    below, count, last = 0.0, 0, since
+    for at, step in edges + [(until, 0)]:
+        at = min(max(at, since), until)
+        if count < floor:
+            below += at - last
+        count, last = count + step, at
+    return below
+
+
 def act_during_sleep(fleet: "Fleet", after: float, action: Callable[[], None]) -> list[float]:
     """The warm environment's reconciler sleeps on the virtual clock; ``action`` runs at ``after``
     (or when the sleep that spans it begins, if later): what happens while that tick sleeps. An

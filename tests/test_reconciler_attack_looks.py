@@ -14,6 +14,8 @@ from typing import Any, Iterator
 
 import pytest
 
+from lambdas.reconciler import core
+
 from .moto_server import moto_server
 from .reconciler_harness import RECONCILER_CALLER, deployed_fleet, list_lag
 from .test_reconciler_handler import assert_no_duplicates
@@ -171,6 +173,9 @@ def test_a_handover_due_on_a_suspends_only_step_waits_for_a_fresh_list(aws, monk
     for a fresh list, which shows the VM taken: it is a member, never resumed by us nor in a slot."""
     env = {"MIN_VMS": "1", "WARM_VMS": "2", "MAX_VMS": "5", "MAX_LIFETIME_SECONDS": "600",
            "SUCCESSOR_LEAD_SECONDS": "200", "IDLE_SECONDS": "", "BUDGETS": '{"SuspendMicrovm": [0.1, 1]}'}
+    # The timeline below was written when 600 s lifetimes were not staggered: first lifetimes all
+    # 600 s (staggered since, 413-600 s: a parked slot's successor would come due at 213 s).
+    monkeypatch.setattr(core, "MIN_STAGGER_STEP_SECONDS", float("inf"))
     with deployed_fleet(aws, env=env, pending_seconds=2, fresh_launches=0) as fleet:
         client = fleet.emulator.direct_client(caller="client")
         t0 = fleet.clock.now()
@@ -185,7 +190,7 @@ def test_a_handover_due_on_a_suspends_only_step_waits_for_a_fresh_list(aws, monk
         at(60)
         fleet.invoke(monkeypatch)
         assert Counter(vm["state"] for vm in fleet.live()) == {"RUNNING": 1, "SUSPENDED": 2}
-        assert {s["lifetime"] for s in fleet.ledger_slots().values()} == {600}  # no stagger this short
+        assert {s["lifetime"] for s in fleet.ledger_slots().values()} == {600}  # not staggered (above)
         at(100)
         client.resume_microvm(microvmIdentifier=parked("warm-1"))  # warm-1 taken: refilled at 105
         at(105)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import aws_cdk as cdk
 import pytest
-from aws_cdk.assertions import Match, Template
+from aws_cdk.assertions import Annotations, Match, Template
 
 from rayito_constructs import AgentFleet, AgentProject, ControlPlaneBudget, FleetStack
 
@@ -177,6 +177,31 @@ def test_validation() -> None:
     stack = new_stack(app)
     with pytest.raises(ValueError, match="max_lifetime_seconds: 30000 is not within 1 to 28800"):
         AgentFleet(stack, "Fleet", project=AgentProject.load(EXAMPLE), max_lifetime_seconds=30000)
+
+
+@pytest.mark.parametrize("lead", [-1, 28_801])
+def test_a_successor_lead_out_of_range_is_refused(lead) -> None:
+    from rayito_constructs.reconciler import FleetReconciler
+
+    stack = new_stack(new_app())
+    fleet = AgentFleet(stack, "Fleet", project=AgentProject.load(EXAMPLE), reconciler=False)
+    with pytest.raises(ValueError, match=f"successor_lead_seconds: {lead} is not within 0 to 28800"):
+        FleetReconciler(stack, "Reconciler", project=AgentProject.load(EXAMPLE), access=fleet.access,
+                        successor_lead_seconds=lead)
+
+
+def test_a_lead_longer_than_half_a_lifetime_is_told_it_is_capped() -> None:
+    """The reconciler starts successors at most half a lifetime before a VM's end
+    (core.successor_lead); the default 900 s lead with 1,200 s VMs is told so at synth (an info:
+    `cdk synth --strict` fails on warnings), 8-hour VMs say nothing."""
+    told = {}
+    for lifetime in (1_200, 1_800, 28_800):
+        stack = new_stack(new_app())
+        AgentFleet(stack, "Fleet", project=AgentProject.load(EXAMPLE), max_lifetime_seconds=lifetime)
+        found = Annotations.from_stack(stack).find_info("*", Match.string_like_regexp("^successor_lead_capped: "))
+        told[lifetime] = [m.entry.data for m in found]
+    assert [lifetime for lifetime, infos in told.items() if infos] == [1_200]
+    assert "successors start 600 s before a VM's end" in told[1_200][0]
 
 
 def test_one_tick_at_a_time_by_reserved_concurrency(synth) -> None:

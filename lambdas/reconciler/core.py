@@ -279,21 +279,30 @@ def slot_order(slot_id: str, role: str, spec: Optional["FleetSpec"] = None) -> t
     return (rank / count if role == WARM else (rank + 0.5) / count, role != BASE, slot_id)
 
 
+def successor_lead(spec: FleetSpec) -> float:
+    """How long before a VM's end its successor starts: ``successor_lead_seconds``, at most half a
+    lifetime. A lead as long as the lifetime (the default 900 s with 600 s VMs) made every VM's
+    successor due at once: two VMs a slot all the time, and the successor of a successor waited
+    for the old VM's end (the next tick), so a fleet of min 1 / max 2 fell to 0 RUNNING at each
+    end."""
+    return min(spec.successor_lead_seconds, spec.max_lifetime_seconds / 2)
+
+
 def first_lifetime(spec: FleetSpec, slot_id: str, role: str) -> int:
     """The lifetime of a slot's first VM: spread by the slot's rank over half a lifetime, or
     less when the lifetime is short, so VMs started together (a fleet from empty) do not all
-    expire together. No first VM lives less than twice the successor lead plus the handover lead
-    (its successor and a handover fit in it), and expiries less than a scheduled tick apart
-    (``MIN_STAGGER_STEP_SECONDS``) are not spread (one tick handles them together). Before, a
-    lifetime under twice that floor (3,840 s with the default lead) was not spread at all, and
-    three VMs that expired together with one slot of headroom dipped to 1 RUNNING (min 3 / max 4,
-    1,200 s, lead 300 s)."""
+    expire together. No first VM lives less than the successor lead plus the handover lead (its
+    successor is due after the fill, and a handover fits before its end), and expiries less than a
+    scheduled tick apart (``MIN_STAGGER_STEP_SECONDS``) are not spread (one tick handles them
+    together). Before, no first VM lived less than twice the lead plus the handover lead, so
+    lifetimes under 1,920 s (the default 900 s lead) were not spread at all: min 3 / max 4 with
+    1,800 s VMs expired together and fell to 0 RUNNING."""
     life = spec.max_lifetime_seconds
     order = sorted(desired_slot_ids(spec), key=lambda s: slot_order(*s, spec))
     ids = [s for s, _ in order]
     if not spec.stagger or slot_id not in ids or len(ids) < 2:
         return life
-    spread = min(life / 2, life - (2 * spec.successor_lead_seconds + HANDOVER_LEAD_SECONDS))
+    spread = min(life / 2, life - (successor_lead(spec) + HANDOVER_LEAD_SECONDS))
     if spread / len(ids) < MIN_STAGGER_STEP_SECONDS:
         return life  # too short a lifetime to spread expiries a scheduled tick apart
     rank = ids.index(slot_id)
@@ -563,7 +572,7 @@ def plan(spec: FleetSpec, ledger: Mapping[str, Slot], observed: Iterable[Observe
         outdated = bool(spec.image_version and current and current.image_version
                         and current.image_version != spec.image_version)
         if ready and slot.retiring_id is None:
-            if expires - now <= spec.successor_lead_seconds:
+            if expires - now <= successor_lead(spec):
                 # Expiring base VMs first: they are what keeps min_vms live.
                 successors.append(Intent("run", slot.slot_id, slot.microvm_id, role=slot.role, successor=True,
                                          reason="expiring", priority=0 if slot.role == BASE else 1))
@@ -614,7 +623,7 @@ def plan(spec: FleetSpec, ledger: Mapping[str, Slot], observed: Iterable[Observe
             wake_at = at if wake_at is None else min(wake_at, at)
             continue
         life = spec.max_lifetime_seconds
-        usable = [d for d in donors if (d.vm_started_at or now) + (d.lifetime or life) - now > spec.successor_lead_seconds]
+        usable = [d for d in donors if (d.vm_started_at or now) + (d.lifetime or life) - now > successor_lead(spec)]
         if not usable:
             # No headroom, nothing parked (max_vms == min_vms, say): replace it the moment it ends.
             at = max(expires + EXPIRY_WAKE_SECONDS, now + LATE_END_POLL_SECONDS)
