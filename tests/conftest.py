@@ -123,7 +123,7 @@ LONGEST_FILES = (
     # 10-20 s each on their own (measured 2026-11-30): after the longer ones, before the rest
     "tests/test_reconciler_attack_round8.py", "tests/test_reconciler_attack_assume.py",
     "tests/test_reconciler_overtime.py", "tests/test_reconciler_attack_looks.py",
-    "tests/test_reconciler_paths.py", "tests/test_reconciler_lost_suspend.py",
+    "tests/test_reconciler_paths.py", "tests/test_reconciler_lost_suspend.py", "tests/test_reconciler_short_lifetimes.py",
 )
 
 
