@@ -34,6 +34,7 @@ from lambdas.reconciler.ledger import DynamoDBLedger
 from rayito_constructs.testing import MicrovmsEmulator, VirtualClock
 
 from .moto_server import client as aws_client
+from .moto_server import untraced_requests
 
 #: Environment keys whose template values are CloudFormation references, and what stands for them.
 SUBSTITUTED = {"LEDGER_TABLE", "BUDGET_TABLE", "DEAD_LETTER_QUEUE_URL", "IMAGE_ARN", "EXECUTION_ROLE_ARN",
@@ -266,7 +267,8 @@ def deployed_fleet(aws: str, *, clock: Optional[VirtualClock] = None, emulator: 
         emulator_options.setdefault("pending_seconds", 12)
         emulator_options.setdefault("suspending_seconds", 1)
         emulator_options.setdefault("terminating_seconds", 3)
-        emulator = MicrovmsEmulator(clock=clock, seed=emulator_options.pop("seed", 7), **emulator_options).start()
+        emulator = untraced_requests(MicrovmsEmulator(clock=clock, seed=emulator_options.pop("seed", 7),
+                                                      **emulator_options).start())
     try:
         template_env = dict(synthesized_environment(metrics, **(overrides or {})))
         tokens = {k for k, v in template_env.items() if not isinstance(v, str)}

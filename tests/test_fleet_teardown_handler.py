@@ -22,7 +22,7 @@ from lambdas.reconciler.ledger import FencedOut
 from rayito_constructs.testing import MicrovmsEmulator, VirtualClock
 
 from .lifecycle_harness import teardown_world
-from .moto_server import moto_server
+from .moto_server import moto_server, untraced_requests
 from .recipe_writer_helpers import CFN_HOST, CloudFormationEndpoint
 from .reconciler_harness import deployed_fleet
 
@@ -399,6 +399,7 @@ def test_a_schedule_that_now_ticks_another_fleet_is_left_enabled(aws, cfn, monke
 def test_two_fleets_on_one_image_each_end_only_their_own(aws, cfn, monkeypatch) -> None:
     clock = VirtualClock()
     with MicrovmsEmulator(clock=clock, seed=3, pending_seconds=5) as emulator:
+        untraced_requests(emulator)  # coverage skips its request threads (tests/moto_server.py)
         emulator.create_image("compartida", memory_mib=2048)
         image = emulator.image_arn("compartida")
         base = {"IMAGE_ARN": image, "MAX_VMS": "2", "WARM_VMS": "0", "MIN_VMS": "2"}

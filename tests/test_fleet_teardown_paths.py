@@ -23,7 +23,7 @@ from lambdas.reconciler import index, teardown
 from rayito_constructs.testing import MicrovmsEmulator, VirtualClock
 
 from .lifecycle_harness import aws_client, teardown_world
-from .moto_server import moto_server
+from .moto_server import moto_server, untraced_requests
 from .recipe_writer_helpers import CloudFormationEndpoint
 from .reconciler_harness import deployed_fleet
 from .test_contract_recipe_writer import refusing_port
@@ -234,6 +234,7 @@ def test_other_vms_of_the_image_are_counted_across_list_pages(aws, cfn, monkeypa
     fleet's own are ended, the others counted whole and named up to MAX_IDS."""
     clock = VirtualClock()
     with MicrovmsEmulator(clock=clock, seed=11, pending_seconds=5) as emulator:
+        untraced_requests(emulator)  # coverage skips its request threads (tests/moto_server.py)
         emulator.create_image("mi-agente", memory_mib=2048)
         emulator.remove_rate_limit("RunMicrovm")
         client = emulator.client()

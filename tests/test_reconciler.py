@@ -18,7 +18,7 @@ from lambdas.reconciler.tick import Reconciler
 from rayito_constructs.testing import MicrovmsEmulator, VirtualClock
 
 from .emulator_helpers import microvms_client
-from .moto_server import client as aws_client
+from .moto_server import client as aws_client, untraced_requests
 from .moto_server import moto_server
 
 
@@ -48,6 +48,7 @@ def clock() -> VirtualClock:
 @pytest.fixture
 def emulator(clock) -> Iterator[MicrovmsEmulator]:
     with MicrovmsEmulator(clock=clock, seed=11, pending_seconds=12, suspending_seconds=1, terminating_seconds=3) as emu:
+        untraced_requests(emu)  # coverage skips its request threads (tests/moto_server.py)
         yield emu
 
 
@@ -280,6 +281,7 @@ def test_throttling_storm_is_a_shared_backoff(emulator, tables, clock) -> None:
 
 def test_memory_quota_backs_off(clock, tables) -> None:
     with MicrovmsEmulator(clock=clock, memory_quota_mib=3 * 2048, pending_seconds=1) as emulator:
+        untraced_requests(emulator)  # coverage skips its request threads (tests/moto_server.py)
         emulator.create_image("mi-agente")
         r = reconciler(emulator, tables, clock, min_vms=5, max_vms=8, warm_vms=0)
         tick(r, clock)

@@ -19,7 +19,7 @@ from lambdas.reconciler import core, index
 from lambdas.reconciler.ledger import FencedOut
 from rayito_constructs.testing import MicrovmsEmulator, VirtualClock
 
-from .moto_server import moto_server
+from .moto_server import moto_server, untraced_requests
 from .reconciler_harness import RECONCILER_CALLER, deployed_fleet, list_lag
 
 LIVE = ("PENDING", "RUNNING", "SUSPENDING", "SUSPENDED")
@@ -621,6 +621,7 @@ def test_demand_waits_for_the_shared_budget_within_a_tick(aws, monkeypatch) -> N
 def test_two_fleets_on_one_image_each_count_their_own(aws, monkeypatch) -> None:
     clock = VirtualClock()
     with MicrovmsEmulator(clock=clock, seed=3, pending_seconds=5) as emulator:
+        untraced_requests(emulator)  # coverage skips its request threads (tests/moto_server.py)
         emulator.create_image("compartida", memory_mib=2048)
         image = emulator.image_arn("compartida")
         base = {"IMAGE_ARN": image, "MAX_VMS": "3", "WARM_VMS": "0", "MIN_VMS": "3"}

@@ -561,7 +561,7 @@ def _emulated() -> frozenset:
 @contextlib.contextmanager
 def world(monkeypatch: Any, **emulator_options: Any) -> Iterator[World]:
     """moto in server mode and the emulator, with the SDK's endpoints pointed at them."""
-    from .moto_server import moto_server
+    from .moto_server import moto_server, untraced_requests
 
     install_providers()
     # Short timings, every read current, no slow first launches: the tests are about verify, and a
@@ -569,6 +569,7 @@ def world(monkeypatch: Any, **emulator_options: Any) -> Iterator[World]:
     options = {"pending_seconds": 0.2, "suspending_seconds": 0.1, "terminating_seconds": 0.1,
                "image_build_seconds": 0.0, "consistency_seconds": 0.0, "fresh_launches": 0, **emulator_options}
     with moto_server() as endpoint, MicrovmsEmulator(**options) as emulator:
+        untraced_requests(emulator)  # coverage skips its request threads (tests/moto_server.py)
         # moto's servers in one process share their backends: start from an empty account.
         import urllib.request
 
