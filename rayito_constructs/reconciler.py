@@ -32,6 +32,20 @@ from .control_plane_budget import ControlPlaneBudget
 from .fleet_ledger import FleetLedger
 from .monitoring import METRICS_ENV, Operations, create_alarm, metrics_value
 from .permissions import FleetAccess, Statement, microvm_statements, table_key_statement, wildcard_reasons
+
+#: The reconciler runs, inspects, parks, resumes and ends VMs; it never connects to one, so its role
+#: has no ``lambda:CreateMicrovmAuthToken`` (a token opens the VM's endpoint: the agents' sessions).
+NEVER_CONNECTS = "lambda:CreateMicrovmAuthToken"
+
+
+def _without_auth_token(statements: list[Statement]) -> list[Statement]:
+    out = []
+    for statement in statements:
+        if NEVER_CONNECTS in statement.actions:
+            statement = Statement(statement.sid, tuple(a for a in statement.actions if a != NEVER_CONNECTS),
+                                  statement.resources, statement.conditions)
+        out.append(statement)
+    return out
 from .project import AgentProject
 
 NAMESPACE = "Rayito/Fleet"
@@ -213,7 +227,7 @@ class FleetReconciler(Construct):
             environment["TERMINATE_STRAYS"] = "1"
             environment["STRAY_GRACE_SECONDS"] = str(stray_grace_seconds)
         statements = [
-            *microvm_statements(access),
+            *_without_auth_token(microvm_statements(access)),
             Statement("Ledger",
                       ("dynamodb:Query", "dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem", "dynamodb:DeleteItem"),
                       (ledger_table.table_arn,),

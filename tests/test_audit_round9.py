@@ -1,0 +1,136 @@
+"""Audit round 9: issues #12-#16 attacked on inputs other than their examples.
+
+Each test is one break found by the audit (fixed, or ``xfail(strict=True)`` with the reason), or a
+guard on what held. docs: /work/notes/audit9.md (the report).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from aws_cdk import aws_iam as iam
+from aws_cdk.assertions import Template
+
+from rayito_constructs import AgentFleet, AgentProject, CallerPolicy, ImagePublisherPolicy, SandboxLauncherPolicy
+from rayito_constructs._nag import flatten_cfn_reference
+
+from .cdk_helpers import new_app, new_stack
+from .iam_invariants import as_list, policy_documents
+
+# ------------------------------------------------------------------ #12: names and ARNs that widen
+
+
+@pytest.mark.parametrize("name", ["", "a*", "a?b", "ok:1", "x/../y", "名前", " mi-agente"])
+@pytest.mark.parametrize("policy", [CallerPolicy, SandboxLauncherPolicy, ImagePublisherPolicy])
+def test_policy_fleet_name_that_would_widen_is_refused(policy: Any, name: str) -> None:
+    """``fleet_name=""`` used to give every fleet's recipe and every image (``microvm-image:*``,
+    ``parameter/rayito/agents/*``), ``"a*"`` every image whose name starts with ``a``: the
+    prefix the issue calls out, now through the policies' own parameter."""
+    app = new_app()
+    stack = new_stack(app)
+    with pytest.raises(ValueError, match=r"^fleet_name: .*1 to 64 letters"):
+        policy(stack, "P", fleet_name=name)
+
+
+@pytest.mark.parametrize("name", ["", "a*"])
+def test_imported_fleet_name_that_would_widen_is_refused(name: str) -> None:
+    app = new_app()
+    stack = new_stack(app)
+    with pytest.raises(ValueError, match=r"^fleet_name: "):
+        AgentFleet.from_fleet_name(stack, "I", name)
+
+
+@pytest.mark.parametrize("connectors, message", [
+    (["*"], "holds a wildcard"),
+    (["arn:aws:lambda:us-east-1:123456789012:network-connector:*"], "holds a wildcard"),
+    ("arn:aws:lambda:us-east-1:123456789012:network-connector:nc-1", "is not a list of ARNs"),
+    (["nc-1"], "is not a network connector ARN"),
+])
+def test_network_connectors_that_would_widen_are_refused(connectors: Any, message: str) -> None:
+    """A connector ``"*"`` gave PassNetworkConnector on ``*`` to the launcher, caller and
+    reconciler (outside the wildcard allow-list, no error at synth); a bare string became one
+    resource per character (a wall of cfn validation errors)."""
+    app = new_app()
+    stack = new_stack(app)
+    with pytest.raises(ValueError, match=rf"^network_connectors: .*{message}"):
+        SandboxLauncherPolicy(stack, "P", fleet_name="mi-agente", network_connectors=connectors)
+    with pytest.raises(ValueError, match=rf"^build_network_connectors: .*{message}"):
+        ImagePublisherPolicy(stack, "Q", fleet_name="mi-agente", build_network_connectors=connectors)
+
+
+def test_named_connectors_and_none_still_synthesize() -> None:
+    app = new_app()
+    stack = new_stack(app)
+    nc = "arn:aws:lambda:us-east-1:123456789012:network-connector:nc-1"
+    SandboxLauncherPolicy(stack, "P", fleet_name="my_agent", network_connectors=[nc])
+    SandboxLauncherPolicy(stack, "Every", fleet_name=None)
+    resources = {
+        flatten_cfn_reference(r)
+        for _, _, doc in policy_documents(Template.from_stack(stack).to_json())
+        for s in doc["Statement"] for r in as_list(s["Resource"])
+    }
+    assert nc in resources
+    assert "arn:aws:ssm:us-east-1:123456789012:parameter/rayito/agents/my_agent/recipe" in resources
+
+
+# ------------------------------------------------------------------ #12: least privilege of the reconciler
+
+
+def _reconciler_actions(template: dict[str, Any]) -> set[str]:
+    found: set[str] = set()
+    for _, owner, doc in policy_documents(template):
+        if "Rayito reconciler" in owner:
+            for statement in doc["Statement"]:
+                found.update(as_list(statement["Action"]))
+    assert found, "no reconciler role"
+    return found
+
+
+@pytest.fixture(scope="module")
+def plain_fleet_template(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    folder = tmp_path_factory.mktemp("agent") / "my_agent"
+    folder.mkdir()
+    (folder / "rayito-agent.toml").write_text('name = "my_agent"\ntarget = "microvm"\n[scaling]\nmin_vms = 1\nmax_vms = 2\n')
+    app = new_app()
+    stack = new_stack(app, "Plain")
+    AgentFleet(stack, "Fleet", project=AgentProject.load(folder),
+               image_arn="arn:aws:lambda:us-east-1:123456789012:microvm-image:my_agent")
+    return Template.from_stack(stack).to_json()
+
+
+def test_reconciler_never_mints_auth_tokens(plain_fleet_template: dict[str, Any]) -> None:
+    """The reconciler runs, parks, resumes and ends VMs; it never connects to one (no call in
+    lambdas/reconciler). Its role held ``lambda:CreateMicrovmAuthToken`` on the fleet's image:
+    whoever runs as it could open any of the fleet's VMs (the agents' sessions)."""
+    actions = _reconciler_actions(plain_fleet_template)
+    assert "lambda:CreateMicrovmAuthToken" not in actions
+    assert {"lambda:RunMicrovm", "lambda:GetMicrovm", "lambda:SuspendMicrovm", "lambda:ResumeMicrovm",
+            "lambda:TerminateMicrovm", "lambda:ListMicrovms"} <= actions
+
+
+def test_reconciler_opt_out_never_mints_auth_tokens(tmp_path) -> None:
+    folder = tmp_path / "agente"
+    folder.mkdir()
+    (folder / "rayito-agent.toml").write_text('name = "agente"\ntarget = "microvm"\n')
+    app = new_app()
+    stack = new_stack(app, "OptOut")
+    AgentFleet(stack, "Fleet", project=AgentProject.load(folder), scope_microvm_actions_to_image=False,
+               image_arn="arn:aws:lambda:us-east-1:123456789012:microvm-image:agente")
+    assert "lambda:CreateMicrovmAuthToken" not in _reconciler_actions(Template.from_stack(stack).to_json())
+
+
+def test_launcher_still_mints_auth_tokens(plain_fleet_template: dict[str, Any]) -> None:
+    """The launcher connects clients to sandboxes: it keeps the token."""
+    found = {a for name, owner, doc in policy_documents(plain_fleet_template) if "SandboxLauncherPolicy" in owner
+             for s in doc["Statement"] for a in as_list(s["Action"])}
+    assert "lambda:CreateMicrovmAuthToken" in found
+
+
+def test_policies_keep_iam_shape() -> None:
+    """A role that takes a whole policy still synthesizes (sanity for the fixtures above)."""
+    app = new_app()
+    stack = new_stack(app)
+    role = iam.Role(stack, "R", assumed_by=iam.AccountRootPrincipal())
+    AgentFleet.from_fleet_name(stack, "I", "my_agent").grant_launch(role)
+    assert Template.from_stack(stack).to_json()["Resources"]
