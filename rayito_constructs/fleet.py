@@ -270,6 +270,12 @@ class AgentFleet(_FleetGrants):
                 f"target: {project.target!r} has no fleet (option_not_supported); AgentFleet "
                 "deploys to Lambda MicroVMs (target = 'microvm')"
             )
+        for option, value in (("build_image", build_image), ("metadata_index", metadata_index),
+                              ("keep_recipe", keep_recipe), ("reconciler", reconciler),
+                              ("scope_microvm_actions_to_image", scope_microvm_actions_to_image),
+                              ("share_image", share_image), ("terminate_strays", terminate_strays)):
+            if not isinstance(value, bool):  # "false" is truthy: terminate_strays="false" would end VMs
+                raise ValueError(f"{option}: {value!r} is not True or False")
         if image_arn is not None and image is not None:
             raise ValueError("image_arn, image: give at most one of them")
         if base_rollout not in ("on_expiry", "rolling"):

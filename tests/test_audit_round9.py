@@ -134,3 +134,62 @@ def test_policies_keep_iam_shape() -> None:
     role = iam.Role(stack, "R", assumed_by=iam.AccountRootPrincipal())
     AgentFleet.from_fleet_name(stack, "I", "my_agent").grant_launch(role)
     assert Template.from_stack(stack).to_json()["Resources"]
+
+
+# ------------------------------------------------------------------ #13/#15: switches and numbers that meant another thing
+
+IMPORTED_IMAGE = "arn:aws:lambda:us-east-1:123456789012:microvm-image:agente"
+
+
+def _plain_project(tmp_path) -> AgentProject:
+    folder = tmp_path / "agente"
+    folder.mkdir(exist_ok=True)
+    (folder / "rayito-agent.toml").write_text('name = "agente"\ntarget = "microvm"\n[scaling]\nmin_vms = 1\nmax_vms = 2\n')
+    return AgentProject.load(folder)
+
+
+@pytest.mark.parametrize("option", ["terminate_strays", "keep_recipe", "metadata_index", "share_image", "reconciler",
+                                    "build_image", "scope_microvm_actions_to_image"])
+def test_a_switch_given_as_a_string_is_refused(tmp_path, option: str) -> None:
+    """``terminate_strays="false"`` (a value read from a file or the environment) is truthy: it
+    turned on the reconciler's ending of foreign VMs, which #13 makes opt-in; ``keep_recipe="false"``
+    kept the recipe after the fleet was deleted; ``metadata_index="false"`` made a table.
+    ``retain_vms_on_delete``, ``metrics`` and ``saved_queries`` already refused a string."""
+    app = new_app()
+    stack = new_stack(app)
+    with pytest.raises(ValueError, match=rf"^{option}: 'false' is not True or False$"):
+        AgentFleet(stack, "F", project=_plain_project(tmp_path), image_arn=IMPORTED_IMAGE, **{option: "false"})
+
+
+@pytest.mark.parametrize("option, value, message", [
+    ("max_lifetime_seconds", True, "max_lifetime_seconds: True is not a whole number"),
+    ("max_lifetime_seconds", 100.5, "max_lifetime_seconds: 100.5 is not a whole number"),
+    ("reconciler_reserved_concurrency", True, "reserved_concurrency: True is not a whole number"),
+    ("reconciler_reserved_concurrency", 1.5, "reserved_concurrency: 1.5 is not a whole number"),
+    ("control_plane_budgets", {"RunMicrovm": (float("nan"), 5)}, r"control_plane_budgets\['RunMicrovm'\]: \(nan, 5\)"),
+    ("control_plane_budgets", {"RunMicrovm": (-1, 5)}, r"control_plane_budgets\['RunMicrovm'\]: \(-1, 5\)"),
+    ("control_plane_budgets", {"RunMicrovm": (5, 0)}, r"control_plane_budgets\['RunMicrovm'\]: \(5, 0\)"),
+    ("control_plane_budgets", {"RunMicrovm": "5/s"}, r"control_plane_budgets\['RunMicrovm'\]: '5/s'"),
+    ("control_plane_budgets", {"RunMicrovms": (1, 1)}, "control_plane_budgets: 'RunMicrovms' is not one of RunMicrovm"),
+])
+def test_reconciler_numbers_refused_at_synth(tmp_path, option: str, value: Any, message: str) -> None:
+    """``max_lifetime_seconds=True`` gave VMs a 1-second life; a NaN, negative or misspelt budget
+    synthesized and was dropped at run time (``budgets_rejected``), the documented default used
+    instead: the mistake was never told where it was made."""
+    app = new_app()
+    stack = new_stack(app)
+    with pytest.raises(ValueError, match=rf"^{message}"):
+        AgentFleet(stack, "F", project=_plain_project(tmp_path), image_arn=IMPORTED_IMAGE, **{option: value})
+
+
+def test_good_budgets_and_lifetimes_still_synthesize(tmp_path) -> None:
+    app = new_app()
+    stack = new_stack(app)
+    AgentFleet(stack, "F", project=_plain_project(tmp_path), image_arn=IMPORTED_IMAGE, max_lifetime_seconds=3600,
+               control_plane_budgets={"RunMicrovm": (2.5, 3), "ListMicrovms": [1, 1]}, reconciler_reserved_concurrency=None)
+    template = Template.from_stack(stack).to_json()
+    (function,) = [r for r in template["Resources"].values() if r["Type"] == "AWS::Lambda::Function"
+                   and "BUDGETS" in r["Properties"].get("Environment", {}).get("Variables", {})]
+    env = function["Properties"]["Environment"]["Variables"]
+    assert env["MAX_LIFETIME_SECONDS"] == "3600"
+    assert env["BUDGETS"] == '{"ListMicrovms":[1,1],"RunMicrovm":[2.5,3]}'
