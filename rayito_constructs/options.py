@@ -502,6 +502,24 @@ class EgressOptions(_Options):
     def _budgets(cls, value: object) -> object:
         return tuple(value) if isinstance(value, list) else value
 
+    @field_validator("budgets")
+    @classmethod
+    def _one_envelope_per_target(cls, value: tuple[EgressBudgetOptions, ...]) -> tuple[EgressBudgetOptions, ...]:
+        """One envelope per target (essay 002): two entries whose targets are one target once
+        normalized (``https://API.example.com`` and ``https://api.example.com:443/``, ``straße.de``
+        and ``xn--strae-oqa.de``) would each write their envelope over the other's."""
+        first: dict[str, int] = {}
+        clashes = []
+        for index, budget in enumerate(value):
+            if budget.target in first:
+                clashes.append(f"budgets[{first[budget.target]}] and budgets[{index}] both declare "
+                               f"{budget.target!r}: one envelope per target, keep one of them")
+            else:
+                first[budget.target] = index
+        if clashes:
+            raise value_error("; ".join(clashes))
+        return value
+
 
 class GatewayOptions(_Options):
     """One model or tool gateway the fleet opens for each VM (a ``[[gateways]]`` entry)."""

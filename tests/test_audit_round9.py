@@ -193,3 +193,65 @@ def test_good_budgets_and_lifetimes_still_synthesize(tmp_path) -> None:
     env = function["Properties"]["Environment"]["Variables"]
     assert env["MAX_LIFETIME_SECONDS"] == "3600"
     assert env["BUDGETS"] == '{"ListMicrovms":[1,1],"RunMicrovm":[2.5,3]}'
+
+
+# ------------------------------------------------------------------ #14: one envelope per target
+
+
+@pytest.mark.parametrize("first, second", [
+    ("https://api.example.com", "https://api.example.com"),
+    ("https://API.example.com", "https://api.example.com:443/"),
+    ("https://straße.de", "https://xn--strae-oqa.de"),
+    ("http://127.0.0.1", "http://2130706433"),
+    ("https://api.example.com/v1/search", "https://api.example.com/v1/./x/../search/"),
+    ("https://api.example.com/v1?Model", "https://api.example.com/v1?model"),
+])
+def test_one_target_declared_twice_is_refused(agent_folder, first: str, second: str) -> None:
+    """Two ``[[egress.budgets]]`` whose targets are one target once normalized (or spelled alike)
+    loaded and synthesized: two envelopes with different rates for one target, each declaration
+    written over the other's (the essay: one envelope per target)."""
+    from rayito_constructs import ProjectError
+
+    folder = agent_folder(f'''
+        name = "agente"
+        target = "microvm"
+        [[egress.budgets]]
+        target = "{first}"
+        rate = "10/s"
+        burst = 5
+        [[egress.budgets]]
+        target = "{second}"
+        rate = "1/s"
+        burst = 1
+    ''')
+    with pytest.raises(ProjectError, match=r"budgets\[0\] and budgets\[1\] both declare .*one envelope per target"):
+        AgentProject.load(folder)
+
+
+def test_egress_budget_construct_refuses_a_target_twice() -> None:
+    from rayito_constructs import EgressBudget
+    from rayito_constructs.options import EgressBudgetOptions
+
+    app = new_app()
+    stack = new_stack(app)
+    twice = [EgressBudgetOptions(target="https://API.example.com", rate="1/s"),
+             EgressBudgetOptions(target="https://api.example.com:443", rate="9/s")]
+    with pytest.raises(ValueError, match=r"^envelopes: 'https://api.example.com' is declared twice"):
+        EgressBudget(stack, "Budget", fleet_name="agente", envelopes=twice, metrics=True)
+
+
+def test_distinct_targets_still_load(agent_folder) -> None:
+    folder = agent_folder('''
+        name = "agente"
+        target = "microvm"
+        [[egress.budgets]]
+        target = "https://api.example.com"
+        rate = "10/s"
+        [[egress.budgets]]
+        target = "https://api.example.com/v1/search?region"
+        rate = "1/s"
+        [[egress.budgets]]
+        target = "https://api.example.com/v1/search"
+        rate = "2/s"
+    ''')
+    assert len(AgentProject.load(folder).egress.budgets) == 3
