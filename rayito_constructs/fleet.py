@@ -25,7 +25,7 @@ from aws_cdk import aws_cloudwatch as cloudwatch
 from aws_cdk import aws_logs as logs
 from constructs import Construct
 
-from .agent_image import DEFAULT_LOG_RETENTION, AgentImage
+from .agent_image import DEFAULT_LOG_RETENTION, AgentImage, _usable_log_key
 from .dashboard import FleetDashboard
 from .egress_budget import EgressBudget
 from .execution_role import LOG_GROUP_PREFIX, MicrovmExecutionRole
@@ -354,6 +354,8 @@ class AgentFleet(_FleetGrants):
             self.microvm_log_group = logs.LogGroup(
                 self, "MicrovmLogs", log_group_name=f"{LOG_GROUP_PREFIX}{image_name}",
                 retention=microvm_log_retention, removal_policy=cdk.RemovalPolicy.DESTROY,
+                # The agents' output (conversations): the customer key, as AgentImage's group has.
+                encryption_key=_usable_log_key(self, recipe_key, f"{LOG_GROUP_PREFIX}{image_name}"),
             )
         self.execution_role: iam.IRole = execution_role or MicrovmExecutionRole(
             self, "ExecutionRole", image_name=image_name,

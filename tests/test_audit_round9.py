@@ -255,3 +255,29 @@ def test_distinct_targets_still_load(agent_folder) -> None:
         rate = "2/s"
     ''')
     assert len(AgentProject.load(folder).egress.budgets) == 3
+
+
+# ------------------------------------------------------------------ #12: the customer key on the VMs' log group
+
+
+def test_customer_key_reaches_the_log_group_of_an_imported_image(tmp_path) -> None:
+    """``own_microvm_log_group=True`` with a published image (``image_arn``) made
+    ``/aws/lambda-microvms/<name>`` without the customer key, though the fleet's image path
+    (AgentImage) encrypts it and ``recipe_key`` promises the VMs' log group when the stack owns
+    it: the agents' output (conversations) under the AWS key only."""
+    from aws_cdk import aws_kms as kms
+
+    app = new_app()
+    stack = new_stack(app)
+    key = kms.Key(stack, "Key", enable_key_rotation=True)
+    AgentFleet(stack, "F", project=_plain_project(tmp_path), image_arn=IMPORTED_IMAGE, own_microvm_log_group=True,
+               recipe_key=key, reconciler=False)
+    resources = Template.from_stack(stack).to_json()["Resources"]
+    (group,) = [r for r in resources.values() if r["Type"] == "AWS::Logs::LogGroup"
+                and r["Properties"].get("LogGroupName") == "/aws/lambda-microvms/agente"]
+    (key_id,) = [k for k, r in resources.items() if r["Type"] == "AWS::KMS::Key"]
+    assert group["Properties"].get("KmsKeyId") == {"Fn::GetAtt": [key_id, "Arn"]}
+    statements = resources[key_id]["Properties"]["KeyPolicy"]["Statement"]
+    (logs_statement,) = [s for s in statements if s.get("Principal", {}).get("Service") == "logs.us-east-1.amazonaws.com"]
+    assert logs_statement["Condition"] == {"ArnEquals": {
+        "kms:EncryptionContext:aws:logs:arn": "arn:aws:logs:us-east-1:123456789012:log-group:/aws/lambda-microvms/agente"}}
