@@ -281,3 +281,21 @@ def test_customer_key_reaches_the_log_group_of_an_imported_image(tmp_path) -> No
     (logs_statement,) = [s for s in statements if s.get("Principal", {}).get("Service") == "logs.us-east-1.amazonaws.com"]
     assert logs_statement["Condition"] == {"ArnEquals": {
         "kms:EncryptionContext:aws:logs:arn": "arn:aws:logs:us-east-1:123456789012:log-group:/aws/lambda-microvms/agente"}}
+
+
+# ------------------------------------------------------------------ #16: verify finds a fleet whose name is no stack name
+
+
+@pytest.mark.parametrize("name", ["my_agent", "_", "a_" * 32])
+def test_verify_looks_for_app_stack_of_a_fleet_named_with_an_underscore(name: str) -> None:
+    """``my_agent``'s stack is ``RayitoFleet-my-agent-<hash>`` (app.py): verify tried no stack name
+    at all, only a FleetName output in the region asked, so a fleet deployed in another region got
+    "no stack" with no hint (a hyphenated name gets "it exists in eu-west-1: pass --region ...";
+    the hint asks the other regions for these same candidates). Checked end to end against moto in
+    eu-west-1 during the audit (16 s, not kept here: tests/test_verify_scenarios.py runs that path
+    for a hyphenated name)."""
+    from rayito_constructs.names import stack_name_for
+    from rayito_constructs.verify.deployed import candidates
+
+    assert candidates(name) == [stack_name_for(name)]
+    assert candidates(name)[0].startswith("RayitoFleet-")
