@@ -299,3 +299,49 @@ def test_verify_looks_for_app_stack_of_a_fleet_named_with_an_underscore(name: st
 
     assert candidates(name) == [stack_name_for(name)]
     assert candidates(name)[0].startswith("RayitoFleet-")
+
+
+# ------------------------------------------------------------------ #12: credential-shaped [env] values
+
+# Built from parts so that no string of this file is a credential-shaped literal.
+MORE_CREDENTIALS = {
+    "Server=db;Database=app;User Id=sa;" + "Password=" + "hunter2;": "a connection string with a password",
+    "jdbc:postgresql://db/app?user=admin&" + "password=" + "hunter2": "a connection string with a password",
+    "Driver={ODBC};Uid=u;" + "Pwd=" + "s3cr3t": "a connection string with a password",
+    "DefaultEndpointsProtocol=https;AccountName=x;" + "AccountKey=" + "a" * 86 + "==": "an Azure account or shared access key",
+    "https://acct.blob.core.windows.net/c?sv=2020&" + "sig=" + "A" * 40: "an Azure account or shared access key",
+    "SG." + "a" * 22 + "." + "b" * 43: "a SendGrid API key",
+    "pypi-" + "AgEIcHlwaS5vcmc" + "x" * 40: "a PyPI token",
+    "dop_" + "v1_" + "a" * 64: "a DigitalOcean token",
+    "shpat_" + "a" * 32: "a Shopify token",
+    "ya29." + "a" * 40: "a Google OAuth access token",
+}
+
+
+@pytest.mark.parametrize("value, shape", list(MORE_CREDENTIALS.items()))
+def test_more_credential_shapes_are_refused_naming_the_variable(agent_folder, value: str, shape: str) -> None:
+    """Well-known key formats the first list missed: a SQL Server/ODBC/JDBC connection string
+    with its password (``DATABASE_URL`` as most .NET and Java apps write it), Azure storage keys
+    and SAS signatures, SendGrid, PyPI, DigitalOcean, Shopify, Google OAuth tokens synthesized into
+    the image's environment and the recipe."""
+    import json
+
+    from rayito_constructs import ProjectError
+    from rayito_constructs.envrules import credential_shape
+
+    assert credential_shape(value) == shape
+    folder = agent_folder(f'name = "agente"\ntarget = "microvm"\n[env]\nCONNECTION = {json.dumps(value)}\n')
+    with pytest.raises(ProjectError) as caught:
+        AgentProject.load(folder)
+    (problem,) = caught.value.problems
+    assert problem.message.startswith(f"env.CONNECTION: the value looks like a credential ({shape})")
+    assert value not in str(caught.value)
+
+
+@pytest.mark.parametrize("value", ["password=", "Password=;", "PASSWORD_FILE=/run/secrets/db", "--password-stdin",
+                                   "https://example.com/reset?password_reset=1", "cd $PWD", "SG.", "ya29", "sig=abc",
+                                   "AccountKey", "Password: please enter"])
+def test_ordinary_values_near_those_shapes_pass(value: str) -> None:
+    from rayito_constructs.envrules import credential_shape
+
+    assert credential_shape(value) is None
