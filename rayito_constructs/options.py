@@ -532,6 +532,19 @@ class GatewayOptions(_Options):
     secret_env: tuple[str, ...] = ()
     """Names of secret environment variables the gateway injects upstream (names only)."""
 
+    @field_validator("upstream")
+    @classmethod
+    def _upstream(cls, value: Optional[str]) -> Optional[str]:
+        """The upstream is stored in the recipe: a user and password (or a token) in it would be
+        a credential in plain configuration, as a credential-shaped ``[env]`` value is."""
+        from .envrules import credential_shape
+
+        shape = credential_shape(value) if value else None
+        if shape:
+            raise value_error(f"the upstream looks like a credential ({shape}); the recipe stores it as is: "
+                              "give the gateway the secret with secret_env (--secret-env NAME=<secret>) instead")
+        return value
+
 
 def option_models() -> Iterable[type[_Options]]:
     return (ServeOptions, ScalingOptions, ImageOptions, EgressOptions, EgressBudgetOptions, GatewayOptions)

@@ -345,3 +345,27 @@ def test_ordinary_values_near_those_shapes_pass(value: str) -> None:
     from rayito_constructs.envrules import credential_shape
 
     assert credential_shape(value) is None
+
+
+def test_a_gateway_upstream_with_a_password_is_refused_without_echoing_it(agent_folder) -> None:
+    """``[[gateways]] upstream = "https://admin:<pw>@api..."`` loaded, planned (exit 0) and went
+    into the recipe document (the deployment bucket's asset, the SecureString every launcher
+    reads): a credential in plain configuration, as the ``[env]`` rule refuses."""
+    from rayito_constructs import ProjectError
+
+    secret = "hunter" + "2x"
+    folder = agent_folder(f'''
+        name = "agente"
+        target = "microvm"
+        [[gateways]]
+        name = "model"
+        upstream = "https://admin:{secret}@api.example.com"
+    ''')
+    with pytest.raises(ProjectError) as caught:
+        AgentProject.load(folder)
+    (problem,) = caught.value.problems
+    assert problem.message.startswith("gateways[0].upstream: the upstream looks like a credential (a URL with a user")
+    assert secret not in str(caught.value)
+    plain = agent_folder('name = "agente"\ntarget = "microvm"\n[[gateways]]\nname = "model"\n'
+                         'upstream = "https://bedrock-runtime.us-east-1.amazonaws.com"\n', name="ok")
+    assert AgentProject.load(plain).gateways[0].upstream == "https://bedrock-runtime.us-east-1.amazonaws.com"
