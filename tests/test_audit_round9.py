@@ -369,3 +369,32 @@ def test_a_gateway_upstream_with_a_password_is_refused_without_echoing_it(agent_
     plain = agent_folder('name = "agente"\ntarget = "microvm"\n[[gateways]]\nname = "model"\n'
                          'upstream = "https://bedrock-runtime.us-east-1.amazonaws.com"\n', name="ok")
     assert AgentProject.load(plain).gateways[0].upstream == "https://bedrock-runtime.us-east-1.amazonaws.com"
+
+
+# ------------------------------------------------------------------ #13: a stray counted toward max_vms
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "lambdas/reconciler/core.py step 4 counts foreign VMs toward max_vms (docs/reconciler.md says so), while "
+    "#13's closing note says a stray is 'never adopted nor counted toward max_vms' and the issue lists that "
+    "counting as the problem: one stray makes the fleet end its own parked slot (above_max_vms). core.py is "
+    "the lead's; one of the two must change"))
+def test_a_stray_does_not_cost_the_fleet_its_parked_slot() -> None:
+    """min 1, max 2, warm 1, converged (a base VM running, the parked one suspended). A VM of the
+    image no slot owns (a client's forgotten VM, one a killed deploy left) appears: the step ends
+    the fleet's parked VM as ``above_max_vms``, and with the stray still counted the slot is not
+    refilled, for up to the stray's 8 hours."""
+    from lambdas.reconciler.core import FleetSpec, Observed, Slot, plan
+
+    spec = FleetSpec(fleet="agente", image_arn=IMPORTED_IMAGE, min_vms=1, max_vms=2, warm_vms=1)
+    ledger = {
+        "base-0": Slot("base-0", "base", phase="running", microvm_id="vm-b", vm_started_at=0.0, lifetime=28800,
+                       requested_at=0.0),
+        "warm-0": Slot("warm-0", "warm", phase="parked", microvm_id="vm-w", vm_started_at=0.0, lifetime=28800,
+                       requested_at=0.0),
+    }
+    ours = [Observed("vm-b", "RUNNING", 0.0), Observed("vm-w", "SUSPENDED", 0.0)]
+    assert plan(spec, ledger, ours, 1000.0).intents == []  # converged
+    step = plan(spec, ledger, [*ours, Observed("stray-1", "RUNNING", 500.0)], 1000.0)
+    assert "stray_vm" in [e["event"] for e in step.events]  # reported, as #13 asks
+    assert [(i.kind, i.slot_id) for i in step.intents] == []  # ... and nothing of ours ended for it
