@@ -398,3 +398,26 @@ def test_a_stray_does_not_cost_the_fleet_its_parked_slot() -> None:
     step = plan(spec, ledger, [*ours, Observed("stray-1", "RUNNING", 500.0)], 1000.0)
     assert "stray_vm" in [e["event"] for e in step.events]  # reported, as #13 asks
     assert [(i.kind, i.slot_id) for i in step.intents] == []  # ... and nothing of ours ended for it
+
+
+# ------------------------------------------------------------------ #15: suggestions for a key typed in capitals
+
+
+@pytest.mark.parametrize("typed, meant", [("MAX_VMS", "max_vms"), ("Min_Vms", "min_vms"), ("MAX_VM", "max_vms"),
+                                          ("max_vm", "max_vms")])
+def test_a_context_key_in_capitals_gets_its_suggestion(typed: str, meant: str) -> None:
+    """``-c MAX_VMS=5`` said "unknown context key" with no suggestion (difflib compares case);
+    the issue asks for the nearest key for every mistyped one."""
+    from rayito_constructs.overrides import read_context
+
+    _, _, problems = read_context({typed: "5"})
+    (problem,) = problems
+    assert problem.message == f"-c {typed}: unknown context key; did you mean '{meant}'?"
+
+
+def test_a_key_in_capitals_in_the_file_gets_its_suggestion(agent_folder) -> None:
+    from rayito_constructs import ProjectError
+
+    folder = agent_folder('NAME = "agente"\ntarget = "microvm"\n')
+    with pytest.raises(ProjectError, match=r"did you mean 'name'\?"):
+        AgentProject.load(folder)
