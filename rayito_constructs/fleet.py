@@ -103,6 +103,22 @@ def _check_operations(metrics: object, asked: Mapping[str, object]) -> None:
                              f"(their count and monthly cost: docs/operations.md) or {instead}")
 
 
+def _bound_image(image: AgentImage, boundary: iam.IManagedPolicy) -> None:
+    """Put ``boundary`` on the roles of an image given to a fleet; a different one that another
+    fleet put there is an error (the image's roles can have one boundary)."""
+    stack = cdk.Stack.of(image)
+    current: Optional[iam.IManagedPolicy] = getattr(image, "_rayito_boundary", None)
+    if current is not None:
+        if stack.resolve(current.managed_policy_arn) != stack.resolve(boundary.managed_policy_arn):
+            raise ValueError(
+                f"permissions_boundary: the image {image.node.path} already has the boundary "
+                f"{stack.resolve(current.managed_policy_arn)!r} from another fleet; the fleets that run one "
+                "image must give the same boundary")
+        return
+    image._rayito_boundary = boundary
+    iam.PermissionsBoundary.of(image).apply(boundary)
+
+
 class _FleetGrants(Construct):
     """The ``grant_*`` methods, shared by owned and imported fleets."""
 
@@ -341,6 +357,10 @@ class AgentFleet(_FleetGrants):
                 "alarms and graphs get no data (docs/operations.md)")
         self.image: Optional[AgentImage] = image
         """The image the fleet builds or was given, when there is one."""
+        if permissions_boundary is not None and image is not None and self not in image.node.scopes:
+            # An image made outside the fleet (AgentImage(stack, ...), then image=): its build and
+            # pruner roles are the library's too, and the aspect below the fleet does not reach them.
+            _bound_image(image, permissions_boundary)
         if image is not None:
             image_arn = image.image_arn
             build_role = build_role or image.build_role
