@@ -303,6 +303,14 @@ class AgentFleet(_FleetGrants):
         image_name = image.image_name if image is not None else _image_name(image_arn, project.name)
         _check_operations(metrics, {"reconciler_alarms": reconciler_alarms, "recipe_alarm": recipe_alarm,
                                     "egress_alarms": egress_alarms, "dashboard": dashboard})
+        # An alarm asked for by name that nothing could send data to is a mistake, as one on
+        # metrics that are off is: say so rather than make none.
+        if reconciler_alarms is True and not reconciler:
+            raise ValueError("reconciler_alarms=True: reconciler is False, so there is no reconciler to watch; "
+                             "leave reconciler_alarms unset or turn the reconciler on")
+        if egress_alarms is True and not project.egress.budgets:
+            raise ValueError("egress_alarms=True: the project declares no [[egress.budgets]], so there is no "
+                             "envelope to watch; leave egress_alarms unset or declare a budget")
         if not isinstance(saved_queries, bool):  # "false" would be truthy
             raise ValueError(f"saved_queries: {saved_queries!r} is not True or False")
         retention_days(log_retention)  # a logs.RetentionDays, or a one-line error

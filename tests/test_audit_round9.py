@@ -446,3 +446,20 @@ def test_permissions_boundary_reaches_an_image_given_to_the_fleet(agent_folder) 
     with pytest.raises(ValueError, match=r"^permissions_boundary: the image .* already has the boundary"):
         AgentFleet(stack, "Second", project=AgentProject.load(folder, name="segunda"), image=image,
                    permissions_boundary=other, share_image=True)
+
+
+# ------------------------------------------------------------------ #15: an alarm asked for that nothing would feed
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"reconciler": False, "reconciler_alarms": True}, "reconciler_alarms=True: reconciler is False"),
+    ({"egress_alarms": True}, r"egress_alarms=True: the project declares no \[\[egress.budgets\]\]"),
+])
+def test_an_alarm_asked_for_with_nothing_to_watch_is_refused(tmp_path, options: dict, message: str) -> None:
+    """``reconciler_alarms=True`` with ``reconciler=False``, or ``egress_alarms=True`` for a
+    project without ``[[egress.budgets]]``, synthesized without those alarms and without a word:
+    a team that asked for them believed they were watched."""
+    app = new_app()
+    stack = new_stack(app)
+    with pytest.raises(ValueError, match=rf"^{message}"):
+        AgentFleet(stack, "F", project=_plain_project(tmp_path), image_arn=IMPORTED_IMAGE, metrics=True, **options)
