@@ -262,6 +262,7 @@ def fleet_access(
     statements silently, so they are refused here with one line (audit round 9).
     """
     _check_access_inputs(fleet_name, network_connectors, build_network_connectors, code_object_arns)
+    _check_image_arn(image_arn)
     stack = cdk.Stack.of(scope)
     image = image_arn or image_arn_for(stack, fleet_name)
     return FleetAccess(
@@ -313,6 +314,21 @@ def _check_access_inputs(
                 raise ValueError(
                     f"{option}: {arn!r} is not a network connector ARN "
                     "(arn:<partition>:lambda:<region>:<account>:network-connector:<name>)")
+
+
+_IMAGE_ARN = re.compile(r"arn:[a-z-]+:lambda:[a-z0-9-]+:[0-9]{12}:microvm-image:(?:[A-Za-z0-9_-]{1,64}|\*)")
+
+
+def _check_image_arn(image_arn: Optional[str]) -> None:
+    """The unversioned ARN of one image (``microvm-image:<name>``), or ``microvm-image:*`` for
+    every image: RunMicrovm is authorized on the unversioned ARN (measured, GT section 1), so a
+    version (``:3``) would be denied, and a name pattern (``x*``) is the prefix #12 removed."""
+    if image_arn is None or (isinstance(image_arn, str) and cdk.Token.is_unresolved(image_arn)):
+        return
+    if not isinstance(image_arn, str) or not _IMAGE_ARN.fullmatch(image_arn):
+        raise ValueError(
+            f"image_arn: {image_arn!r} is not an unversioned MicroVM image ARN "
+            "(arn:<partition>:lambda:<region>:<account>:microvm-image:<name>, or microvm-image:* for every image)")
 
 
 def pass_role(sid: str, role_arn: str) -> Statement:

@@ -21,8 +21,10 @@ from .iam_invariants import as_list, policy_documents
 # ------------------------------------------------------------------ #12: names and ARNs that widen
 
 
-@pytest.mark.parametrize("name", ["", "a*", "a?b", "ok:1", "x/../y", "名前", " mi-agente"])
-@pytest.mark.parametrize("policy", [CallerPolicy, SandboxLauncherPolicy, ImagePublisherPolicy])
+@pytest.mark.parametrize("policy, name", [
+    *[(SandboxLauncherPolicy, n) for n in ("", "a*", "a?b", "ok:1", "x/../y", "名前", " mi-agente")],
+    *[(p, n) for p in (CallerPolicy, ImagePublisherPolicy) for n in ("", "a*")],
+])
 def test_policy_fleet_name_that_would_widen_is_refused(policy: Any, name: str) -> None:
     """``fleet_name=""`` used to give every fleet's recipe and every image (``microvm-image:*``,
     ``parameter/rayito/agents/*``), ``"a*"`` every image whose name starts with ``a``: the
@@ -463,3 +465,38 @@ def test_an_alarm_asked_for_with_nothing_to_watch_is_refused(tmp_path, options: 
     stack = new_stack(app)
     with pytest.raises(ValueError, match=rf"^{message}"):
         AgentFleet(stack, "F", project=_plain_project(tmp_path), image_arn=IMPORTED_IMAGE, metrics=True, **options)
+
+
+# ------------------------------------------------------------------ #12: an image ARN that is a prefix or a version
+
+
+PREFIX_IMAGE = "arn:aws:lambda:us-east-1:123456789012:microvm-image:agente*"  # every image whose name starts so
+
+
+@pytest.mark.parametrize("policy, arn", [
+    *[(SandboxLauncherPolicy, a) for a in (
+        PREFIX_IMAGE,
+        "arn:aws:lambda:us-east-1:123456789012:microvm-image:agente:3",  # RunMicrovm is denied on a version
+        "*", "not-an-arn", "arn:aws:s3:::bucket")],
+    (CallerPolicy, PREFIX_IMAGE), (ImagePublisherPolicy, PREFIX_IMAGE),
+])
+def test_policy_image_arn_must_be_one_unversioned_image(policy: Any, arn: str) -> None:
+    """The policies' own ``image_arn`` was taken as is: ``microvm-image:agente*`` synthesized
+    RunMicrovm and the lifecycle on a name prefix (the prefix #12 removed from the trust), a
+    versioned ARN put RunMicrovm on ``:3`` (measured: authorized on the unversioned ARN only, so
+    denied), ``*`` gave a wall of validation errors."""
+    app = new_app()
+    stack = new_stack(app)
+    with pytest.raises(ValueError, match=r"^image_arn: .* is not an unversioned MicroVM image ARN"):
+        policy(stack, "P", fleet_name="agente", image_arn=arn)
+
+
+def test_policy_image_arn_of_one_image_or_every_image_synthesizes() -> None:
+    app = new_app()
+    stack = new_stack(app)
+    SandboxLauncherPolicy(stack, "One", fleet_name="agente", image_arn=IMPORTED_IMAGE)
+    SandboxLauncherPolicy(stack, "Every", fleet_name=None,
+                          image_arn="arn:aws:lambda:us-east-1:123456789012:microvm-image:*")
+    resources = {flatten_cfn_reference(r) for _, _, doc in policy_documents(Template.from_stack(stack).to_json())
+                 for s in doc["Statement"] if s.get("Sid") == "RunMicrovm" for r in as_list(s["Resource"])}
+    assert resources == {IMPORTED_IMAGE, "arn:aws:lambda:us-east-1:123456789012:microvm-image:*"}
