@@ -500,3 +500,17 @@ def test_policy_image_arn_of_one_image_or_every_image_synthesizes() -> None:
     resources = {flatten_cfn_reference(r) for _, _, doc in policy_documents(Template.from_stack(stack).to_json())
                  for s in doc["Statement"] if s.get("Sid") == "RunMicrovm" for r in as_list(s["Resource"])}
     assert resources == {IMPORTED_IMAGE, "arn:aws:lambda:us-east-1:123456789012:microvm-image:*"}
+
+
+@pytest.mark.parametrize("kwargs", [{"image_name": "agente*"}, {"image_name": ""}, {"image_name": "agente:3"},
+                                    {"image_arn": PREFIX_IMAGE}])
+def test_execution_role_trust_is_never_a_prefix(kwargs: dict) -> None:
+    """``MicrovmExecutionRole(image_name="agente*")`` synthesized the trust
+    ``ArnLike aws:SourceArn microvm-image:agente*`` (and ``""`` every image): the name prefix
+    #12 replaced with exact conditions, back through the public construct's own parameter."""
+    from rayito_constructs import MicrovmExecutionRole
+
+    app = new_app()
+    stack = new_stack(app)
+    with pytest.raises(ValueError, match=r"^image_(name|arn): "):
+        MicrovmExecutionRole(stack, "Role", **kwargs)
