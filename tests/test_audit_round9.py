@@ -514,3 +514,17 @@ def test_execution_role_trust_is_never_a_prefix(kwargs: dict) -> None:
     stack = new_stack(app)
     with pytest.raises(ValueError, match=r"^image_(name|arn): "):
         MicrovmExecutionRole(stack, "Role", **kwargs)
+
+
+def test_pruner_and_recipe_parameter_refuse_a_name_pattern() -> None:
+    """``ImagePruner(image_name="agente*")`` gave a role that may delete the versions of every
+    image whose name starts with ``agente``; ``RecipeParameter(fleet_name="agente*")`` a writer
+    that may write every such fleet's recipe. Both are public constructs."""
+    from rayito_constructs import ImagePruner, RecipeParameter
+
+    app = new_app()
+    stack = new_stack(app)
+    with pytest.raises(ValueError, match=r"^image_name: 'agente\*' is not a MicroVM image name"):
+        ImagePruner(stack, "Pruner", image_name="agente*", digest="0" * 64)
+    with pytest.raises(ValueError, match=r"^fleet_name: 'agente\*' must be 1 to 64"):
+        RecipeParameter(stack, "Recipe", fleet_name="agente*", recipe={"name": "agente*", "image": {}})
