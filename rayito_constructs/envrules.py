@@ -93,7 +93,9 @@ CREDENTIAL_SHAPES: tuple[tuple[str, re.Pattern[str]], ...] = (
     # Audit round 9: connection strings (ADO.NET/ODBC/JDBC, query strings) carry the password as a
     # key=value pair, Azure's its account key; more vendors' published prefixes.
     ("a connection string with a password",
-     re.compile(r"(?:^|[;?&\s])(?:password|passwd|pwd)\s*=\s*(?!\s*(?:[;&]|$))[^;&\s]", re.I)),
+     # not a placeholder (${DB_PASSWORD}, %(pw)s, <secret>, ***) nor a switch (password=true)
+     re.compile(r"(?:^|[;?&\s])(?:password|passwd|pwd)\s*=\s*(?!\s*(?:[;&]|$))"
+                r"(?!(?:true|false|yes|no|on|off|none|null|required|optional)\s*(?:[;&]|$)|[$%{<*])[^;&\s]", re.I)),
     ("an Azure account or shared access key",
      re.compile(r"(?:AccountKey|SharedAccessKey)\s*=\s*[A-Za-z0-9+/]{20,}={0,2}|[?&]sig=[A-Za-z0-9%+/]{20,}", re.I)),
     ("a SendGrid API key", re.compile(r"\bSG\.[A-Za-z0-9_\-]{16,}\.[A-Za-z0-9_\-]{16,}")),

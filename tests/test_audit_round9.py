@@ -342,7 +342,8 @@ def test_more_credential_shapes_are_refused_naming_the_variable(agent_folder, va
 
 @pytest.mark.parametrize("value", ["password=", "Password=;", "PASSWORD_FILE=/run/secrets/db", "--password-stdin",
                                    "https://example.com/reset?password_reset=1", "cd $PWD", "SG.", "ya29", "sig=abc",
-                                   "AccountKey", "Password: please enter"])
+                                   "AccountKey", "Password: please enter", "password=true", "Password=${DB_PASSWORD}",
+                                   "pwd=%(pw)s", "password=<secret>", "password=required;otp=false"])
 def test_ordinary_values_near_those_shapes_pass(value: str) -> None:
     from rayito_constructs.envrules import credential_shape
 
