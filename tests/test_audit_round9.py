@@ -529,3 +529,58 @@ def test_pruner_and_recipe_parameter_refuse_a_name_pattern() -> None:
         ImagePruner(stack, "Pruner", image_name="agente*", digest="0" * 64)
     with pytest.raises(ValueError, match=r"^fleet_name: 'agente\*' must be 1 to 64"):
         RecipeParameter(stack, "Recipe", fleet_name="agente*", recipe={"name": "agente*", "image": {}})
+
+
+# ------------------------------------------------------------------ #13: a fleet renamed in place, the writer's cleanup
+
+
+def test_the_cleanup_delete_of_a_renamed_fleets_recipe_never_fails(monkeypatch) -> None:
+    """A fleet renamed in place (``name = "a"`` → ``"b"``, same construct ids): the update writes
+    ``/rayito/agents/b/recipe`` and answers a new physical id, so CloudFormation's cleanup sends a
+    Delete of the old physical id with the old properties (ParameterName ``a``). The writer (its
+    environment already maps the logical id to ``b``) refused it as a hostile event and answered
+    FAILED: a DELETE_FAILED in the stack's events on every rename, where handle()'s own comment
+    says a renamed fleet's old parameter is to be left alone (skipped)."""
+    import json as _json
+
+    from lambdas.recipe_writer import index as writer
+
+    stack_id = "arn:aws:cloudformation:us-east-1:123456789012:stack/S/0d5c5a40-0000-11f0-9000-0a1b2c3d4e5f"
+    function = "arn:aws:lambda:us-east-1:123456789012:function:S-RayitoRecipeWriter"
+    monkeypatch.setenv("STACK_ID", stack_id)
+    monkeypatch.setenv("AWS_REGION", "us-east-1")
+    monkeypatch.setenv("RECIPE_RESOURCES", _json.dumps({"FleetRecipe0A1B2C3D": "b"}))
+    answers: list[tuple[str, str, dict]] = []
+    monkeypatch.setattr(writer, "_respond", lambda event, status, physical, data, reason: answers.append(
+        (status, physical, dict(data))))
+
+    class Context:
+        invoked_function_arn = function
+
+        @staticmethod
+        def get_remaining_time_in_millis() -> int:
+            return 140_000
+
+    old = {"ServiceToken": function, "ParameterName": "/rayito/agents/a/recipe", "DocumentBucket": "b",
+           "DocumentKey": "k.json", "DocumentSha256": "0" * 64, "KeepOnDelete": "false", "FailureMode": "warn"}
+    event = {"RequestType": "Delete", "ResourceType": writer.RESOURCE_TYPE, "StackId": stack_id,
+             "RequestId": "r-1", "LogicalResourceId": "FleetRecipe0A1B2C3D", "ServiceToken": function,
+             "ResponseURL": "https://cloudformation-custom-resource-response-useast1.s3.amazonaws.com/x?sig=1",
+             "PhysicalResourceId": "/rayito/agents/a/recipe", "ResourceProperties": old}
+    touched: list[str] = []
+
+    class Nothing:  # the cleanup must not call the stores: the writer may no longer touch a's recipe
+        def __getattr__(self, name: str) -> Any:
+            touched.append(name)
+            raise AssertionError(f"called {name}")
+
+    writer.handler(event, Context(), clients_factory=lambda: Nothing())
+    (answer,) = answers
+    assert answer[0] == "SUCCESS" and answer[1] == "/rayito/agents/a/recipe"
+    assert answer[2]["Outcome"] == "skipped" and "a/recipe" in answer[2]["Reason"]
+    # Still refused: the same event for a logical id the writer does not serve, or another stack.
+    for change in ({"LogicalResourceId": "Other"}, {"StackId": stack_id.replace("/S/", "/T/")},
+                   {"PhysicalResourceId": "/rayito/agents/c/recipe"}):
+        answers.clear()
+        writer.handler({**event, **change}, Context(), clients_factory=lambda: Nothing())
+        assert answers[0][0] == "FAILED", change
