@@ -584,3 +584,50 @@ def test_the_cleanup_delete_of_a_renamed_fleets_recipe_never_fails(monkeypatch) 
         answers.clear()
         writer.handler({**event, **change}, Context(), clients_factory=lambda: Nothing())
         assert answers[0][0] == "FAILED", change
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "the recipe writer is one per stack: when one fleet of several is removed from a stack, the update phase "
+    "first drops its logical id from the writer's RECIPE_RESOURCES and its parameter from the writer's role, "
+    "so the cleanup's Delete is refused (FAILED, DELETE_FAILED in the events) and /rayito/agents/<removed>/recipe "
+    "is left for launchers to read; the teardown avoids this with a function per fleet. Architectural: not fixed "
+    "in this round"))
+def test_removing_one_fleet_of_a_stack_deletes_its_recipe(monkeypatch) -> None:
+    import json as _json
+
+    from lambdas.recipe_writer import index as writer
+
+    stack_id = "arn:aws:cloudformation:us-east-1:123456789012:stack/S/0d5c5a40-0000-11f0-9000-0a1b2c3d4e5f"
+    function = "arn:aws:lambda:us-east-1:123456789012:function:S-RayitoRecipeWriter"
+    monkeypatch.setenv("STACK_ID", stack_id)
+    monkeypatch.setenv("AWS_REGION", "us-east-1")
+    # After the update: fleet b was removed from the stack, a stays.
+    monkeypatch.setenv("RECIPE_RESOURCES", _json.dumps({"ARecipe0A1B2C3D": "a"}))
+    answers: list[str] = []
+    monkeypatch.setattr(writer, "_respond", lambda event, status, physical, data, reason: answers.append(status))
+    deleted: list[str] = []
+
+    class Ssm:
+        @staticmethod
+        def delete_parameter(Name: str) -> dict:  # noqa: N803 - boto3's keyword
+            deleted.append(Name)
+            return {}
+
+    class Clients:
+        ssm = Ssm()
+        s3 = None
+
+    class Context:
+        invoked_function_arn = function
+
+        @staticmethod
+        def get_remaining_time_in_millis() -> int:
+            return 140_000
+
+    props = {"ServiceToken": function, "ParameterName": "/rayito/agents/b/recipe", "KeepOnDelete": "false"}
+    writer.handler({"RequestType": "Delete", "ResourceType": writer.RESOURCE_TYPE, "StackId": stack_id,
+                    "RequestId": "r-2", "LogicalResourceId": "BRecipe0A1B2C3D", "ServiceToken": function,
+                    "ResponseURL": "https://cloudformation-custom-resource-response-useast1.s3.amazonaws.com/x?sig=1",
+                    "PhysicalResourceId": "/rayito/agents/b/recipe", "ResourceProperties": props},
+                   Context(), clients_factory=lambda: Clients())
+    assert answers == ["SUCCESS"] and deleted == ["/rayito/agents/b/recipe"]
