@@ -51,6 +51,11 @@ class EgressBudget(Construct):
         alarms: Optional[bool] = None,
         metrics: Optional[bool] = None,
     ) -> None:
+        seen: set[str] = set()
+        for envelope in envelopes:  # one envelope per target (EgressOptions checks the project's)
+            if envelope.target in seen:
+                raise ValueError(f"envelopes: {envelope.target!r} is declared twice: one envelope per target")
+            seen.add(envelope.target)
         super().__init__(scope, id)
         self.metrics = Operations.of(self).metrics if metrics is None else metrics
         """Whether the agents send the egress metrics."""

@@ -90,6 +90,19 @@ CREDENTIAL_SHAPES: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("an npm token", re.compile(r"\bnpm_[A-Za-z0-9]{36}")),
     ("a JSON Web Token", re.compile(r"\beyJ[A-Za-z0-9_\-]{8,}\.eyJ[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]+")),
     ("an Authorization header value", re.compile(r"^\s*(?:Bearer|Basic|Token)\s+[A-Za-z0-9._~+/=\-]{16,}\s*$", re.I)),
+    # Audit round 9: connection strings (ADO.NET/ODBC/JDBC, query strings) carry the password as a
+    # key=value pair, Azure's its account key; more vendors' published prefixes.
+    ("a connection string with a password",
+     # not a placeholder (${DB_PASSWORD}, %(pw)s, <secret>, ***) nor a switch (password=true)
+     re.compile(r"(?:^|[;?&\s])(?:password|passwd|pwd)\s*=\s*(?!\s*(?:[;&]|$))"
+                r"(?!(?:true|false|yes|no|on|off|none|null|required|optional)\s*(?:[;&]|$)|[$%{<*])[^;&\s]", re.I)),
+    ("an Azure account or shared access key",
+     re.compile(r"(?:AccountKey|SharedAccessKey)\s*=\s*[A-Za-z0-9+/]{20,}={0,2}|[?&]sig=[A-Za-z0-9%+/]{20,}", re.I)),
+    ("a SendGrid API key", re.compile(r"\bSG\.[A-Za-z0-9_\-]{16,}\.[A-Za-z0-9_\-]{16,}")),
+    ("a PyPI token", re.compile(r"\bpypi-AgE[A-Za-z0-9_\-]{20,}")),
+    ("a DigitalOcean token", re.compile(r"\bdo[por]_v1_[a-f0-9]{64}\b")),
+    ("a Shopify token", re.compile(r"\bshp(?:at|ca|pa|ss)_[a-fA-F0-9]{32}\b")),
+    ("a Google OAuth access token", re.compile(r"\bya29\.[A-Za-z0-9_\-]{20,}")),
 )
 
 

@@ -45,7 +45,12 @@ class ProjectError(ValueError):
 
 def did_you_mean(word: str, choices: Iterable[str]) -> str:
     """``"; did you mean 'max_vms'?"`` for the nearest known key, or ``""`` when none is close."""
-    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    known = list(choices)
+    # Case first (-c MAX_VMS=5, Max_VMs in the file): keys are lower case, a shout is no typo.
+    by_case = {k.casefold(): k for k in known}
+    if word.casefold() in by_case:
+        return f"; did you mean '{by_case[word.casefold()]}'?"
+    close = difflib.get_close_matches(word.casefold(), known, n=1, cutoff=0.6)
     return f"; did you mean '{close[0]}'?" if close else ""
 
 

@@ -18,7 +18,8 @@ from aws_cdk import aws_iam as iam
 from constructs import Construct
 
 from ._nag import acknowledge_statements
-from .permissions import LAMBDA_SERVICE, Statement, image_arn_for, source_arn_condition
+from .names import fleet_name_problem
+from .permissions import LAMBDA_SERVICE, Statement, _check_image_arn, image_arn_for, source_arn_condition
 
 LOG_GROUP_PREFIX = "/aws/lambda-microvms/"
 
@@ -64,6 +65,12 @@ class MicrovmExecutionRole(iam.Role):
         description: Optional[str] = None,
     ) -> None:
         stack = cdk.Stack.of(scope)
+        # A name pattern ("agente*") or "" would make the trust a prefix or every image: refused.
+        if image_name is not None and not cdk.Token.is_unresolved(image_name):
+            if fleet_name_problem(image_name):
+                raise ValueError(f"image_name: {image_name!r} is not a MicroVM image name (1 to 64 letters, digits, "
+                                 "'-' or '_'): the trust names microvm-image:<name> exactly; None trusts every image")
+        _check_image_arn(image_arn)
         if image_arn is not None and image_name is None:
             image_name = image_name_of(image_arn)
         source_arn = image_arn or image_arn_for(stack, image_name)

@@ -25,7 +25,7 @@ from aws_cdk import aws_cloudwatch as cloudwatch
 from aws_cdk import aws_logs as logs
 from constructs import Construct
 
-from .agent_image import DEFAULT_LOG_RETENTION, AgentImage
+from .agent_image import DEFAULT_LOG_RETENTION, AgentImage, _usable_log_key
 from .dashboard import FleetDashboard
 from .egress_budget import EgressBudget
 from .execution_role import LOG_GROUP_PREFIX, MicrovmExecutionRole
@@ -101,6 +101,22 @@ def _check_operations(metrics: object, asked: Mapping[str, object]) -> None:
             what, instead = _NEEDS_METRICS[option]
             raise ValueError(f"{option}=True: {what}, and metrics is False (the default); pass metrics=True "
                              f"(their count and monthly cost: docs/operations.md) or {instead}")
+
+
+def _bound_image(image: AgentImage, boundary: iam.IManagedPolicy) -> None:
+    """Put ``boundary`` on the roles of an image given to a fleet; a different one that another
+    fleet put there is an error (the image's roles can have one boundary)."""
+    stack = cdk.Stack.of(image)
+    current: Optional[iam.IManagedPolicy] = getattr(image, "_rayito_boundary", None)
+    if current is not None:
+        if stack.resolve(current.managed_policy_arn) != stack.resolve(boundary.managed_policy_arn):
+            raise ValueError(
+                f"permissions_boundary: the image {image.node.path} already has the boundary "
+                f"{stack.resolve(current.managed_policy_arn)!r} from another fleet; the fleets that run one "
+                "image must give the same boundary")
+        return
+    image._rayito_boundary = boundary
+    iam.PermissionsBoundary.of(image).apply(boundary)
 
 
 class _FleetGrants(Construct):
@@ -270,6 +286,12 @@ class AgentFleet(_FleetGrants):
                 f"target: {project.target!r} has no fleet (option_not_supported); AgentFleet "
                 "deploys to Lambda MicroVMs (target = 'microvm')"
             )
+        for option, value in (("build_image", build_image), ("metadata_index", metadata_index),
+                              ("keep_recipe", keep_recipe), ("reconciler", reconciler),
+                              ("scope_microvm_actions_to_image", scope_microvm_actions_to_image),
+                              ("share_image", share_image), ("terminate_strays", terminate_strays)):
+            if not isinstance(value, bool):  # "false" is truthy: terminate_strays="false" would end VMs
+                raise ValueError(f"{option}: {value!r} is not True or False")
         if image_arn is not None and image is not None:
             raise ValueError("image_arn, image: give at most one of them")
         if base_rollout not in ("on_expiry", "rolling"):
@@ -281,6 +303,14 @@ class AgentFleet(_FleetGrants):
         image_name = image.image_name if image is not None else _image_name(image_arn, project.name)
         _check_operations(metrics, {"reconciler_alarms": reconciler_alarms, "recipe_alarm": recipe_alarm,
                                     "egress_alarms": egress_alarms, "dashboard": dashboard})
+        # An alarm asked for by name that nothing could send data to is a mistake, as one on
+        # metrics that are off is: say so rather than make none.
+        if reconciler_alarms is True and not reconciler:
+            raise ValueError("reconciler_alarms=True: reconciler is False, so there is no reconciler to watch; "
+                             "leave reconciler_alarms unset or turn the reconciler on")
+        if egress_alarms is True and not project.egress.budgets:
+            raise ValueError("egress_alarms=True: the project declares no [[egress.budgets]], so there is no "
+                             "envelope to watch; leave egress_alarms unset or declare a budget")
         if not isinstance(saved_queries, bool):  # "false" would be truthy
             raise ValueError(f"saved_queries: {saved_queries!r} is not True or False")
         retention_days(log_retention)  # a logs.RetentionDays, or a one-line error
@@ -335,6 +365,10 @@ class AgentFleet(_FleetGrants):
                 "alarms and graphs get no data (docs/operations.md)")
         self.image: Optional[AgentImage] = image
         """The image the fleet builds or was given, when there is one."""
+        if permissions_boundary is not None and image is not None and self not in image.node.scopes:
+            # An image made outside the fleet (AgentImage(stack, ...), then image=): its build and
+            # pruner roles are the library's too, and the aspect below the fleet does not reach them.
+            _bound_image(image, permissions_boundary)
         if image is not None:
             image_arn = image.image_arn
             build_role = build_role or image.build_role
@@ -348,6 +382,8 @@ class AgentFleet(_FleetGrants):
             self.microvm_log_group = logs.LogGroup(
                 self, "MicrovmLogs", log_group_name=f"{LOG_GROUP_PREFIX}{image_name}",
                 retention=microvm_log_retention, removal_policy=cdk.RemovalPolicy.DESTROY,
+                # The agents' output (conversations): the customer key, as AgentImage's group has.
+                encryption_key=_usable_log_key(self, recipe_key, f"{LOG_GROUP_PREFIX}{image_name}"),
             )
         self.execution_role: iam.IRole = execution_role or MicrovmExecutionRole(
             self, "ExecutionRole", image_name=image_name,

@@ -31,6 +31,7 @@ from constructs import Construct
 from ._function import library_function
 from .monitoring import METRICS_ENV, Operations, metrics_value
 from ._nag import acknowledge_wildcard_resources
+from .names import fleet_name_problem
 from .permissions import LIST_ACTIONS, Statement, image_and_versions, wildcard_reasons
 
 RESOURCE_TYPE = "Custom::RayitoImagePruner"
@@ -96,6 +97,8 @@ class ImagePruner(Construct):
             raise ValueError("deploy_budget: must leave 30 s of the timeout to answer CloudFormation")
         if prune_every.to_seconds() < 300:
             raise ValueError(f"prune_every: {prune_every.to_seconds():g} s is more often than every 5 minutes")
+        if fleet_name_problem(image_name):  # a pattern (agente*) would let it delete other images' versions
+            raise ValueError(f"image_name: {image_name!r} is not a MicroVM image name (1 to 64 letters, digits, '-' or '_')")
         super().__init__(scope, id)
         stack = cdk.Stack.of(self)
         self.image_name = image_name

@@ -502,6 +502,24 @@ class EgressOptions(_Options):
     def _budgets(cls, value: object) -> object:
         return tuple(value) if isinstance(value, list) else value
 
+    @field_validator("budgets")
+    @classmethod
+    def _one_envelope_per_target(cls, value: tuple[EgressBudgetOptions, ...]) -> tuple[EgressBudgetOptions, ...]:
+        """One envelope per target (essay 002): two entries whose targets are one target once
+        normalized (``https://API.example.com`` and ``https://api.example.com:443/``, ``straße.de``
+        and ``xn--strae-oqa.de``) would each write their envelope over the other's."""
+        first: dict[str, int] = {}
+        clashes = []
+        for index, budget in enumerate(value):
+            if budget.target in first:
+                clashes.append(f"budgets[{first[budget.target]}] and budgets[{index}] both declare "
+                               f"{budget.target!r}: one envelope per target, keep one of them")
+            else:
+                first[budget.target] = index
+        if clashes:
+            raise value_error("; ".join(clashes))
+        return value
+
 
 class GatewayOptions(_Options):
     """One model or tool gateway the fleet opens for each VM (a ``[[gateways]]`` entry)."""
@@ -513,6 +531,19 @@ class GatewayOptions(_Options):
     upstream: Optional[str] = Field(None, min_length=1, max_length=2048)
     secret_env: tuple[str, ...] = ()
     """Names of secret environment variables the gateway injects upstream (names only)."""
+
+    @field_validator("upstream")
+    @classmethod
+    def _upstream(cls, value: Optional[str]) -> Optional[str]:
+        """The upstream is stored in the recipe: a user and password (or a token) in it would be
+        a credential in plain configuration, as a credential-shaped ``[env]`` value is."""
+        from .envrules import credential_shape
+
+        shape = credential_shape(value) if value else None
+        if shape:
+            raise value_error(f"the upstream looks like a credential ({shape}); the recipe stores it as is: "
+                              "give the gateway the secret with secret_env (--secret-env NAME=<secret>) instead")
+        return value
 
 
 def option_models() -> Iterable[type[_Options]]:

@@ -34,12 +34,15 @@ real account unless said otherwise; ``microvms.md`` section 2):
 from __future__ import annotations
 
 import functools
+import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional, Sequence
 
 import aws_cdk as cdk
 from aws_cdk import aws_iam as iam
 from constructs import IConstruct
+
+from .names import fleet_name_problem
 
 #: The MicroVM lifecycle actions besides RunMicrovm: inspect, park, resume, kill, connect.
 DRIVE_ACTIONS = (
@@ -252,7 +255,14 @@ def fleet_access(
     scope_microvm_actions_to_image: bool = True,
     build_network_connectors: Sequence[str] = (),
 ) -> FleetAccess:
-    """Gather the ARNs for one fleet (``fleet_name``) or, with ``fleet_name=None``, every fleet."""
+    """Gather the ARNs for one fleet (``fleet_name``) or, with ``fleet_name=None``, every fleet.
+
+    The name and the connector ARNs end up in resource ARNs: a name such as ``""`` (every fleet),
+    ``"a*"`` (every image whose name starts with ``a``) or a connector ``"*"`` would widen the
+    statements silently, so they are refused here with one line (audit round 9).
+    """
+    _check_access_inputs(fleet_name, network_connectors, build_network_connectors, code_object_arns)
+    _check_image_arn(image_arn)
     stack = cdk.Stack.of(scope)
     image = image_arn or image_arn_for(stack, fleet_name)
     return FleetAccess(
@@ -270,6 +280,55 @@ def fleet_access(
         build_connector_arns=(managed_connector_arn(stack, BUILD_CONNECTOR), *build_network_connectors),
         region=stack.region,
     )
+
+
+_CONNECTOR_ARN = re.compile(r"arn:[a-z-]+:lambda:[a-z0-9-]+:([0-9]{12}|aws):network-connector:[A-Za-z0-9_.:/-]+")
+
+
+def _check_access_inputs(
+    fleet_name: Optional[str],
+    network_connectors: Sequence[str],
+    build_network_connectors: Sequence[str],
+    code_object_arns: Sequence[str],
+) -> None:
+    """One line per mistake in what becomes a resource ARN (what, the value, what is allowed)."""
+    if fleet_name is not None and not (isinstance(fleet_name, str) and cdk.Token.is_unresolved(fleet_name)):
+        problem = fleet_name_problem(fleet_name)
+        if problem:
+            raise ValueError(f"fleet_name: {problem}; None means every fleet of the account")
+    for option, arns in (("network_connectors", network_connectors),
+                         ("build_network_connectors", build_network_connectors),
+                         ("code_object_arns", code_object_arns)):
+        if isinstance(arns, str) or not isinstance(arns, (list, tuple)):
+            raise ValueError(f"{option}: {arns!r} is not a list of ARNs (give [{arns!r}] for one)")
+        for arn in arns:
+            if not isinstance(arn, str):
+                raise ValueError(f"{option}: {arn!r} is not an ARN string")
+            if cdk.Token.is_unresolved(arn):
+                continue
+            if option == "code_object_arns":
+                continue  # S3 object ARNs, a key prefix with '*' allowed (ReadCodeArtifact's reason)
+            if "*" in arn or "?" in arn:
+                raise ValueError(f"{option}: {arn!r} holds a wildcard; name each connector exactly")
+            if not _CONNECTOR_ARN.fullmatch(arn):
+                raise ValueError(
+                    f"{option}: {arn!r} is not a network connector ARN "
+                    "(arn:<partition>:lambda:<region>:<account>:network-connector:<name>)")
+
+
+_IMAGE_ARN = re.compile(r"arn:[a-z-]+:lambda:[a-z0-9-]+:[0-9]{12}:microvm-image:(?:[A-Za-z0-9_-]{1,64}|\*)")
+
+
+def _check_image_arn(image_arn: Optional[str]) -> None:
+    """The unversioned ARN of one image (``microvm-image:<name>``), or ``microvm-image:*`` for
+    every image: RunMicrovm is authorized on the unversioned ARN (measured, GT section 1), so a
+    version (``:3``) would be denied, and a name pattern (``x*``) is the prefix #12 removed."""
+    if image_arn is None or (isinstance(image_arn, str) and cdk.Token.is_unresolved(image_arn)):
+        return
+    if not isinstance(image_arn, str) or not _IMAGE_ARN.fullmatch(image_arn):
+        raise ValueError(
+            f"image_arn: {image_arn!r} is not an unversioned MicroVM image ARN "
+            "(arn:<partition>:lambda:<region>:<account>:microvm-image:<name>, or microvm-image:* for every image)")
 
 
 def pass_role(sid: str, role_arn: str) -> Statement:

@@ -39,7 +39,7 @@ from constructs import Construct
 
 from ._function import library_function
 from .monitoring import Operations, create_alarm, longest, metrics_value, retention_days
-from .names import claim
+from .names import claim, fleet_name_problem
 from .permissions import recipe_parameter_arn, via
 from .recipe import EncodedRecipe, canonical_json, decode_recipe
 
@@ -201,6 +201,9 @@ class RecipeParameter(Construct):
     ) -> None:
         if recipe_failure not in FAILURE_MODES:
             raise ValueError(f"recipe_failure: {recipe_failure!r} is not one of 'warn', 'fail'")
+        problem = fleet_name_problem(fleet_name)  # a pattern (agente*) would let the writer write other recipes
+        if problem:
+            raise ValueError(f"fleet_name: {problem}")
         document = decode_recipe(recipe.value) if isinstance(recipe, EncodedRecipe) else dict(recipe)
         if document.get("name") != fleet_name:
             raise ValueError(f"recipe: the document is the recipe of {document.get('name')!r}, not of {fleet_name!r}")

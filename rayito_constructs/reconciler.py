@@ -8,6 +8,7 @@ model bundled (the runtime's botocore may predate it); Powertools comes from its
 from __future__ import annotations
 
 import json
+import math
 import weakref
 from typing import Any, Callable, Mapping, Optional
 
@@ -32,6 +33,46 @@ from .control_plane_budget import ControlPlaneBudget
 from .fleet_ledger import FleetLedger
 from .monitoring import METRICS_ENV, Operations, create_alarm, metrics_value
 from .permissions import FleetAccess, Statement, microvm_statements, table_key_statement, wildcard_reasons
+
+def _check_whole(option: str, value: object, *, optional: bool = False) -> None:
+    """A whole number (not a bool: ``True`` would be 1; not ``100.5``: the API takes integers)."""
+    if optional and value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{option}: {value!r} is not a whole number" + (" (None: no reservation)" if optional else ""))
+
+
+def check_budgets(budgets: Optional[Mapping[str, tuple[float, float]]]) -> None:
+    """``{operation: (rate_per_second, burst)}``: one of :data:`BUDGET_OPERATIONS`, a finite rate
+    above 0 and a finite burst of at least 1. The reconciler ignores anything else at run time
+    (``budgets_rejected``) and keeps the documented default: a mistake is told at synth instead."""
+    if budgets is None:
+        return
+    if not isinstance(budgets, Mapping):
+        raise ValueError(f"control_plane_budgets: {budgets!r} is not a mapping of operation to (rate, burst)")
+    for operation, value in budgets.items():
+        if operation not in BUDGET_OPERATIONS:
+            raise ValueError(f"control_plane_budgets: {operation!r} is not one of {', '.join(BUDGET_OPERATIONS)}")
+        pair = tuple(value) if isinstance(value, (list, tuple)) else ()
+        numbers = len(pair) == 2 and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in pair)
+        if not numbers or not (math.isfinite(pair[0]) and pair[0] > 0 and math.isfinite(pair[1]) and pair[1] >= 1):
+            raise ValueError(f"control_plane_budgets[{operation!r}]: {value!r} is not (rate, burst) with a finite "
+                             "rate above 0 per second and a finite burst of at least 1")
+
+
+#: The reconciler runs, inspects, parks, resumes and ends VMs; it never connects to one, so its role
+#: has no ``lambda:CreateMicrovmAuthToken`` (a token opens the VM's endpoint: the agents' sessions).
+NEVER_CONNECTS = "lambda:CreateMicrovmAuthToken"
+
+
+def _without_auth_token(statements: list[Statement]) -> list[Statement]:
+    out = []
+    for statement in statements:
+        if NEVER_CONNECTS in statement.actions:
+            statement = Statement(statement.sid, tuple(a for a in statement.actions if a != NEVER_CONNECTS),
+                                  statement.resources, statement.conditions)
+        out.append(statement)
+    return out
 from .project import AgentProject
 
 NAMESPACE = "Rayito/Fleet"
@@ -43,6 +84,8 @@ POWERTOOLS_ACCOUNT = "017000801446"
 #: The MicroVMs operations the reconciler calls under its budget: ``Deferrals`` and ``Throttles``
 #: carry one of these as their ``operation`` dimension.
 OPERATIONS = ("RunMicrovm", "ListMicrovms", "GetMicrovm", "SuspendMicrovm", "ResumeMicrovm", "TerminateMicrovm")
+#: Operations the shared control-plane budget has a bucket for (lambdas/reconciler/budget.py).
+BUDGET_OPERATIONS = (*OPERATIONS, "CreateMicrovmAuthToken")
 
 
 @jsii.implements(cdk.IStableStringProducer)
@@ -139,12 +182,16 @@ class FleetReconciler(Construct):
         operations = Operations.of(self)
         self.metrics = operations.metrics if metrics is None else metrics
         """Whether the function emits custom metrics."""
+        _check_whole("reserved_concurrency", reserved_concurrency, optional=True)
         if reserved_concurrency is not None and reserved_concurrency < 1:
             raise ValueError(f"reserved_concurrency: {reserved_concurrency} is not at least 1 (None: no reservation)")
+        _check_whole("stray_grace_seconds", stray_grace_seconds)
         if not 60 <= stray_grace_seconds <= 28_800:
             raise ValueError(f"stray_grace_seconds: {stray_grace_seconds} is not within 60 to 28800")
+        _check_whole("max_lifetime_seconds", max_lifetime_seconds)
         if not 1 <= max_lifetime_seconds <= 28_800:
             raise ValueError(f"max_lifetime_seconds: {max_lifetime_seconds} is not within 1 to 28800 (8 hours)")
+        _check_whole("successor_lead_seconds", successor_lead_seconds)
         if not 0 <= successor_lead_seconds <= 28_800:
             raise ValueError(f"successor_lead_seconds: {successor_lead_seconds} is not within 0 to 28800 (8 hours)")
         if successor_lead_seconds > max_lifetime_seconds / 2:
@@ -153,6 +200,7 @@ class FleetReconciler(Construct):
                 f"successor_lead_capped: successor_lead_seconds = {successor_lead_seconds} is more than half of "
                 f"max_lifetime_seconds = {max_lifetime_seconds}: successors start {max_lifetime_seconds / 2:g} s "
                 "before a VM's end (a lead as long as the lifetime would start every VM's successor at once)")
+        check_budgets(budgets)
         if tick_seconds >= schedule.to_seconds():
             raise ValueError(f"tick_seconds: {tick_seconds} leaves no room before the next tick ({schedule.to_seconds()} s)")
         self.fleet_name = project.name
@@ -223,7 +271,7 @@ class FleetReconciler(Construct):
             environment["TERMINATE_STRAYS"] = "1"
             environment["STRAY_GRACE_SECONDS"] = str(stray_grace_seconds)
         statements = [
-            *microvm_statements(access),
+            *_without_auth_token(microvm_statements(access)),
             Statement("Ledger",
                       ("dynamodb:Query", "dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem", "dynamodb:DeleteItem"),
                       (ledger_table.table_arn,),

@@ -14,6 +14,7 @@ from botocore.exceptions import ClientError, EndpointConnectionError, NoCredenti
 
 from rayito_constructs.verify import basics, iam, image, quotas, recipe, reconciler
 from rayito_constructs.verify.aws import classify
+from rayito_constructs.names import stack_name_for
 from rayito_constructs.verify.deployed import DeployedStack, StackResource, candidates, fleets_of
 from rayito_constructs.verify.policy import granting_statement
 from rayito_constructs.verify.report import Finding, Report, Status, fail, ok, render_json, render_table, warn
@@ -230,7 +231,10 @@ def test_fleets_of_a_stack() -> None:
     assert fleets_of(stack) == ["Fleet", "Other"]
     assert stack.account == "1"
     assert candidates("mi-agente") == ["mi-agente", "RayitoFleet-mi-agente"]
-    assert candidates("my_agent") == []  # neither is a stack name: only the FleetName search remains
+    # app.py's derived stack name (audit round 9: it was [] and only the FleetName search remained,
+    # with no other-region hint)
+    assert candidates("my_agent") == [stack_name_for("my_agent")]
+    assert stack_name_for("my_agent").startswith("RayitoFleet-my-agent-")
     assert candidates("RayitoFleet-x") == ["RayitoFleet-x"]
     arn = "arn:aws:cloudformation:eu-west-1:123456789012:stack/RayitoFleet-x/0a1b2c3d-0000-4000-8000-000000000000"
     assert candidates(arn) == [arn]

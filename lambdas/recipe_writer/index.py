@@ -174,7 +174,13 @@ def check_identity(event: Mapping[str, Any], context: Any, environ: Mapping[str,
     if not own or tokens != {own}:
         raise BadRequest("ServiceToken is not this function")
     if props.get("ParameterName") != f"{PARAMETER_PREFIX}{fleet}/recipe":
-        raise BadRequest(f"ParameterName must be {PARAMETER_PREFIX}{fleet}/recipe for this resource")
+        renamed = (event.get("RequestType") == "Delete" and isinstance(props.get("ParameterName"), str)
+                   and props["ParameterName"].startswith(PARAMETER_PREFIX)
+                   and event.get("PhysicalResourceId") == props["ParameterName"])
+        if not renamed:
+            raise BadRequest(f"ParameterName must be {PARAMETER_PREFIX}{fleet}/recipe for this resource")
+        # The cleanup Delete of a fleet renamed in place: the old physical id with the old
+        # properties. handle() sees a physical id that is not this fleet's and touches nothing.
     return fleet
 
 
@@ -279,6 +285,10 @@ def handle(event: Mapping[str, Any], fleet: str, aws: Clients, deadline: _Deadli
         if physical != name:
             # A create that failed before writing anything has no parameter to delete, and a
             # renamed fleet's old parameter is another resource's: touch nothing.
+            if physical.startswith(PARAMETER_PREFIX):
+                return {"Outcome": "skipped", "Saved": "false",
+                        "Reason": f"renamed: the old recipe {physical} is left (this writer may no longer delete it); "
+                                  "delete it by hand if no process reads it"}
             return {"Outcome": "skipped", "Saved": "false", "Reason": "no parameter of this resource to delete"}
         if str(props.get("KeepOnDelete", "false")).lower() == "true":
             return {"Outcome": "kept", "Saved": "true", "Reason": "keep_recipe"}

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Optional
 
+from ..names import is_fleet_name, stack_name_for
 from .aws import AwsError, Clients
 
 #: Regions that offer Lambda MicroVMs (shared/research/rayito-ground-truth.md section 8, from the
@@ -204,6 +205,10 @@ def candidates(target: str) -> list[str]:
     prefixed = FLEET_STACK_PREFIX + target
     if not target.startswith(FLEET_STACK_PREFIX) and STACK_NAME.match(prefixed):
         names.append(prefixed)
+    elif not target.startswith(FLEET_STACK_PREFIX) and is_fleet_name(target):
+        # app.py's stack for a name a stack cannot hold (my_agent: RayitoFleet-my-agent-<hash>):
+        # found, and hinted in another region, like any other fleet's.
+        names.append(stack_name_for(target))
     return names
 
 
