@@ -83,6 +83,15 @@ class BadRequest(ValueError):
     """A request this handler refuses; its message holds no property value."""
 
 
+class RemovedFleet(BadRequest):
+    """The cleanup Delete of a fleet removed from this stack (its logical id is gone from
+    RECIPE_RESOURCES, and its parameter from this function's role, in the update phase before)."""
+
+    def __init__(self, parameter: str) -> None:
+        super().__init__("LogicalResourceId is not one of this stack's recipe resources (a fleet removed from it)")
+        self.parameter = parameter
+
+
 class NotSaved(Exception):
     """The recipe could not be saved; ``code`` is the product page's warning code."""
 
@@ -166,11 +175,15 @@ def check_identity(event: Mapping[str, Any], context: Any, environ: Mapping[str,
         raise BadRequest("StackId is not this writer's stack")
     resources = json.loads(environ.get("RECIPE_RESOURCES") or "{}")
     fleet = resources.get(event.get("LogicalResourceId"))
-    if not fleet:
-        raise BadRequest("LogicalResourceId is not one of this stack's recipe resources")
     own = _unqualified(getattr(context, "invoked_function_arn", "") or "")
     props = event.get("ResourceProperties") or {}
     tokens = {props.get("ServiceToken"), event.get("ServiceToken", props.get("ServiceToken"))}
+    if not fleet:
+        parameter = props.get("ParameterName")
+        if (event.get("RequestType") == "Delete" and own and tokens == {own} and isinstance(parameter, str)
+                and parameter.startswith(PARAMETER_PREFIX) and event.get("PhysicalResourceId") == parameter):
+            raise RemovedFleet(parameter)
+        raise BadRequest("LogicalResourceId is not one of this stack's recipe resources")
     if not own or tokens != {own}:
         raise BadRequest("ServiceToken is not this function")
     if props.get("ParameterName") != f"{PARAMETER_PREFIX}{fleet}/recipe":
@@ -375,6 +388,16 @@ def handler(event: Mapping[str, Any], context: Any, clients_factory: Callable[[]
     props = event.get("ResourceProperties") or {}
     try:
         fleet = check_identity(event, context, os.environ)
+    except RemovedFleet as exc:
+        # Touches nothing (this function may no longer delete that parameter) and never fails the
+        # update: SUCCESS with the outcome, as for a renamed fleet's old recipe.
+        outcome = {"Outcome": "skipped", "Saved": "false", "ParameterName": exc.parameter,
+                   "Reason": f"removed from the stack: the recipe {exc.parameter} is left (this writer may no "
+                             "longer delete it); delete it by hand if no process reads it"}
+        LOG.warning(json.dumps({"action": kind, "parameter": exc.parameter, "Outcome": "skipped",
+                                "Reason": outcome["Reason"]}))
+        _respond(event, "SUCCESS", exc.parameter, outcome, f"skipped: {outcome['Reason']}")
+        return
     except (BadRequest, ValueError) as exc:
         LOG.error(json.dumps({"refused": str(exc), "action": kind}))
         _respond(event, "FAILED", str(event.get("PhysicalResourceId") or "refused"), {}, f"refused: {exc}")
