@@ -14,7 +14,7 @@ from typing import Any, Iterator
 import pytest
 
 from .moto_server import moto_server
-from .reconciler_harness import RECONCILER_CALLER, deployed_fleet
+from .reconciler_harness import RECONCILER_CALLER, deployed_fleet, seconds_below
 
 NO_HEADROOM = {"MIN_VMS": "2", "WARM_VMS": "0", "MAX_VMS": "2", "IDLE_SECONDS": ""}
 
@@ -36,33 +36,6 @@ def _next_end(fleet: Any) -> tuple[float, str]:
 def _runs_after(fleet: Any, t: float) -> list[float]:
     return [r.time for r in fleet.emulator.requests
             if r.operation == "RunMicrovm" and r.caller == RECONCILER_CALLER and r.time >= t]
-
-
-def _running_below_min(fleet: Any, since: float, until: float) -> float:
-    """Seconds in [since, until] with fewer RUNNING VMs of the image than ``min_vms``, from each
-    VM's history (ground truth)."""
-    edges = []
-    for vm in fleet.emulator.microvms_ever():
-        running_from = None
-        for at, state, _ in vm["history"]:
-            if state == "RUNNING" and running_from is None:
-                running_from = at
-            elif state != "RUNNING" and running_from is not None:
-                edges += [(running_from, 1), (at, -1)]
-                running_from = None
-        if running_from is not None:
-            edges += [(running_from, 1), (float("inf"), -1)]
-    edges.sort()
-    count, below, last = 0, 0.0, since
-    for at, step in edges:
-        at_c = min(max(at, since), until)
-        if count < int(fleet.env["MIN_VMS"]):
-            below += at_c - last
-        last = at_c
-        count += step
-    if count < int(fleet.env["MIN_VMS"]):
-        below += until - last
-    return below
 
 
 def _converged(aws: str, monkeypatch: Any, **env: str) -> Any:
@@ -102,7 +75,7 @@ def test_an_end_after_the_deadline_is_replaced_in_overtime(fleet, monkeypatch, i
     assert fleet.clock.now() - (end - into_tick) <= 57.0 + 1.0  # within the invocation's time, margin kept
     fleet.every_minute(monkeypatch, 1)
     # Below min_vms only for the wake (1 s) and the successor's PENDING (2 s).
-    assert _running_below_min(fleet, end - 5, end + 30) <= 3.6
+    assert seconds_below(fleet, int(fleet.env["MIN_VMS"]), end - 5, end + 30) <= 3.6
     assert len(fleet.live()) <= 2
 
 
@@ -143,7 +116,7 @@ def test_overtime_is_for_ends_nothing_can_replace_before(aws, monkeypatch) -> No
         runs = f.every_minute(monkeypatch, 26)
         assert not [r for r in runs if r.events("tick_overtime")]
         assert len(_runs_after(f, 0)) >= 4  # 2 first VMs and their 2 successors at least
-        assert _running_below_min(f, t0, f.clock.now()) == 0.0
+        assert seconds_below(f, int(f.env["MIN_VMS"]), t0, f.clock.now()) == 0.0
     finally:
         f._cm.__exit__(None, None, None)
 
