@@ -197,7 +197,8 @@ class AgentFleet(_FleetGrants):
         name). Default: when the fleet builds its image.
     :param microvm_log_retention: Default: one month.
     :param reconciler: run the reconciler that keeps ``min_vms`` and ``warm_vms``. Default: True.
-    :param max_lifetime_seconds: ``maximumDurationInSeconds`` of the fleet's VMs. Default: 28,800.
+    :param max_lifetime_seconds: ``maximumDurationInSeconds`` of the fleet's VMs, 1 to 28,800 (under
+        two minutes, two reconciler schedules, the construct warns ``short_lifetime``). Default: 28,800.
     :param control_plane_budget: the budget table shared by every reconciler of the account and
         region. Default: one per stack (``ControlPlaneBudget.of``).
     :param control_plane_budgets: ``{operation: (rate, burst)}`` over the documented quotas.

@@ -114,7 +114,8 @@ class FleetReconciler(Construct):
     :param execution_role: the role the fleet's MicroVMs run as. Default: none.
     :param schedule: how often a tick runs. Default: every minute.
     :param tick_seconds: how long a tick may keep working. Default: 50 seconds.
-    :param max_lifetime_seconds: ``maximumDurationInSeconds`` of every VM. Default: 28,800.
+    :param max_lifetime_seconds: ``maximumDurationInSeconds`` of every VM, 1 to 28,800 (under two
+        ``schedule`` periods the construct warns ``short_lifetime``). Default: 28,800.
     :param successor_lead_seconds: how long before a VM's end its successor starts, at most half
         of ``max_lifetime_seconds`` (a longer lead is capped there, and the construct says so at
         synth). Default: 900.
@@ -203,6 +204,14 @@ class FleetReconciler(Construct):
         check_budgets(budgets)
         if tick_seconds >= schedule.to_seconds():
             raise ValueError(f"tick_seconds: {tick_seconds} leaves no room before the next tick ({schedule.to_seconds()} s)")
+        if max_lifetime_seconds < 2 * schedule.to_seconds():
+            # The service takes 1 s; a reconciler that looks once a schedule period cannot keep
+            # min_vms with VMs that end between two of its looks.
+            cdk.Annotations.of(self).add_warning_v2(
+                "rayito:short_lifetime",
+                f"short_lifetime: max_lifetime_seconds = {max_lifetime_seconds} is less than two schedule periods "
+                f"({2 * schedule.to_seconds():g} s): VMs end between the reconciler's looks and the fleet falls below "
+                "min_vms between them; give the VMs at least that long")
         self.fleet_name = project.name
         self.alarms: list[cloudwatch.Alarm] = []
         """The alarms ``add_alarms`` made."""

@@ -204,6 +204,19 @@ def test_a_lead_longer_than_half_a_lifetime_is_told_it_is_capped() -> None:
     assert "successors start 600 s before a VM's end" in told[1_200][0]
 
 
+def test_a_lifetime_shorter_than_two_schedule_periods_is_warned() -> None:
+    """The service takes 1 s; a reconciler that looks once a minute cannot keep min_vms with VMs
+    that end between two looks: warned at synth (119 s), not at 120 s."""
+    warned = {}
+    for lifetime in (1, 119, 120):
+        stack = new_stack(new_app())
+        AgentFleet(stack, "Fleet", project=AgentProject.load(EXAMPLE), max_lifetime_seconds=lifetime)
+        found = Annotations.from_stack(stack).find_warning("*", Match.string_like_regexp("^short_lifetime: "))
+        warned[lifetime] = [m.entry.data for m in found]
+    assert [lifetime for lifetime, warnings in warned.items() if warnings] == [1, 119]
+    assert "max_lifetime_seconds = 119 is less than two schedule periods (120 s)" in warned[119][0]
+
+
 def test_one_tick_at_a_time_by_reserved_concurrency(synth) -> None:
     _, _, template, _ = synth
     assert reconciler_function(template)["ReservedConcurrentExecutions"] == 1
