@@ -55,7 +55,7 @@ from .project import AgentProject
 from .queries import FleetQueries
 from .recipe import parameter_name, plan_recipe
 from .recipe_parameter import RecipeParameter
-from .reconciler import FleetReconciler
+from .reconciler import FleetReconciler, _check_whole
 
 _IMAGE_NAME = re.compile(r":microvm-image:([A-Za-z0-9_-]{1,64})$")
 _IMAGE_NAME_ONLY = re.compile(r"^[A-Za-z0-9_-]{1,64}\Z")
@@ -197,8 +197,9 @@ class AgentFleet(_FleetGrants):
         name). Default: when the fleet builds its image.
     :param microvm_log_retention: Default: one month.
     :param reconciler: run the reconciler that keeps ``min_vms`` and ``warm_vms``. Default: True.
-    :param max_lifetime_seconds: ``maximumDurationInSeconds`` of the fleet's VMs, 1 to 28,800 (under
-        two minutes, two reconciler schedules, the construct warns ``short_lifetime``). Default: 28,800.
+    :param max_lifetime_seconds: ``maximumDurationInSeconds`` of the fleet's VMs, 1 to 28,800 (the
+        construct warns ``short_lifetime`` when VMs this short would take the fleet below
+        ``min_vms`` at their ends: ``reconciler.short_lifetime_problems``). Default: 28,800.
     :param control_plane_budget: the budget table shared by every reconciler of the account and
         region. Default: one per stack (``ControlPlaneBudget.of``).
     :param control_plane_budgets: ``{operation: (rate, burst)}`` over the documented quotas.
@@ -295,6 +296,11 @@ class AgentFleet(_FleetGrants):
                 raise ValueError(f"{option}: {value!r} is not True or False")
         if image_arn is not None and image is not None:
             raise ValueError("image_arn, image: give at most one of them")
+        # Checked with or without a reconciler (FleetReconciler checks it too): a documented range
+        # is refused the same way whoever reads it.
+        _check_whole("max_lifetime_seconds", max_lifetime_seconds)
+        if not 1 <= max_lifetime_seconds <= 28_800:
+            raise ValueError(f"max_lifetime_seconds: {max_lifetime_seconds} is not within 1 to 28800 (8 hours)")
         if base_rollout not in ("on_expiry", "rolling"):
             raise ValueError(f"base_rollout: {base_rollout!r} is not one of 'on_expiry', 'rolling'")
         if recipe_failure not in ("warn", "fail"):

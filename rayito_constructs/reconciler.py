@@ -42,6 +42,48 @@ def _check_whole(option: str, value: object, *, optional: bool = False) -> None:
         raise ValueError(f"{option}: {value!r} is not a whole number" + (" (None: no reservation)" if optional else ""))
 
 
+#: Mirrors of lambdas/reconciler/core.py's MIN_STAGGER_STEP_SECONDS and HANDOVER_LEAD_SECONDS (the
+#: Lambda's code cannot import the library): what first_lifetime spreads expiries by, at least.
+_MIN_STAGGER_STEP_SECONDS = 60.0
+_HANDOVER_LEAD_SECONDS = 120.0
+#: A successor's start, after the look that finds it due: PENDING (2 s measured, 26-65 s for a new
+#: version's first launches) and a margin. 180 s VMs (a 90 s lead) held with 30 s starts; 120 s
+#: and 121 s VMs did not (tests/test_reconciler_attack_short.py).
+_START_MARGIN_SECONDS = 30.0
+
+
+def short_lifetime_problems(project: AgentProject, lifetime: float, lead: float, period: float) -> list[str]:
+    """Why VMs of ``lifetime`` seconds would take the fleet below ``min_vms`` at their ends, as the
+    reconciler plans them (core.successor_lead, core.first_lifetime), looking every ``period`` s:
+
+    - the successor lead (at most half a lifetime) is under a look and a start, so a successor may
+      start only after its VM ends (measured: 120 s VMs, 2-3 s below at each end; 600 s VMs looked
+      at every 5 minutes, the same);
+    - the first lifetimes of the slots cannot be spread a look apart and there is less headroom
+      than slots, so VMs that end together wait for each other's ends (measured: min 2 / max 3
+      with 300 s VMs; min 10 / max 11 with 1,200 s VMs)."""
+    problems = []
+    effective = min(lead, lifetime / 2)
+    needed = period + _START_MARGIN_SECONDS
+    if effective < needed:
+        problems.append(
+            f"successors start {effective:g} s before a VM's end (successor_lead_seconds, at most half of "
+            f"max_lifetime_seconds = {lifetime:g}), less than a schedule period and {_START_MARGIN_SECONDS:g} s "
+            f"({needed:g} s): a successor may start only once its VM has ended, and the fleet falls below min_vms "
+            f"at each end; give the VMs at least {2 * needed:g} s")
+    scaling = project.scaling
+    slots = scaling.min_vms + scaling.warm_vms
+    headroom = scaling.max_vms - slots
+    spread = min(lifetime / 2, lifetime - (effective + _HANDOVER_LEAD_SECONDS))
+    if slots >= 2 and headroom < slots and spread / slots < _MIN_STAGGER_STEP_SECONDS:
+        problems.append(
+            f"the first lifetimes of {slots} slots cannot be spread a schedule period apart in "
+            f"max_lifetime_seconds = {lifetime:g} (over {max(spread, 0):g} s), and {headroom} VM(s) of headroom cannot "
+            "hold all their successors: VMs that end together wait for each other's ends and the fleet falls "
+            "below min_vms; give the VMs longer lifetimes or max_vms more headroom")
+    return problems
+
+
 def check_budgets(budgets: Optional[Mapping[str, tuple[float, float]]]) -> None:
     """``{operation: (rate_per_second, burst)}``: one of :data:`BUDGET_OPERATIONS`, a finite rate
     above 0 and a finite burst of at least 1. The reconciler ignores anything else at run time
@@ -114,8 +156,9 @@ class FleetReconciler(Construct):
     :param execution_role: the role the fleet's MicroVMs run as. Default: none.
     :param schedule: how often a tick runs. Default: every minute.
     :param tick_seconds: how long a tick may keep working. Default: 50 seconds.
-    :param max_lifetime_seconds: ``maximumDurationInSeconds`` of every VM, 1 to 28,800 (under two
-        ``schedule`` periods the construct warns ``short_lifetime``). Default: 28,800.
+    :param max_lifetime_seconds: ``maximumDurationInSeconds`` of every VM, 1 to 28,800 (the
+        construct warns ``short_lifetime`` when VMs this short would take the fleet below
+        ``min_vms`` at their ends: :func:`short_lifetime_problems`). Default: 28,800.
     :param successor_lead_seconds: how long before a VM's end its successor starts, at most half
         of ``max_lifetime_seconds`` (a longer lead is capped there, and the construct says so at
         synth). Default: 900.
@@ -204,14 +247,9 @@ class FleetReconciler(Construct):
         check_budgets(budgets)
         if tick_seconds >= schedule.to_seconds():
             raise ValueError(f"tick_seconds: {tick_seconds} leaves no room before the next tick ({schedule.to_seconds()} s)")
-        if max_lifetime_seconds < 2 * schedule.to_seconds():
-            # The service takes 1 s; a reconciler that looks once a schedule period cannot keep
-            # min_vms with VMs that end between two of its looks.
-            cdk.Annotations.of(self).add_warning_v2(
-                "rayito:short_lifetime",
-                f"short_lifetime: max_lifetime_seconds = {max_lifetime_seconds} is less than two schedule periods "
-                f"({2 * schedule.to_seconds():g} s): VMs end between the reconciler's looks and the fleet falls below "
-                "min_vms between them; give the VMs at least that long")
+        for problem in short_lifetime_problems(project, max_lifetime_seconds, successor_lead_seconds,
+                                               schedule.to_seconds()):
+            cdk.Annotations.of(self).add_warning_v2("rayito:short_lifetime", f"short_lifetime: {problem}")
         self.fleet_name = project.name
         self.alarms: list[cloudwatch.Alarm] = []
         """The alarms ``add_alarms`` made."""
