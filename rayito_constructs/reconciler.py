@@ -70,7 +70,8 @@ def short_lifetime_problems(project: AgentProject, lifetime: float, lead: float,
             f"successors start {effective:g} s before a VM's end (successor_lead_seconds, at most half of "
             f"max_lifetime_seconds = {lifetime:g}), less than a schedule period and {_START_MARGIN_SECONDS:g} s "
             f"({needed:g} s): a successor may start only once its VM has ended, and the fleet falls below min_vms "
-            f"at each end; give the VMs at least {2 * needed:g} s")
+            f"at each end; a lead of at least {needed:g} s avoids it (successor_lead_seconds, and VMs of at least "
+            f"{2 * needed:g} s)")
     scaling = project.scaling
     slots = scaling.min_vms + scaling.warm_vms
     headroom = scaling.max_vms - slots

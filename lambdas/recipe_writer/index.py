@@ -164,6 +164,14 @@ def _unqualified(arn: str) -> str:
     return ":".join(parts[:7]) if len(parts) > 7 and parts[5] == "function" else arn
 
 
+def _old_recipe_delete(event: Mapping[str, Any], props: Mapping[str, Any]) -> bool:
+    """A cleanup Delete that names a recipe this resource no longer is (a fleet renamed in place,
+    or removed from the stack): CloudFormation sends the old physical id with the old properties."""
+    parameter = props.get("ParameterName")
+    return (event.get("RequestType") == "Delete" and isinstance(parameter, str)
+            and parameter.startswith(PARAMETER_PREFIX) and event.get("PhysicalResourceId") == parameter)
+
+
 def check_identity(event: Mapping[str, Any], context: Any, environ: Mapping[str, str]) -> str:
     """The fleet the event is for; raises :class:`BadRequest` for an event that is not one of this
     stack's recipe resources, sent to this function."""
@@ -179,18 +187,13 @@ def check_identity(event: Mapping[str, Any], context: Any, environ: Mapping[str,
     props = event.get("ResourceProperties") or {}
     tokens = {props.get("ServiceToken"), event.get("ServiceToken", props.get("ServiceToken"))}
     if not fleet:
-        parameter = props.get("ParameterName")
-        if (event.get("RequestType") == "Delete" and own and tokens == {own} and isinstance(parameter, str)
-                and parameter.startswith(PARAMETER_PREFIX) and event.get("PhysicalResourceId") == parameter):
-            raise RemovedFleet(parameter)
+        if own and tokens == {own} and _old_recipe_delete(event, props):
+            raise RemovedFleet(props["ParameterName"])
         raise BadRequest("LogicalResourceId is not one of this stack's recipe resources")
     if not own or tokens != {own}:
         raise BadRequest("ServiceToken is not this function")
     if props.get("ParameterName") != f"{PARAMETER_PREFIX}{fleet}/recipe":
-        renamed = (event.get("RequestType") == "Delete" and isinstance(props.get("ParameterName"), str)
-                   and props["ParameterName"].startswith(PARAMETER_PREFIX)
-                   and event.get("PhysicalResourceId") == props["ParameterName"])
-        if not renamed:
+        if not _old_recipe_delete(event, props):
             raise BadRequest(f"ParameterName must be {PARAMETER_PREFIX}{fleet}/recipe for this resource")
         # The cleanup Delete of a fleet renamed in place: the old physical id with the old
         # properties. handle() sees a physical id that is not this fleet's and touches nothing.
