@@ -449,12 +449,13 @@ def test_a_hostile_event_writes_nothing(aws, change, refusal) -> None:
     assert aws.proxy.seen == {} and aws.stored() is None
 
 
-def test_the_cleanup_delete_of_a_fleet_removed_from_the_stack_never_fails(aws) -> None:
+def test_the_cleanup_delete_of_a_fleet_removed_or_renamed_never_fails(aws) -> None:
     """One fleet of several removed from a stack: the update phase takes its logical id out of
     the writer's RECIPE_RESOURCES (and its parameter out of the writer's role) before the
     cleanup's Delete comes. Answered SUCCESS 'skipped' with the parameter left and named (the
     writer may no longer delete it), never FAILED (a DELETE_FAILED in the stack's events; the
-    audit of round 9 found it). Anything else about the event still has to be this stack's."""
+    audit of round 9 found it). The same for a fleet renamed in place (the audit's other find, so
+    far only through a stand-in store). Anything else about the event still has to be this stack's."""
     run(aws.event("Create"))
     assert aws.stored() is not None
     aws.proxy.reset()
@@ -464,6 +465,11 @@ def test_the_cleanup_delete_of_a_fleet_removed_from_the_stack_never_fails(aws) -
     assert aws.answer["Status"] == "SUCCESS" and aws.answer["Data"]["Outcome"] == "skipped"
     assert NAME in aws.answer["Data"]["Reason"] and aws.answer["PhysicalResourceId"] == NAME
     assert aws.proxy.seen == {} and aws.stored() is not None  # touched nothing
+    # A fleet renamed in place (same logical id, now this fleet's): the old recipe's cleanup Delete.
+    aws.proxy.reset()
+    run(aws.event("Delete", physical="/rayito/agents/old-name/recipe", ParameterName="/rayito/agents/old-name/recipe"))
+    assert aws.answer["Status"] == "SUCCESS" and aws.answer["Data"]["Outcome"] == "skipped"
+    assert "renamed" in aws.answer["Data"]["Reason"] and aws.proxy.seen == {}
     for change in ({"RequestType": "Create"}, {"ServiceToken": FUNCTION_ARN + "-other"},
                    {"PhysicalResourceId": "/rayito/agents/other/recipe"}, {"StackId": STACK_ID + "-other"}):
         run({**removed, **change})
