@@ -42,46 +42,77 @@ def _check_whole(option: str, value: object, *, optional: bool = False) -> None:
         raise ValueError(f"{option}: {value!r} is not a whole number" + (" (None: no reservation)" if optional else ""))
 
 
-#: Mirrors of lambdas/reconciler/core.py's MIN_STAGGER_STEP_SECONDS and HANDOVER_LEAD_SECONDS (the
-#: Lambda's code cannot import the library): what first_lifetime spreads expiries by, at least.
-_MIN_STAGGER_STEP_SECONDS = 60.0
-_HANDOVER_LEAD_SECONDS = 120.0
-#: A successor's start, after the look that finds it due: PENDING (2 s measured, 26-65 s for a new
-#: version's first launches) and a margin. 180 s VMs (a 90 s lead) held with 30 s starts; 120 s
-#: and 121 s VMs did not (tests/test_reconciler_attack_short.py).
-_START_MARGIN_SECONDS = 30.0
+#: Mirror of lambdas/reconciler/core.py's MIN_STAGGER_STEP_SECONDS (the Lambda's code cannot
+#: import the library): what first_lifetime spreads expiries by, at least.
+_MIN_STAGGER_STEP_SECONDS = 20.0
+#: Mirror of core's SUCCESSOR_START_SECONDS: the start a successor's lead keeps beyond a look.
+SUCCESSOR_START_SECONDS = 10.0
 
 
-def short_lifetime_problems(project: AgentProject, lifetime: float, lead: float, period: float) -> list[str]:
+def effective_lead(lifetime: float, lead: float, period: float) -> float:
+    """How long before a VM's end the reconciler starts its successor (core.successor_lead), with
+    ticks ``period`` s apart: ``lead``, at most half a lifetime, but at least a look and a start
+    when ``lead`` is that long. (A lead over half a lifetime starts no more VMs than half a
+    lifetime would: a slot runs two VMs at most, so cost.py's estimate keeps the half.)"""
+    return max(min(lead, lifetime / 2), min(lead, period + SUCCESSOR_START_SECONDS))
+
+
+#: How far past ``tick_seconds`` a tick may work (its timeout is ``tick_seconds`` + 15 s, less the
+#: handler's 8 s margin): the part of each period a tick can be woken in for an end.
+_OVERTIME_SECONDS = 7.0
+
+
+def short_lifetime_problems(project: AgentProject, lifetime: float, lead: float, period: float,
+                            tick_seconds: float = 50.0) -> list[str]:
     """Why VMs of ``lifetime`` seconds would take the fleet below ``min_vms`` at their ends, as the
-    reconciler plans them (core.successor_lead, core.first_lifetime), looking every ``period`` s:
+    reconciler plans them (core.successor_lead, core.first_lifetime), looking every ``period`` s
+    with ticks of ``tick_seconds``:
 
-    - the successor lead (at most half a lifetime) is under a look and a start, so a successor may
-      start only after its VM ends (measured: 120 s VMs, 2-3 s below at each end; 600 s VMs looked
-      at every 5 minutes, the same);
-    - the first lifetimes of the slots cannot be spread a look apart and there is less headroom
-      than slots, so VMs that end together wait for each other's ends (measured: min 2 / max 3
-      with 300 s VMs; min 10 / max 11 with 1,200 s VMs)."""
+    - the successor lead is under a look and a start (``successor_lead_seconds`` set that low), or
+      the lifetime is, so a successor may start only after its VM ends;
+    - the first lifetimes of the slots cannot be spread a stagger step (20 s) apart and there is
+      less headroom than slots, so VMs that end together wait for each other's ends (measured:
+      min 10 / max 11 with 400 s VMs, 18 s a slot: 16 s below min_vms in 27 minutes; min 20 /
+      max 21 with 600 s VMs: 13 s);
+    - ticks leave more than 10 s of each period unwatched (a schedule longer than a tick): a
+      successor waiting for an end that falls there waits for the next tick. Slots must then end
+      that much further apart, and a VM under two looks and two starts waits for its own
+      predecessor's end (measured: min 3 / max 4 with 700 s VMs looked at every 5 minutes, 736 s
+      below min_vms in 55 minutes; min 1 / max 2 with 320 s VMs, 42 s).
+
+    Measured through the handler (tests/test_reconciler_attack_short.py): with the default lead
+    and schedule, every shape spread 20 s a slot or more held, from 90 s VMs (30 s starts from
+    120 s) up."""
     problems = []
-    effective = min(lead, lifetime / 2)
-    needed = period + _START_MARGIN_SECONDS
-    if effective < needed:
+    effective = effective_lead(lifetime, lead, period)
+    needed = period + SUCCESSOR_START_SECONDS
+    if effective < needed or lifetime < needed:
         problems.append(
-            f"successors start {effective:g} s before a VM's end (successor_lead_seconds, at most half of "
-            f"max_lifetime_seconds = {lifetime:g}), less than a schedule period and {_START_MARGIN_SECONDS:g} s "
+            f"successors start {min(effective, lifetime):g} s before a VM's end (successor_lead_seconds = {lead:g}, "
+            f"max_lifetime_seconds = {lifetime:g}), less than a schedule period and {SUCCESSOR_START_SECONDS:g} s "
             f"({needed:g} s): a successor may start only once its VM has ended, and the fleet falls below min_vms "
-            f"at each end; a lead of at least {needed:g} s avoids it (successor_lead_seconds, and VMs of at least "
-            f"{2 * needed:g} s)")
+            f"at each end; a successor_lead_seconds and a max_lifetime_seconds of at least {needed:g} s avoid it")
+    unwatched = max(0.0, period - tick_seconds - _OVERTIME_SECONDS)
+    if unwatched > SUCCESSOR_START_SECONDS and lifetime < 2 * needed:
+        problems.append(
+            f"max_lifetime_seconds = {lifetime:g} is under two schedule periods and starts ({2 * needed:g} s), and "
+            f"ticks of {tick_seconds:g} s leave {unwatched:g} s of each {period:g} s period unwatched: a successor "
+            "waits for the end of the VM before it, and an end there is seen only at the next tick; a shorter "
+            "schedule, a tick_seconds near the schedule's period, or longer VMs avoid it")
     scaling = project.scaling
     slots = scaling.min_vms + scaling.warm_vms
     headroom = scaling.max_vms - slots
-    spread = min(lifetime / 2, lifetime - (effective + _HANDOVER_LEAD_SECONDS))
-    if slots >= 2 and headroom < slots and spread / slots < _MIN_STAGGER_STEP_SECONDS:
+    spread = min(lifetime / 2, lifetime - (effective + _MIN_STAGGER_STEP_SECONDS))
+    step = _MIN_STAGGER_STEP_SECONDS + (unwatched if unwatched > SUCCESSOR_START_SECONDS else 0.0)
+    if slots >= 2 and headroom < slots and spread / slots < step:
         problems.append(
-            f"the first lifetimes of {slots} slots cannot be spread a schedule period apart in "
-            f"max_lifetime_seconds = {lifetime:g} (over {max(spread, 0):g} s), and {headroom} VM(s) of headroom cannot "
-            "hold all their successors: VMs that end together wait for each other's ends and the fleet falls "
-            "below min_vms; give the VMs longer lifetimes or max_vms more headroom")
+            f"the first lifetimes of {slots} slots cannot be spread {step:g} s apart in max_lifetime_seconds = "
+            f"{lifetime:g} (over {max(spread, 0):g} s), and {headroom} VM(s) of headroom cannot hold all their "
+            "successors: VMs that end together wait for each other's ends"
+            + (f" (and ends in the {unwatched:g} s ticks leave unwatched each period wait for the next tick)"
+               if step > _MIN_STAGGER_STEP_SECONDS else "")
+            + " and the fleet falls below min_vms; give the VMs longer lifetimes or max_vms more headroom"
+            + (", or ticks near the schedule's period (tick_seconds)" if step > _MIN_STAGGER_STEP_SECONDS else ""))
     return problems
 
 
@@ -241,15 +272,17 @@ class FleetReconciler(Construct):
             raise ValueError(f"successor_lead_seconds: {successor_lead_seconds} is not within 0 to 28800 (8 hours)")
         if successor_lead_seconds > max_lifetime_seconds / 2:
             # Told, not warned: the cap is what the reconciler does anyway (core.successor_lead).
+            lead = effective_lead(max_lifetime_seconds, successor_lead_seconds, schedule.to_seconds())
             cdk.Annotations.of(self).add_info(
                 f"successor_lead_capped: successor_lead_seconds = {successor_lead_seconds} is more than half of "
-                f"max_lifetime_seconds = {max_lifetime_seconds}: successors start {max_lifetime_seconds / 2:g} s "
-                "before a VM's end (a lead as long as the lifetime would start every VM's successor at once)")
+                f"max_lifetime_seconds = {max_lifetime_seconds}: successors start {lead:g} s before a VM's end (half "
+                "a lifetime, or a look and a start if that is longer: a lead as long as the lifetime would start "
+                "every VM's successor at once)")
         check_budgets(budgets)
         if tick_seconds >= schedule.to_seconds():
             raise ValueError(f"tick_seconds: {tick_seconds} leaves no room before the next tick ({schedule.to_seconds()} s)")
         for problem in short_lifetime_problems(project, max_lifetime_seconds, successor_lead_seconds,
-                                               schedule.to_seconds()):
+                                               schedule.to_seconds(), tick_seconds):
             cdk.Annotations.of(self).add_warning_v2("rayito:short_lifetime", f"short_lifetime: {problem}")
         self.fleet_name = project.name
         self.alarms: list[cloudwatch.Alarm] = []
@@ -292,6 +325,7 @@ class FleetReconciler(Construct):
             "MAX_START_ATTEMPTS": str(max_start_attempts),
             "MAX_STARTS_PER_STEP": str(max_starts_per_step),
             "TICK_SECONDS": str(tick_seconds),
+            "SCHEDULE_SECONDS": str(int(schedule.to_seconds())),
             "LEDGER_TABLE": ledger_table.table_name,
             "BUDGET_TABLE": budget_table.table_name,
             "BUDGETS": json.dumps({k: list(v) for k, v in sorted((budgets or {}).items())}, separators=(",", ":")),

@@ -194,12 +194,11 @@ def test_short_lifetimes_are_told_at_synth() -> None:
     """Two things a short ``max_lifetime_seconds`` is told at synth:
 
     - ``successor_lead_capped`` (an info: `cdk synth --strict` fails on warnings): the reconciler
-      starts successors at most half a lifetime before a VM's end (core.successor_lead), so the
-      default 900 s lead with VMs under 1,800 s is capped;
-    - ``short_lifetime`` (a warning, ``short_lifetime_problems``): the service takes 1 s, but a
-      successor due less than a look and a start (90 s) before its VM's end may start only after
-      it (VMs under 180 s with the default lead, capped at half a lifetime), and slots whose
-      first lifetimes cannot be spread a look apart, with less headroom than slots, end together.
+      starts successors at most half a lifetime before a VM's end, but at least a look and a start
+      (core.successor_lead), so the default 900 s lead with VMs under 1,800 s is capped;
+    - ``short_lifetime`` (a warning, ``short_lifetime_problems``): a lifetime under a look and a
+      start (70 s), and slots whose first lifetimes cannot be spread 20 s apart with less headroom
+      than slots (the example's two slots, min 1 and warm 1, with none).
 
     8-hour VMs say nothing."""
     infos, warnings = {}, {}
@@ -211,33 +210,49 @@ def test_short_lifetimes_are_told_at_synth() -> None:
         warnings[lifetime] = [m.entry.data for m in annotations.find_warning("*", Match.string_like_regexp("^short_lifetime: "))]
     assert [lifetime for lifetime, told in infos.items() if told] == [1, 119, 120, 240, 1_200]
     assert "successors start 600 s before a VM's end" in infos[1_200][0]
-    assert [lifetime for lifetime, told in warnings.items() if told] == [1, 119, 120, 240]
-    # 240 s: a lead of two looks, but the example's two slots (min 1, warm 1) cannot be spread
-    # with one VM of headroom
-    assert len(warnings[240]) == 1 and "the first lifetimes of 2 slots cannot be spread" in warnings[240][0]
-    assert "successors start 60 s before a VM's end" in warnings[120][0]
-    assert "less than a schedule period and 30 s (90 s)" in warnings[120][0]
+    assert "successors start 70 s before a VM's end" in infos[120][0]  # a look and a start, over half
+    assert [lifetime for lifetime, told in warnings.items() if told] == [1, 119, 120]
+    assert len(warnings[120]) == 1 and "the first lifetimes of 2 slots cannot be spread 20 s apart" in warnings[120][0]
+    assert len(warnings[1]) == 2 and "less than a schedule period and 10 s (70 s)" in warnings[1][0]
 
 
 @pytest.mark.parametrize(("scaling", "lifetime", "period", "warned"), [
-    ((1, 2, 0), 120, 60, True),     # the round-9 attack: a 60 s lead, one look: 2 s below at each end
-    ((2, 3, 0), 300, 60, True),     # 2 slots, 1 of headroom, not spread: 5 s below in 8 minutes
-    ((10, 11, 0), 1_200, 60, True),  # 48 s a slot: not spread, 4.3 s below at each generation's end
-    ((1, 2, 0), 600, 300, True),    # looked at every 5 minutes: a 300 s lead is one look
-    ((1, 2, 0), 180, 60, False),    # held in the attack (a 90 s lead, even with 30 s starts)
-    ((3, 4, 0), 1_800, 60, False),  # spread 260 s a slot (tests/test_reconciler_short_lifetimes.py)
+    # Measured through the handler (tests/test_reconciler_attack_short.py and round 10's grid):
+    ((1, 2, 0), 120, 60, False),     # held (a 70 s lead, 30 s starts); round 9: 90 s below in 13 min
+    ((1, 2, 0), 90, 60, False),      # held
+    ((1, 2, 0), 60, 60, True),       # a VM shorter than a look and a start
+    ((2, 3, 0), 300, 60, False),     # held; round 9: 5 s below in 8 min
+    ((3, 4, 0), 180, 60, False),     # held: 20 s a slot
+    ((10, 11, 0), 600, 60, False),   # held: 27 s a slot
+    ((10, 11, 0), 1_200, 60, False),  # held; round 9: 4.3 s below at each generation's end
+    ((10, 11, 0), 400, 60, True),    # 18 s a slot: not spread, 16 s below in 27 min
+    ((20, 21, 0), 600, 60, True),    # 13.5 s a slot: 13 s below
+    ((1, 2, 0), 320, 300, True),     # every 5 minutes: 42 s below in 55 min
+    ((3, 4, 0), 700, 300, True),     # every 5 minutes: 736 s below in 55 min
+    ((1, 2, 0), 600, 300, True),     # held in the test's phase, but under two looks and starts
+    ((2, 3, 0), 900, 300, True),     # held in the test's phase, but 215 s a slot with 243 s unwatched
+    ((3, 4, 0), 1_800, 60, False),
     ((10, 11, 0), 3_600, 60, False),
-    ((2, 4, 0), 300, 60, False),    # as much headroom as slots: successors never wait
+    ((2, 4, 0), 300, 60, False),     # as much headroom as slots: successors never wait
 ])
 def test_short_lifetime_problems_name_the_shapes_that_dip(scaling, lifetime, period, warned) -> None:
-    """What ``short_lifetime`` warns about, on the shapes the round-9 attack measured through the
-    handler (tests/test_reconciler_attack_short.py: the reconciler still dips there, a strict
-    xfail each): told at synth, and not for the shapes that held."""
+    """What ``short_lifetime`` warns about: the shapes the handler was measured to dip on (and
+    those whose hold depends on when the ticks fall), and not the shapes that held."""
     from rayito_constructs.reconciler import short_lifetime_problems
 
     min_vms, max_vms, warm_vms = scaling
     project = AgentProject.from_dict({}, name="corta", min_vms=min_vms, max_vms=max_vms, warm_vms=warm_vms)
     assert bool(short_lifetime_problems(project, lifetime, 900, period)) is warned
+
+
+def test_a_longer_tick_watches_more_of_a_long_schedule() -> None:
+    """Ticks as long as the schedule allows watch the whole period: 700 s VMs of min 3 / max 4
+    looked at every 5 minutes are then told only what a minute's schedule would be told."""
+    from rayito_constructs.reconciler import short_lifetime_problems
+
+    project = AgentProject.from_dict({}, name="corta", min_vms=3, max_vms=4, warm_vms=0)
+    assert short_lifetime_problems(project, 700, 900, 300, tick_seconds=50)
+    assert not short_lifetime_problems(project, 700, 900, 300, tick_seconds=285)
 
 
 def test_one_tick_at_a_time_by_reserved_concurrency(synth) -> None:

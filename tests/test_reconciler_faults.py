@@ -292,3 +292,34 @@ def test_a_retried_token_refused_for_capacity_proves_no_vm(aws, monkeypatch) -> 
         calls = [r for r in fleet.emulator.requests if r.operation == "RunMicrovm"]
         assert len({r.client_token for r in calls}) == 1 and calls[-1].status == 200
         assert len(fleet.ours()) == 1 and not fleet.dead_letters()
+
+
+def test_a_conflict_naming_no_vm_on_an_in_doubt_retry_keeps_the_token(aws, monkeypatch) -> None:
+    """A RunMicrovm whose answer was lost made a VM; the retry with the same token and parameters
+    is answered 409 naming no VM (the emulator's Conflict fault; the service's answer there was
+    never measured). That proves nothing about the VM the first call made: the slot stays in
+    doubt with its token and asks again later, which returns that VM. Before, it took a new token
+    (a new generation): a second VM, and the first one left running, foreign to the fleet."""
+    with deployed_fleet(aws, env={"MIN_VMS": "1", "WARM_VMS": "0", "MAX_VMS": "3"}) as fleet:
+        faults = fleet.emulator._faults
+        take = faults.take
+
+        def conflict_next(operation, kind, *args, **kwargs):
+            fault = take(operation, kind, *args, **kwargs)
+            if fault is not None and kind == "lost_response":  # the retry that follows gets the 409
+                fleet.emulator.inject("RunMicrovm", "Conflict", times=1, caller=RECONCILER_CALLER)
+            return fault
+
+        monkeypatch.setattr(faults, "take", conflict_next)
+        fleet.emulator.inject("RunMicrovm", "lost_response", times=1)  # (a lost response has no caller filter)
+        runs = fleet.every_minute(monkeypatch, 4)
+        calls = [r for r in fleet.emulator.requests if r.operation == "RunMicrovm"]
+        assert [r.status for r in calls[:2]] == [500, 409]
+        assert len({r.client_token for r in calls}) == 1, [r.client_token for r in calls]
+        made = [vm["microvmId"] for vm in fleet.emulator.microvms_ever() if vm["imageArn"] == fleet.image]
+        assert len(made) == 1  # the lost response's VM, and no other
+        assert fleet.ledger_slots()["base-0"]["microvm_id"] == made[0]
+        assert [vm["microvmId"] for vm in fleet.ours()] == made
+        # Listed before the retry returned it, the VM is told as a stray once, and never touched.
+        assert not [r for r in fleet.emulator.requests if r.operation in ("SuspendMicrovm", "TerminateMicrovm")]
+        assert not fleet.dead_letters() and len([e for r in runs for e in r.events("run_accepted")]) == 1

@@ -25,6 +25,7 @@ Vocabulary (docs/reconciler.md):
 
 from __future__ import annotations
 
+import bisect
 import copy
 import hashlib
 import json
@@ -58,8 +59,14 @@ SUSPEND_THEN_RESUME_SECONDS = 2.2
 EXPIRY_MARGIN_SECONDS = 90.0
 #: How soon a step looks again at a parked slot's PENDING VM (measured PENDING: about 2 s).
 PENDING_POLL_SECONDS = 2.6
-#: First lifetimes are spread by at least this much a slot, or not at all (the schedule's period).
-MIN_STAGGER_STEP_SECONDS = 60.0
+#: First lifetimes are spread by at least this much a slot, or not at all: a successor that waits
+#: for room under ``max_vms`` runs when the VM ending before its own ends (a step wakes for that
+#: end, or the next scheduled tick, at most the 3 s between a tick's overtime and the next, comes),
+#: and is RUNNING a start later (measured PENDING: about 2 s). Before, 60 s (a schedule's period):
+#: min 10 / max 11 with 1,200 s VMs (48 s a slot) was not spread at all and fell below min_vms.
+MIN_STAGGER_STEP_SECONDS = 20.0
+#: A successor that runs this long before its VM's end is RUNNING before it (PENDING: about 2 s).
+SUCCESSOR_START_SECONDS = 10.0
 #: A base successor without headroom takes a parked VM this long before the old VM's end.
 HANDOVER_LEAD_SECONDS = 120.0
 #: A base VM that cannot have a successor before its end is replaced this soon after it.
@@ -110,6 +117,8 @@ class FleetSpec:
     """End foreign VMs that show no sign of serving (see :func:`stray_is_idle`)."""
     stray_grace_seconds: float = 3600.0
     """How long a foreign VM must stay SUSPENDED, unowned, before it may be ended."""
+    look_period_seconds: float = 60.0
+    """How often the schedule invokes a tick (the longest a due successor may wait for a look)."""
 
     def run_parameters(self, role: str, lifetime: Optional[int] = None) -> dict[str, Any]:
         """RunMicrovm parameters for a slot of ``role`` (the client token aside)."""
@@ -162,6 +171,7 @@ class Slot:
     handover_from: Optional[str] = None  # the warm slot whose parked VM a base slot took
     end_requested_at: Optional[float] = None  # when the service accepted our TerminateMicrovm
     park_doubt_since: Optional[float] = None  # a SuspendMicrovm sent then, its answer lost
+    retiring_ends_at: Optional[float] = None  # the retiring VM's expected end (its start + lifetime)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -195,6 +205,7 @@ class Intent:
     priority: int = 0
     retry: bool = False  # a RunMicrovm with a token already sent (in doubt): needs no headroom
     donor: Optional[str] = None  # resume: the warm slot giving its parked VM
+    expires: float = 0.0  # a successor: when the VM it replaces ends
 
 
 @dataclass
@@ -280,33 +291,54 @@ def slot_order(slot_id: str, role: str, spec: Optional["FleetSpec"] = None) -> t
 
 
 def successor_lead(spec: FleetSpec) -> float:
-    """How long before a VM's end its successor starts: ``successor_lead_seconds``, at most half a
-    lifetime. A lead as long as the lifetime (the default 900 s with 600 s VMs) made every VM's
-    successor due at once: two VMs a slot all the time, and the successor of a successor waited
-    for the old VM's end (the next tick), so a fleet of min 1 / max 2 fell to 0 RUNNING at each
-    end."""
-    return min(spec.successor_lead_seconds, spec.max_lifetime_seconds / 2)
+    """How long before a VM's end its successor is due: ``successor_lead_seconds``, at most half a
+    lifetime, but never less than a look (the schedule's period) and a start when the lead asked
+    for is that long. A successor is run at the first look after it is due: with a lead under a
+    period, that look may come after the end (120 s VMs looked at every minute: 60 s leads fell
+    below min_vms 58-90 s in 13 minutes).
+
+    The half-lifetime cap: a lead as long as the lifetime (the default 900 s with 600 s VMs) made
+    every VM's successor due at once: two VMs a slot all the time, and the successor of a
+    successor waited for the old VM's end (the next tick), so a fleet of min 1 / max 2 fell to 0
+    RUNNING at each end."""
+    capped = min(spec.successor_lead_seconds, spec.max_lifetime_seconds / 2)
+    return max(capped, min(spec.successor_lead_seconds, spec.look_period_seconds + SUCCESSOR_START_SECONDS))
 
 
 def first_lifetime(spec: FleetSpec, slot_id: str, role: str) -> int:
     """The lifetime of a slot's first VM: spread by the slot's rank over half a lifetime, or
     less when the lifetime is short, so VMs started together (a fleet from empty) do not all
-    expire together. No first VM lives less than the successor lead plus the handover lead (its
-    successor is due after the fill, and a handover fits before its end), and expiries less than a
-    scheduled tick apart (``MIN_STAGGER_STEP_SECONDS``) are not spread (one tick handles them
-    together). Before, no first VM lived less than twice the lead plus the handover lead, so
-    lifetimes under 1,920 s (the default 900 s lead) were not spread at all: min 3 / max 4 with
-    1,800 s VMs expired together and fell to 0 RUNNING."""
+    expire together. No first VM lives less than the successor lead plus a stagger step (its
+    successor is due after the fill), and expiries less than ``MIN_STAGGER_STEP_SECONDS`` apart are
+    not spread. Spread ends matter most with less headroom than slots: each successor that waits
+    for room runs when the VM ending before its own ends (``plan``), so ends a step apart keep
+    every slot RUNNING. Before, the floor was the lead plus the handover lead (120 s) and the step
+    60 s: min 2 / max 3 with 300 s VMs and min 10 / max 11 with 1,200 s VMs were not spread, and
+    their VMs ended together below min_vms; before that, twice the lead plus 120 s, so min 3 /
+    max 4 with 1,800 s VMs expired together and fell to 0 RUNNING."""
     life = spec.max_lifetime_seconds
     order = sorted(desired_slot_ids(spec), key=lambda s: slot_order(*s, spec))
     ids = [s for s, _ in order]
     if not spec.stagger or slot_id not in ids or len(ids) < 2:
         return life
-    spread = min(life / 2, life - (successor_lead(spec) + HANDOVER_LEAD_SECONDS))
+    spread = min(life / 2, life - (successor_lead(spec) + MIN_STAGGER_STEP_SECONDS))
     if spread / len(ids) < MIN_STAGGER_STEP_SECONDS:
-        return life  # too short a lifetime to spread expiries a scheduled tick apart
+        return life  # too short a lifetime to spread expiries a stagger step apart
     rank = ids.index(slot_id)
     return int(life - rank * spread / len(ids))
+
+
+def retiring_end(slot: Slot, seen: Mapping[str, Observed], spec: FleetSpec) -> Optional[float]:
+    """When the VM a slot is replacing ends by itself (None: it has none, or it ended): its
+    expected end, or, for a ledger written before that was kept, its start plus a whole lifetime."""
+    if not slot.retiring_id:
+        return None
+    vm = seen.get(slot.retiring_id)
+    if vm is not None and (vm.state in ENDED or vm.state == GONE):
+        return None
+    if slot.retiring_ends_at is not None:
+        return slot.retiring_ends_at
+    return vm.started_at + spec.max_lifetime_seconds if vm is not None else None
 
 
 def own_vm_ids(slots: Mapping[str, Slot]) -> set[str]:
@@ -380,13 +412,13 @@ def plan(spec: FleetSpec, ledger: Mapping[str, Slot], observed: Iterable[Observe
             retiring = seen.get(slot.retiring_id)
             if ended(retiring):
                 events.append(_event("vm_retired", slot, retired_id=slot.retiring_id))
-                slot.retiring_id = None
+                slot.retiring_id = slot.retiring_ends_at = None
             elif (slot.role == WARM and retiring is not None and retiring.state in ("PENDING", "RUNNING")
                   and now - (slot.queued_at or now) > PARK_GRACE_SECONDS):
                 # A client resumed the parked VM being replaced: it is a member now.
                 # uncovered: a client resumes a parked VM that an image rollout is replacing, 30 s after its successor was queued; no test does
                 member_of(retiring.microvm_id, retiring.started_at, "warm_slot_taken", slot)
-                slot.retiring_id = None
+                slot.retiring_id = slot.retiring_ends_at = None
         if slot.role == MEMBER:
             member = seen.get(slot.microvm_id or "")
             if ended(member):
@@ -553,6 +585,7 @@ def plan(spec: FleetSpec, ledger: Mapping[str, Slot], observed: Iterable[Observe
     wake_at: Optional[float] = None
     replace_at: Optional[float] = None
     ordered = sorted(slots.values(), key=lambda s: slot_order(s.slot_id, s.role, spec))
+    own_retiring: list[tuple[Slot, float]] = []  # due base successors held back by their slot's retiring VM
     for slot in ordered:
         if slot.role == MEMBER or slot.phase == DEAD or slot.draining:
             continue
@@ -571,11 +604,17 @@ def plan(spec: FleetSpec, ledger: Mapping[str, Slot], observed: Iterable[Observe
         ready = slot.phase in (RUNNING, PARKED)
         outdated = bool(spec.image_version and current and current.image_version
                         and current.image_version != spec.image_version)
+        if ready and slot.retiring_id is not None and slot.role == BASE and expires - now <= successor_lead(spec):
+            # A VM so short-lived that its successor is due while the VM it replaced still runs
+            # (two VMs a slot at most): the successor runs when that one ends, woken for it.
+            end = retiring_end(slot, seen, spec)
+            if end is not None:
+                own_retiring.append((slot, end))
         if ready and slot.retiring_id is None:
             if expires - now <= successor_lead(spec):
                 # Expiring base VMs first: they are what keeps min_vms live.
                 successors.append(Intent("run", slot.slot_id, slot.microvm_id, role=slot.role, successor=True,
-                                         reason="expiring", priority=0 if slot.role == BASE else 1))
+                                         reason="expiring", priority=0 if slot.role == BASE else 1, expires=expires))
             elif outdated and (slot.role == WARM or spec.base_rollout == "rolling"):
                 # A new image version: parked slots are replaced first, base VMs after them.
                 successors.append(Intent("run", slot.slot_id, slot.microvm_id, role=slot.role, successor=True,
@@ -588,7 +627,8 @@ def plan(spec: FleetSpec, ledger: Mapping[str, Slot], observed: Iterable[Observe
             # uncovered: 527->496, a parked slot whose replaced VM is missing from the list or not suspended; no test lags that VM
             if retiring is not None and retiring.state in ("SUSPENDING", "SUSPENDED"):
                 intents.append(Intent("terminate", slot.slot_id, slot.retiring_id, reason="replaced_parked_slot"))
-    successors.sort(key=lambda i: i.priority)
+    # The VM closest to its end first: room under max_vms freed by one end goes to the next.
+    successors.sort(key=lambda i: (i.priority, i.expires))
 
     # 7. Base slots before parked ones when there is not room for every run; a base slot with no
     # room at all takes a parked VM (its own VM ended, or shortly before its VM ends): min_vms
@@ -596,6 +636,29 @@ def plan(spec: FleetSpec, ledger: Mapping[str, Slot], observed: Iterable[Observe
     headroom = spec.max_vms - live
     handovers: list[Intent] = []
     donors = [s for s in parked if not s.ending and not s.draining and s.retiring_id is None]
+    life = spec.max_lifetime_seconds
+
+    def wake(at: float, replace: bool = True) -> None:
+        nonlocal wake_at, replace_at
+        wake_at = at if wake_at is None else min(wake_at, at)
+        if replace:
+            replace_at = at if replace_at is None else min(replace_at, at)
+
+    for slot, end in own_retiring:
+        wake(max(end + EXPIRY_WAKE_SECONDS, now + LATE_END_POLL_SECONDS))
+    # Room under max_vms comes back when a VM of ours being replaced ends by itself: each such end
+    # can take one successor waiting for room (the soonest-ending VM's first).
+    frees = sorted(t for t in (retiring_end(s, seen, spec) for s in slots.values()) if t is not None)
+    # ... and when a parked VM we are ending for room shows gone (asked already: not asked twice).
+    frees += [now for s in parked if s.ending == "room_for_successor"]
+    urgent = [i for i in successors if i.role == BASE and i.reason == "expiring"
+              and i.expires - now <= HANDOVER_LEAD_SECONDS]
+    new_runs = [r for r in runs if not r.retry]
+    # Parked slots to refill wait while a base VM near its end has no room for its successor.
+    base_runs = [r for r in new_runs if r.role == BASE]
+    for intent in [r for r in new_runs if r.role != BASE][max(0, headroom - len(base_runs) - len(urgent)):]:
+        if urgent:
+            runs.remove(intent)
     new_runs = [r for r in runs if not r.retry]
     if len(new_runs) > headroom:
         runs.sort(key=lambda r: (r.retry is False, r.role != BASE))
@@ -613,22 +676,39 @@ def plan(spec: FleetSpec, ledger: Mapping[str, Slot], observed: Iterable[Observe
     for intent in list(successors):
         if headroom > 0:
             headroom -= 1  # this successor runs a VM of its own (budget permitting)
+            if intent.expires:
+                # ... and the VM it replaces ends at its time: room for a later successor.
+                bisect.insort(frees, intent.expires)
             continue
         slot = slots[intent.slot_id]
         expires = (slot.vm_started_at or now) + (slot.lifetime or spec.max_lifetime_seconds)
         if intent.role != BASE or intent.reason != "expiring":
             continue
-        if expires - now > HANDOVER_LEAD_SECONDS:
-            at = expires - HANDOVER_LEAD_SECONDS
-            wake_at = at if wake_at is None else min(wake_at, at)
+        free = next((t for t in frees if t + EXPIRY_WAKE_SECONDS + SUCCESSOR_START_SECONDS <= expires), None)
+        if free is not None:
+            # A VM of ours ends in time for this successor to run and be RUNNING before its VM
+            # ends (spread first lifetimes: min 10 / max 11 with 1,200 s VMs, one at a time).
+            frees.remove(free)
+            wake(max(free + EXPIRY_WAKE_SECONDS, now + LATE_END_POLL_SECONDS))
             continue
-        life = spec.max_lifetime_seconds
+        if expires - now > HANDOVER_LEAD_SECONDS:
+            wake(expires - HANDOVER_LEAD_SECONDS, replace=False)
+            continue
         usable = [d for d in donors if (d.vm_started_at or now) + (d.lifetime or life) - now > successor_lead(spec)]
+        if not usable and donors:
+            # Parked VMs too near their own end to take over: the soonest-ending one is ended
+            # for room, and the successor runs once the list shows it gone (the pool, not
+            # min_vms, dips for a moment). Taken, it would need a successor itself within the
+            # lead (min 1 / warm 1 / max 2 with 600 s VMs fell 3 s below min_vms at each end).
+            donor = min(donors, key=lambda d: (d.vm_started_at or 0) + (d.lifetime or life))
+            donors.remove(donor)
+            donor.ending = "room_for_successor"
+            intents.append(Intent("terminate", donor.slot_id, donor.microvm_id, reason="room_for_successor"))
+            wake(now + LATE_END_POLL_SECONDS)
+            continue
         if not usable:
             # No headroom, nothing parked (max_vms == min_vms, say): replace it the moment it ends.
-            at = max(expires + EXPIRY_WAKE_SECONDS, now + LATE_END_POLL_SECONDS)
-            wake_at = at if wake_at is None else min(wake_at, at)
-            replace_at = at if replace_at is None else min(replace_at, at)
+            wake(max(expires + EXPIRY_WAKE_SECONDS, now + LATE_END_POLL_SECONDS))
             continue
         donor = max(usable, key=lambda d: (d.vm_started_at or 0) + (d.lifetime or life))
         donors.remove(donor)
@@ -702,6 +782,7 @@ def handover(base: Slot, donor: Slot, now: float) -> tuple[Slot, Slot]:
     # uncovered: 615->617, a handover to a base slot without a VM (544-547 above), never reached
     if base.microvm_id:
         base.retiring_id = base.microvm_id
+        base.retiring_ends_at = (base.vm_started_at or now) + (base.lifetime or 28_800)
     base.microvm_id = donor.microvm_id
     base.generation += 1
     base.request, base.in_doubt_since, base.errors = None, None, 0
@@ -744,6 +825,7 @@ def admit_run(spec: FleetSpec, slot: Slot, intent: Intent, now: float) -> Slot:
     call leaves a slot the next step finishes with the same client token and parameters."""
     slot = copy.copy(slot)
     if intent.successor:
+        slot.retiring_ends_at = (slot.vm_started_at or now) + (slot.lifetime or spec.max_lifetime_seconds)
         slot.retiring_id, slot.microvm_id = slot.microvm_id, None
         slot.generation += 1
         slot.queued_at = now

@@ -9,7 +9,7 @@ Configuration comes from the environment the construct sets:
 ``IMAGE_VERSION`` (the version to roll onto), ``BASE_ROLLOUT`` (``on_expiry`` or ``rolling``),
 ``SHARED_WITH`` (JSON list of the other fleets on the image, whose ledger items in the same table
 say which VMs are theirs), ``TERMINATE_STRAYS`` (``1``: end idle foreign VMs),
-``STRAY_GRACE_SECONDS``, ``RAYITO_METRICS`` (``on``: send the custom metrics; off or unset: send
+``STRAY_GRACE_SECONDS``, ``SCHEDULE_SECONDS`` (how often the schedule ticks; 60 when unset), ``RAYITO_METRICS`` (``on``: send the custom metrics; off or unset: send
 none, print no EMF line; the log lines are the same either way).
 
 The Lambda Python runtime's bundled botocore may predate ``lambda-microvms`` (botocore 1.43.35):
@@ -85,6 +85,7 @@ def spec_from_env(env: Optional[dict[str, str]] = None) -> FleetSpec:
         shared_image=bool(json.loads(env.get("SHARED_WITH") or "[]")),
         terminate_strays=env.get("TERMINATE_STRAYS") == "1",
         stray_grace_seconds=number("STRAY_GRACE_SECONDS", 3600.0),
+        look_period_seconds=number("SCHEDULE_SECONDS", 60.0),
     )
 
 

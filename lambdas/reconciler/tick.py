@@ -13,7 +13,8 @@ Errors of a RunMicrovm, by what they prove (docs/reconciler.md "Ownership"):
   error of kind ``service``), ``ValidationException``, ``ResourceNotFoundException``,
   ``AccessDeniedException`` (a slot error of kind ``request``). The slot goes back to the queue.
 * ``ConflictException``: the token was used with other parameters, so it made a VM: when the
-  error names it (``resourceId``), that VM is the slot's; otherwise a new generation.
+  error names it (``resourceId``), that VM is the slot's; otherwise, on a first call, a new
+  generation, and on a retry of a token in doubt, the doubt stays (below).
 * *ambiguous* (``InternalServerException``, any other 5xx, a timeout or a dropped connection):
   the VM may exist. The slot is *in doubt*: it counts as live and retries with the same token
   and parameters, which returns the VM the first call made, if it made one.
@@ -837,19 +838,20 @@ class Reconciler:
                 self._emit(core._event("run_doubt_resolved", slot, reason=f"no_vm:{code}"))
             slot.in_doubt_since = None
             slot.phase = core.QUEUED
-        elif ambiguous or (retried and code != "ConflictException"):
-            # Ambiguous, or a retry refused before the token was looked at (AccessDenied,
-            # Validation, NotFound...: proof of nothing about what the earlier call made). The slot
-            # stays in doubt: counted live, asked again with the same token, dead-lettered (still
-            # in doubt, its token kept for a redrive) after max_start_attempts; never a new token
-            # while a VM of the old one may run.
+        elif ambiguous or retried:
+            # Ambiguous, or a retry refused (AccessDenied, Validation, NotFound..., or a Conflict
+            # that names no VM: the same token with the same pinned parameters, so nothing the
+            # earlier call made is proven either way). The slot stays in doubt: counted live,
+            # asked again with the same token, dead-lettered (still in doubt, its token kept for a
+            # redrive) after max_start_attempts; never a new token while a VM of the old one may
+            # run (a lost answer, then a 409 on the retry: a new token made a second VM and left
+            # the first one running, foreign to the fleet).
             slot.in_doubt_since = slot.in_doubt_since or now
-        # uncovered: 596->598, a ConflictException that names no VM (the emulator's Conflict fault) on an in-doubt slot's retry; no test injects it after an ambiguous error
-        elif slot.in_doubt_since is None:
+        else:
             slot.phase = core.QUEUED
-        if code == "ConflictException":
-            slot.generation += 1  # the token's parameters changed and the VM is unnamed: a new token
-            slot.request = None
+            if code == "ConflictException":
+                slot.generation += 1  # a first call's token used before with other parameters: a new token
+                slot.request = None
         outcome = "in_doubt" if slot.in_doubt_since is not None else "retry_later"
         if counted and slot.errors >= self.spec.max_start_attempts:
             slot.phase, slot.dead_kind = core.DEAD, kind
