@@ -466,3 +466,35 @@ def test_the_ledger_says_which_runs_are_due_before_any_list() -> None:
     assert ledger_demand(spec, slots, 140.0) == 3  # base-1's backoff is over
     full = FleetSpec("f", spec.image_arn, min_vms=3, max_vms=3, warm_vms=2)
     assert ledger_demand(full, slots, 140.0) == 0  # vm-0, vm-9 and the in-doubt run leave no headroom
+
+
+def test_a_retiring_vms_end_comes_from_the_ledger_or_a_whole_lifetime() -> None:
+    """``core.retiring_end``: the end kept when the successor was admitted; for a slot written
+    before that was kept (no ``retiring_ends_at``), the listed start plus a whole lifetime (later
+    than a spread first VM's real end: its successor waits longer, never too little); nothing when
+    the retiring VM is not listed (its end is unknown) or there is none."""
+    from lambdas.reconciler import core
+
+    spec = FleetSpec("f", "arn", 2, 3, max_lifetime_seconds=600)
+    legacy = core.Slot.from_dict({"slot_id": "base-0", "role": core.BASE, "retiring_id": "vm-1", "microvm_id": "vm-2"})
+    seen = {"vm-1": core.Observed("vm-1", "RUNNING", 1_000.0)}
+    assert core.retiring_end(legacy, seen, spec) == 1_600.0
+    assert core.retiring_end(legacy, {}, spec) is None
+    kept = core.admit_run(spec, core.Slot("base-0", core.BASE, microvm_id="vm-1", vm_started_at=1_000.0, lifetime=450),
+                          core.Intent("run", "base-0", "vm-1", role=core.BASE, successor=True), 1_300.0)
+    assert kept.retiring_id == "vm-1" and core.retiring_end(kept, seen, spec) == 1_450.0
+    assert core.retiring_end(core.Slot("base-1", core.BASE), seen, spec) is None
+    # A successor due while that VM still runs (lifetimes under two leads) is woken for its end:
+    # 120 s VMs, a 70 s lead (a look and a start); vm-2 ran at 1,050 for vm-1 (ends 1,120).
+    short = FleetSpec("f", "arn", 1, 2, max_lifetime_seconds=120)
+    slot = core.admit_run(short, core.Slot("base-0", core.BASE, microvm_id="vm-1", vm_started_at=1_000.0, lifetime=120),
+                          core.Intent("run", "base-0", "vm-1", role=core.BASE, successor=True), 1_050.0)
+    slot.microvm_id, slot.vm_started_at, slot.phase = "vm-2", 1_050.0, core.RUNNING
+    seen = {"vm-1": core.Observed("vm-1", "RUNNING", 1_000.0), "vm-2": core.Observed("vm-2", "RUNNING", 1_050.0)}
+    plan = core.plan(short, {"base-0": slot}, seen.values(), 1_105.0)
+    assert not [i for i in plan.intents if i.kind == "run"]
+    assert plan.wake_at == plan.replace_at == 1_120.0 + core.EXPIRY_WAKE_SECONDS
+    # Its end unknown (a slot written before ends were kept, the VM missing from the list): no wake.
+    slot.retiring_ends_at = None
+    plan = core.plan(short, {"base-0": slot}, [seen["vm-2"]], 1_105.0)
+    assert plan.replace_at is None and not [i for i in plan.intents if i.kind == "run"]

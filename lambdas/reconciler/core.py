@@ -329,13 +329,13 @@ def first_lifetime(spec: FleetSpec, slot_id: str, role: str) -> int:
 
 
 def retiring_end(slot: Slot, seen: Mapping[str, Observed], spec: FleetSpec) -> Optional[float]:
-    """When the VM a slot is replacing ends by itself (None: it has none, or it ended): its
-    expected end, or, for a ledger written before that was kept, its start plus a whole lifetime."""
+    """When the VM a slot is replacing ends by itself (None: it has none, or its end is unknown):
+    its expected end, or, for a ledger written before that was kept, its start plus a whole
+    lifetime (a later end than the real one: the successor waits longer, never too little). A
+    retiring VM seen ended is no longer the slot's (``plan``'s first step)."""
     if not slot.retiring_id:
         return None
     vm = seen.get(slot.retiring_id)
-    if vm is not None and (vm.state in ENDED or vm.state == GONE):
-        return None
     if slot.retiring_ends_at is not None:
         return slot.retiring_ends_at
     return vm.started_at + spec.max_lifetime_seconds if vm is not None else None
