@@ -17,7 +17,7 @@ emulator with the measured defaults (``rayito_constructs.testing.measured``) and
   one client token per unit of work and the SDK's standard retries (3 attempts, back-off on the
   virtual clock), and parks the newest RUNNING VMs above ``min_vms``.
 
-The day: every VM expires after 8 hours; a client spike every 10 minutes (parked slots taken,
+The day: every VM expires after 8 hours (``--lifetime`` makes them shorter); a client spike every 10 minutes (parked slots taken,
 client VMs of the fleet's image up to ``max_vms``, ended 10-40 minutes later); another app
 keeping VMs on some fleets' images (foreign VMs); overlapping ticks (duplicate deliveries,
 deploys); Lambda environments whose clock is 30 s off; Lambdas killed mid-tick; lost RunMicrovm
@@ -59,6 +59,7 @@ TICK = 60.0
 TICK_SECONDS = 50  # the construct's default tick_seconds
 LAMBDA_TIMEOUT = TICK_SECONDS + 15  # the construct's function timeout
 MEMORY_MIB = 512
+LIFETIME_SECONDS = 28_800  # every fleet VM's maximumDurationInSeconds: the service's cap (--lifetime)
 MEMORY_QUOTA_MIB = 4 * 1024 * 1024  # room for every fleet, except in the 402 window
 #: A live reconciler VM within this long of its end is a slot's retiring VM: its successor is no
 #: duplicate (the reconciler's default successor lead is 900 s).
@@ -202,10 +203,11 @@ class Side:
 
     kind = ""
 
-    def __init__(self, fleets: list[Fleet], seed: int, hours: float) -> None:
+    def __init__(self, fleets: list[Fleet], seed: int, hours: float, lifetime: int = LIFETIME_SECONDS) -> None:
         self.fleets = fleets
         self.seed = seed
         self.hours = hours
+        self.lifetime = lifetime  # every fleet VM's maximumDurationInSeconds (--lifetime)
         self.rng = random.Random(seed * 7919 + 1)
         self.clock = SimClock()
         self.sim = Simulation(self.clock)
@@ -306,7 +308,7 @@ class Side:
         min_vms, max_vms, warm_vms = fleet.spec_at(self.sim.now() - self.start)
         env = {
             "FLEET_NAME": fleet.name, "IMAGE_ARN": fleet.image, "MIN_VMS": str(min_vms), "MAX_VMS": str(max_vms),
-            "WARM_VMS": str(warm_vms), "MAX_LIFETIME_SECONDS": "28800", "SUCCESSOR_LEAD_SECONDS": "900",
+            "WARM_VMS": str(warm_vms), "MAX_LIFETIME_SECONDS": str(self.lifetime), "SUCCESSOR_LEAD_SECONDS": "900",
             "MAX_START_ATTEMPTS": "3", "MAX_STARTS_PER_STEP": "10", "TICK_SECONDS": str(TICK_SECONDS),
             "LEDGER_TABLE": "ledger", "BUDGET_TABLE": "budget", "BUDGETS": "{}",
         }
@@ -531,7 +533,7 @@ class Naive(Side):
         for _ in range(max(0, missing)):
             try:
                 client.run_microvm(imageIdentifier=fleet.image, clientToken=uuid.UUID(int=self.rng.getrandbits(128)).hex,
-                                   maximumDurationInSeconds=28_800)
+                                   maximumDurationInSeconds=self.lifetime)
             except ClientError:
                 break
         for vm in running[::-1][: max(0, min(len(running) - min_vms, warm_vms - len(parked)))]:
@@ -722,7 +724,7 @@ def report(side: Side, ledger_claims: dict[str, set[str]]) -> dict[str, Any]:
                 expected_gets += 1  # an unexpected end a perfect reconciler confirms once
         # The crash-looping fleet's dips are left out: no reconciler can keep an app up that exits.
         timeline = _Timeline(fleet, own, fleet_vms, taken, start, side.emulator.timings.linger,
-                             dips=fleet.name != log.crash_fleet)
+                             dips=fleet.name != log.crash_fleet, lifetime=side.lifetime)
         result = timeline.measure(end)
         details[fleet.name] = {k: v for k, v in result.items() if v} | {"own_vms": len(own)}
         samples += result["samples"]
@@ -796,8 +798,12 @@ class _Timeline:
     """One fleet's VMs over the day, swept in time order (exact, from the VMs' state histories)."""
 
     def __init__(self, fleet: Fleet, own: list[dict[str, Any]], all_vms: list[dict[str, Any]],
-                 taken: dict[str, float], start: float, linger: float, dips: bool = True) -> None:
-        self.fleet, self.start, self.linger, self.dips = fleet, start, linger, dips
+                 taken: dict[str, float], start: float, linger: float, dips: bool = True,
+                 lifetime: int = 28_800) -> None:
+        self.fleet, self.start, self.linger, self.dips, self.lifetime = fleet, start, linger, dips, lifetime
+        # Shorter VMs have shorter leads (at most half a lifetime, at least 70 s): a VM is retiring
+        # for its successor's lead and 300 s more, up to RETIRING_WINDOW.
+        self.retiring_window = min(RETIRING_WINDOW, max(min(900.0, lifetime / 2), 70.0) + 300.0)
         self.events: list[tuple[float, int, str, int]] = []
         for vm in all_vms:
             for a, b, state in _intervals(vm):
@@ -818,7 +824,7 @@ class _Timeline:
                 if state in LIVE:
                     self._span(a, b, "own")
                     if ended is not None:
-                        self._span(max(a, ended - RETIRING_WINDOW), b, "retiring")
+                        self._span(max(a, ended - self.retiring_window), b, "retiring")
 
     def _span(self, a: float, b: float, what: str) -> None:
         if b > a:
@@ -875,7 +881,7 @@ class _Timeline:
                     new = fleet.spec_at(t - start)
                     if new[0] + new[2] < old[0] + old[2]:
                         # Base VMs above a lowered min_vms may be serving: they end by themselves.
-                        shrink_until, shrink_extra = t + 28_800, (old[0] + old[2]) - (new[0] + new[2])
+                        shrink_until, shrink_extra = t + self.lifetime, (old[0] + old[2]) - (new[0] + new[2])
                     continue
                 min_vms, max_vms, warm = fleet.spec_at(t - start)
                 out["samples"] += 1
@@ -954,9 +960,9 @@ def _all_converged(side: Side, by_image: dict[str, list[dict[str, Any]]], taken:
 # =========================================================================================== running
 
 
-def run_side(kind: str, fleets_count: int, seed: int, hours: float) -> dict[str, Any]:
+def run_side(kind: str, fleets_count: int, seed: int, hours: float, lifetime: int = LIFETIME_SECONDS) -> dict[str, Any]:
     fleets = make_fleets(fleets_count, random.Random(seed))
-    side: Side = Ours(fleets, seed, hours) if kind == "ours" else Naive(fleets, seed, hours)
+    side: Side = (Ours if kind == "ours" else Naive)(fleets, seed, hours, lifetime)
     claims: dict[str, set[str]] = defaultdict(set)
     if isinstance(side, Ours):
         for k in range(1, int(hours * 12) + 1):
@@ -991,9 +997,9 @@ def _result_of(proc: Any, queue: Any) -> tuple[str, Any]:
                     return "error", f"the process ended (exit code {proc.exitcode}) without a result"
 
 
-def _child(kind: str, fleets: int, seed: int, hours: float, queue: Any) -> None:
+def _child(kind: str, fleets: int, seed: int, hours: float, queue: Any, lifetime: int = 28_800) -> None:
     try:
-        queue.put(("ok", run_side(kind, fleets, seed, hours)))
+        queue.put(("ok", run_side(kind, fleets, seed, hours, lifetime)))
     except BaseException as exc:  # noqa: BLE001
         import traceback
 
@@ -1005,13 +1011,15 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser.add_argument("--fleets", type=int, default=10)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--hours", type=float, default=24.0)
+    parser.add_argument("--lifetime", type=int, default=LIFETIME_SECONDS,
+                        help="every fleet VM's maximumDurationInSeconds (60-28800; default the service's 8 hours)")
     parser.add_argument("--side", choices=["ours", "naive", "both"], default="both")
     parser.add_argument("--jobs", type=int, default=1, help="sides run at once (each in its own process)")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--details", action="store_true", help="per-fleet figures and the first invocation error")
     args = parser.parse_args(argv)
-    if args.fleets < 1 or not 0 < args.hours <= 24 * 7 or args.jobs < 1:
-        parser.error("--fleets must be >= 1, --hours within (0, 168], --jobs >= 1")
+    if args.fleets < 1 or not 0 < args.hours <= 24 * 7 or args.jobs < 1 or not 60 <= args.lifetime <= 28_800:
+        parser.error("--fleets must be >= 1, --hours within (0, 168], --jobs >= 1, --lifetime within [60, 28800]")
     kinds = ["ours", "naive"] if args.side == "both" else [args.side]
     context = multiprocessing.get_context("fork")
     out: dict[str, Any] = {}
@@ -1021,7 +1029,7 @@ def main(argv: Optional[list[str]] = None) -> None:
         while pending and len(running) < args.jobs:
             kind = pending.pop(0)
             queue = context.Queue()
-            proc = context.Process(target=_child, args=(kind, args.fleets, args.seed, args.hours, queue))
+            proc = context.Process(target=_child, args=(kind, args.fleets, args.seed, args.hours, queue, args.lifetime))
             proc.start()
             running.append((kind, proc, queue))
         kind, proc, queue = running.pop(0)
@@ -1032,7 +1040,7 @@ def main(argv: Optional[list[str]] = None) -> None:
         if not args.details:
             value = {k: v for k, v in value.items() if not k.startswith("_")}
         out[kind] = value
-    out["scenario"] = {"fleets": args.fleets, "seed": args.seed, "hours": args.hours,
+    out["scenario"] = {"fleets": args.fleets, "seed": args.seed, "hours": args.hours, "lifetime": args.lifetime,
                        "vms_desired": sum(f.min_vms + f.warm_vms for f in make_fleets(args.fleets, random.Random(args.seed)))}
     if args.json:
         print(json.dumps(out, indent=2))

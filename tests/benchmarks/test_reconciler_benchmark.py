@@ -206,3 +206,23 @@ def test_a_short_day_of_both_sides_from_ground_truth() -> None:
         assert result["convergence_seconds"] is not None and result["convergence_seconds"] > 0
         assert result["api_calls"] > 0 and not math.isnan(result["amplification"])
         assert result["invocation_errors"] == {}, result["_first_error"]
+
+
+def test_a_day_of_shorter_lifetimes_runs_them_and_measures_them() -> None:
+    """``--lifetime`` (round 10): the fleets' VMs live that long, as the emulator saw them (every
+    VM of the day's fleets asked for it, and some ended at it), and the retiring window shrinks
+    with the lead (at most half a lifetime, at least 70 s, plus 300 s) so a VM within it of its
+    end is its slot's retiring VM, not a duplicate. Out of range, the command refuses it."""
+    fleets = bench.make_fleets(2, random.Random(3))
+    side = bench.Ours(fleets, 3, 0.5, 600)
+    side.run()
+    images = {f.image for f in fleets}
+    made = [v for v in side.emulator.microvms_ever() if v["imageArn"] in images and v["caller"].startswith("rec-")]
+    assert made and {v["maximumDurationInSeconds"] for v in made} <= set(range(1, 601))
+    assert any(h[2] and "maximum lifetime" in h[2] for v in made for h in v["history"])
+    assert bench._Timeline(fleet(), [], [], {}, START, 1200, lifetime=600).retiring_window == 600.0
+    assert bench._Timeline(fleet(), [], [], {}, START, 1200, lifetime=120).retiring_window == 370.0
+    assert bench._Timeline(fleet(), [], [], {}, START, 1200).retiring_window == bench.RETIRING_WINDOW
+    for bad in ("59", "28801"):
+        with pytest.raises(SystemExit):
+            bench.main(["--lifetime", bad])
