@@ -260,8 +260,8 @@ def test_unwarned_shapes_hold_through_the_handler(aws, monkeypatch, shape) -> No
 def test_thirty_slots_spread_20s_and_more_hold(aws, monkeypatch) -> None:  # noqa: F811
     """min 30 / max 31 with 3,600 s VMs (60 s a slot, one VM of headroom): 64 minutes, every
     first lifetime's end (1,800 s to 3,600 s), each successor waiting for the end before its own.
-    Held: 0 s below, peak 31/31, 61 RunMicrovm (bound 73.7). (A lifetime and a half, 92 looks, also held: 61 RunMicrovm for a
-    bound of 82; slower than the suite allows.)"""
+    Held: 0 s below, peak 31/31, 61 RunMicrovm (bound 73.7). (77 minutes, 75 looks, also held:
+    61 RunMicrovm for a bound of 82.3; slower than the suite allows.)"""
     shape = dict(lifetime=3600, min_vms=30, max_vms=31, looks=62)
     assert _warned(shape) == []
     found = _drive(aws, monkeypatch, **shape)
