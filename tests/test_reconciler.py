@@ -498,3 +498,19 @@ def test_a_retiring_vms_end_comes_from_the_ledger_or_a_whole_lifetime() -> None:
     slot.retiring_ends_at = None
     plan = core.plan(short, {"base-0": slot}, [seen["vm-2"]], 1_105.0)
     assert plan.replace_at is None and not [i for i in plan.intents if i.kind == "run"]
+
+
+def test_a_parked_slots_vm_listed_suspending_is_parking() -> None:
+    """A list that catches a parked slot's VM SUSPENDING (the 1.01-1.49 s the suspend takes,
+    measured) puts the slot in PARKING and asks nothing more of it; SUSPENDED then parks it. (The
+    handler tests reach this only when a list lands in that window: a pure test, so the coverage
+    floor does not hang on how ticks interleave.)"""
+    from lambdas.reconciler import core
+
+    spec = FleetSpec("f", "arn", 0, 1, warm_vms=1)
+    slot = core.Slot("warm-0", core.WARM, phase=core.STARTING, microvm_id="vm-1", vm_started_at=100.0)
+    plan = core.plan(spec, {"warm-0": slot}, [core.Observed("vm-1", "SUSPENDING", 100.0)], 105.0)
+    assert plan.slots["warm-0"].phase == core.PARKING and plan.intents == []
+    plan = core.plan(spec, plan.slots, [core.Observed("vm-1", "SUSPENDED", 100.0)], 107.0)
+    assert plan.slots["warm-0"].phase == core.PARKED
+    assert [e["event"] for e in plan.events] == ["vm_parked"]

@@ -112,6 +112,16 @@ def _warned(shape: dict) -> list[str]:
     return short_lifetime_problems(project, shape["lifetime"], 900, shape.get("period", 60), shape.get("tick", 50))
 
 
+def _rollout_told(shape: dict) -> list[str]:
+    """What the construct's ``short_lifetime_rollout`` info says about a shape."""
+    from rayito_constructs import AgentProject
+    from rayito_constructs.reconciler import rollout_problems
+
+    project = AgentProject.from_dict({}, name="corta", min_vms=shape["min_vms"], max_vms=shape["max_vms"],
+                                     warm_vms=shape.get("warm_vms", 0))
+    return rollout_problems(project, shape["lifetime"], 900, shape.get("period", 60))
+
+
 def _parked(fleet: Any) -> list[str]:
     return [vm["microvmId"] for vm in fleet.ours() if vm["state"] == "SUSPENDED"]
 
@@ -135,13 +145,12 @@ WARM_HANDOVER = dict(lifetime=600, min_vms=1, warm_vms=1, max_vms=2)
 # ------------------------------------------------------------------ the terminate for room under faults
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "found: a TerminateMicrovm for room refused once (409 naming no VM, or a 500 that did nothing) is "
-    "never sent again: the warm slot keeps ending='room_for_successor', core.plan counts it in frees as "
-    "ending 'now' at every step, so the base successor waits for an end nobody asked for until its own "
-    "VM ends. min 1 / warm 1 / max 2, 600 s VMs: Conflict, 2 s PENDING: 3.00 s below min_vms (successor "
-    "run 1 s after the base VM's end at 460 s), 4 RunMicrovm, 1 TerminateMicrovm; InternalServer with "
-    "30 s PENDING: 31.00 s below"))
+# Found (a strict xfail until fixed): a TerminateMicrovm for room refused once (409 naming no VM,
+# or a 500 that did nothing) was never sent again: the warm slot kept ending='room_for_successor',
+# core.plan counted it in frees as ending 'now' at every step, so the base successor waited for an
+# end nobody asked for until its own VM ended. min 1 / warm 1 / max 2, 600 s VMs: Conflict, 2 s
+# PENDING: 3.00 s below min_vms, 1 TerminateMicrovm; InternalServer with 30 s PENDING: 31.00 s.
+# Fixed: asked again once a list PARK_GRACE_SECONDS after the ask still shows it SUSPENDED.
 @pytest.mark.parametrize("fault, pending", [("Conflict", 2), ("InternalServer", 30)])
 def test_a_refused_terminate_for_room_is_asked_again_before_the_base_vm_ends(aws, monkeypatch, fault,  # noqa: F811
                                                                             pending) -> None:
@@ -271,13 +280,12 @@ def test_thirty_slots_spread_20s_and_more_hold(aws, monkeypatch) -> None:  # noq
 # ------------------------------------------------------------------ a deploy of a new image version
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "found: a new image version (first 5 launches 26-65 s PENDING, measured) on shapes short_lifetime "
-    "does not warn about: successors that wait for room run at the end before their own and need up to "
-    "65 s to be RUNNING, over the 10 s core.SUCCESSOR_START_SECONDS keeps (first lifetimes a stagger "
-    "step of 20 s apart). min 3 / max 4, 180 s VMs: 42.45 s below min_vms in 13 min, 18 RunMicrovm; "
-    "min 5 / max 6, 600 s VMs (56 s a slot): 6.40 s below in 16 min, 13 RunMicrovm. Either it holds or "
-    "short_lifetime says so"))
+# Found (a strict xfail until told): a new image version (first 5 launches 26-65 s PENDING,
+# measured) on shapes short_lifetime does not warn about: successors that wait for room run at the
+# end before their own and need up to 65 s to be RUNNING. min 3 / max 4, 180 s VMs: 42.45 s below
+# min_vms in 13 min, 18 RunMicrovm; min 5 / max 6, 600 s VMs (56 s a slot): 6.40 s below in 16
+# min, 13 RunMicrovm. Told since at synth as the info short_lifetime_rollout (rollout_problems):
+# outside a rollout these shapes hold (test_unwarned_shapes_hold_through_the_handler).
 @pytest.mark.parametrize("shape", [
     pytest.param(dict(lifetime=180, min_vms=3, max_vms=4), id="three-four-180"),
     pytest.param(dict(lifetime=600, min_vms=5, max_vms=6), id="five-six-600"),
@@ -285,7 +293,7 @@ def test_thirty_slots_spread_20s_and_more_hold(aws, monkeypatch) -> None:  # noq
 def test_a_new_image_version_does_not_dip_where_short_lifetime_is_silent(aws, monkeypatch, shape) -> None:  # noqa: F811
     found = _drive(aws, monkeypatch, each=_rollout(), **shape)
     assert found["peak"] <= found["max_vms"] and found["errors"] == [], _report(found)
-    assert found["below"] == 0.0 or _warned(shape), _report(found)
+    assert found["below"] == 0.0 or _warned(shape) or _rollout_told(shape), _report(found)
 
 
 @pytest.mark.parametrize("shape", [
