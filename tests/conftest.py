@@ -105,6 +105,27 @@ def _share_botocore_data_files() -> None:
 
     loaders.JSONFileLoader.load_file = load_file
 
+    # Each new session's loader also lists every service folder of its search paths again (a
+    # listdir and a stat per service and version: 400-odd services), before a client loads its
+    # model: 3% of the suite's CPU. One listing per worker is kept for the same folders, with the
+    # same entries (the folders' modification times are part of the key), and a copy is handed
+    # to each loader, which still caches it per instance as botocore does (instance_cache).
+    listing = loaders.Loader.list_available_services
+    listed: dict[tuple, list[str]] = {}
+
+    def list_available_services(self, type_name):
+        locations = tuple(self._potential_locations())
+        try:
+            stamps = tuple(os.stat(path).st_mtime_ns for path in locations)
+        except OSError:
+            return listing(self, type_name)
+        key = (locations, stamps, type_name, type(self.file_loader))
+        if key not in listed:
+            listed[key] = listing(self, type_name)
+        return list(listed[key])
+
+    loaders.Loader.list_available_services = loaders.instance_cache(list_available_services)
+
 
 #: The files that keep a worker longest (seconds on one worker in `make test`, 3 workers on 2
 #: cores: the contract tests 84, most of it waiting on real time: Lambda processes, a client's
