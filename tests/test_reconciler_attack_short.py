@@ -9,43 +9,21 @@ virtual clock, so nothing depends on wall-clock speed."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
-from lambdas.reconciler import core
-
-from .reconciler_harness import RECONCILER_CALLER, deployed_fleet, peak_live, seconds_below
-from .test_reconciler_handler import assert_no_duplicates, aws  # noqa: F401
+from .test_reconciler_handler import aws  # noqa: F401
 
 
-def _run(aws, monkeypatch, *, lifetime: int, min_vms: int, max_vms: int, warm_vms: int = 0,  # noqa: F811
-         pending_seconds: float = 2, period: int = 60, looks: int = 0, tick: int = 50) -> dict:
+def _run(aws, monkeypatch, **shape: Any) -> dict:  # noqa: F811
     """Deploy, fill (two looks), then look every ``period`` seconds (ticks of ``tick`` seconds, the
     function's timeout 15 s longer, as the construct sets it) for a lifetime and a half (``looks``
-    overrides); what the emulator saw from the fill on."""
-    env = {"MIN_VMS": str(min_vms), "WARM_VMS": str(warm_vms), "MAX_VMS": str(max_vms),
-           "MAX_LIFETIME_SECONDS": str(lifetime), "IDLE_SECONDS": "", "SCHEDULE_SECONDS": str(period),
-           "TICK_SECONDS": str(tick)}
-    with deployed_fleet(aws, env=env, pending_seconds=pending_seconds) as fleet:
-        start = fleet.clock.now()
-        looks = looks or max(10, 3 * lifetime // (2 * period))
-        for n in range(2 + looks):
-            begun = fleet.clock.now()
-            fleet.invoke(monkeypatch, timeout=tick + 15)
-            if n == 1:
-                filled = fleet.clock.now()
-                assert len(fleet.live(("RUNNING",))) >= min_vms
-            rest = begun + (60 if n < 2 else period) - fleet.clock.now()
-            if rest > 0:
-                fleet.clock.advance(rest)
-        end = fleet.clock.now()
-        assert_no_duplicates(fleet)
-        runs = [r for r in fleet.emulator.requests if r.caller == RECONCILER_CALLER and r.operation == "RunMicrovm"]
-        errors = [r for i in fleet.invocations for r in i.events() if r.get("level") in ("ERROR", "CRITICAL")]
-        lead = core.successor_lead(core.FleetSpec("f", "arn", min_vms, max_vms, warm_vms=warm_vms,
-                                                  max_lifetime_seconds=lifetime))
-        return {"below": seconds_below(fleet, min_vms, filled, end), "peak": peak_live(fleet), "runs": len(runs),
-                "churn_bound": (min_vms + warm_vms) * (1 + (end - start) / (lifetime - lead)) + 1,
-                "errors": errors, "max_vms": max_vms}
+    overrides); what the emulator saw from the fill on (``_drive`` of the round-10 attack, which
+    adds hooks for faults)."""
+    from .test_reconciler_attack_round10 import _drive
+
+    return _drive(aws, monkeypatch, **shape)
 
 
 def _holds(found: dict) -> None:
