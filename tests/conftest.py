@@ -207,9 +207,9 @@ def pytest_testnodedown(node, error) -> None:
 def _save_coverage() -> None:
     """An xdist worker's coverage data, written now rather than at its exit: the controller gives
     workers 10 s to exit (xdist's EXIT_TIMEOUT) and then kills them, and a killed worker's data
-    (written at exit) is lost. Exits took 5-10 s (the CDK's Node process, the servers' threads);
-    on a loaded machine a run lost a worker's data and failed the floor (egress at 90.1 % of
-    lines, 100 % when rerun). Whatever runs after this is saved at exit, as before."""
+    (written at exit) is lost. Exits took 4-10 s; a loaded machine's run failed the floor with
+    egress at 90.1 % of lines (100 % when rerun), most likely so (not reproduced). Whatever runs
+    after this is saved at exit, as before."""
     try:
         import coverage
     except ImportError:  # pragma: no cover - the dev requirements install coverage
