@@ -137,7 +137,8 @@ def _share_botocore_data_files() -> None:
 #: its own order).
 LONGEST_FILES = (
     "tests/test_contract_reconciler.py", "tests/test_verify.py", "tests/test_reconciler_handler.py",
-    "tests/test_reconciler_attack_overtime.py",
+    "tests/test_reconciler_attack_round10.py", "tests/test_reconciler_attack_overtime.py",
+    "tests/test_reconciler_attack_short.py",
     "tests/test_monitoring.py", "tests/test_reconciler.py", "tests/test_fleet_teardown_handler.py",
     "tests/test_reconciler_attack.py", "tests/test_policies.py", "tests/test_fleet.py",
     "tests/test_lifecycle_requests.py", "tests/test_reconciler_faults.py", "tests/test_verify_scenarios.py",
