@@ -661,13 +661,13 @@ def plan(spec: FleetSpec, ledger: Mapping[str, Slot], observed: Iterable[Observe
     # Room under max_vms comes back when a VM of ours being replaced ends by itself: each such end
     # can take one successor waiting for room (the soonest-ending VM's first).
     frees = sorted(t for t in (retiring_end(s, seen, spec) for s in slots.values()) if t is not None)
-    # ... and when a parked VM we are ending for room shows gone. Asked, it is not asked again
-    # until the list could have shown the end; refused (a 409, a 500 that did nothing) or never
-    # sent (the step stopped first), it is asked again (once, before, the base successor then
-    # waited for an end nobody had asked for: 3 s below min_vms, 31 s with 30 s starts).
-    # A refusal may mean a client resumed the VM (a 409: it moved on since the list): it is asked
-    # again only once a list PARK_GRACE_SECONDS after the ask still shows it SUSPENDED (a resumed
-    # VM shows RUNNING 1.2 s after the resume, and is a client's member from then on).
+    # ... and when a parked VM we are ending for room shows gone. Accepted, the terminate is not
+    # sent again before the list could show the end; refused (a 409, a 500 that did nothing) or
+    # never sent (the step stopped first), it is sent again once a list PARK_GRACE_SECONDS after
+    # the ask still shows the VM SUSPENDED: a 409 may be a client's resume, and a resumed VM shows
+    # RUNNING 1.2 s after it (a client's member from then on, never ended). Sent once only, the
+    # base successor waited for an end nobody had asked for: 3 s below min_vms, 31 s with 30 s
+    # starts (tests/test_reconciler_attack_round10.py).
     for slot in parked:
         if slot.ending == "room_for_successor":
             frees.append(now)
