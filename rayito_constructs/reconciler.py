@@ -64,6 +64,13 @@ SLOW_START_SECONDS = 65.0
 _OVERTIME_SECONDS = 7.0
 
 
+def _first_spread(project: AgentProject, lifetime: float, effective: float) -> tuple[int, int, float]:
+    """The fleet's slots, its headroom above them, and the seconds its first lifetimes are
+    spread over (core.first_lifetime, with the successor lead ``effective``)."""
+    slots = project.scaling.min_vms + project.scaling.warm_vms
+    return slots, project.scaling.max_vms - slots, min(lifetime / 2, lifetime - (effective + _MIN_STAGGER_STEP_SECONDS))
+
+
 def short_lifetime_problems(project: AgentProject, lifetime: float, lead: float, period: float,
                             tick_seconds: float = 50.0) -> list[str]:
     """Why VMs of ``lifetime`` seconds would take the fleet below ``min_vms`` at their ends, as the
@@ -101,10 +108,7 @@ def short_lifetime_problems(project: AgentProject, lifetime: float, lead: float,
             f"ticks of {tick_seconds:g} s leave {unwatched:g} s of each {period:g} s period unwatched: a successor "
             "waits for the end of the VM before it, and an end there is seen only at the next tick; a shorter "
             "schedule, a tick_seconds near the schedule's period, or longer VMs avoid it")
-    scaling = project.scaling
-    slots = scaling.min_vms + scaling.warm_vms
-    headroom = scaling.max_vms - slots
-    spread = min(lifetime / 2, lifetime - (effective + _MIN_STAGGER_STEP_SECONDS))
+    slots, headroom, spread = _first_spread(project, lifetime, effective)
     step = _MIN_STAGGER_STEP_SECONDS + (unwatched if unwatched > SUCCESSOR_START_SECONDS else 0.0)
     if slots >= 2 and headroom < slots and spread / slots < step:
         problems.append(
@@ -126,11 +130,7 @@ def rollout_problems(project: AgentProject, lifetime: float, lead: float, period
     shapes hold, and ``cdk synth --strict`` fails on warnings. Measured through the handler
     (tests/test_reconciler_attack_round10.py): min 3 / max 4 with 180 s VMs (20 s a slot), 42 s
     below min_vms in 13 minutes; min 5 / max 6 with 600 s VMs (56 s a slot), 6.4 s."""
-    scaling = project.scaling
-    slots = scaling.min_vms + scaling.warm_vms
-    headroom = scaling.max_vms - slots
-    effective = effective_lead(lifetime, lead, period)
-    spread = min(lifetime / 2, lifetime - (effective + _MIN_STAGGER_STEP_SECONDS))
+    slots, headroom, spread = _first_spread(project, lifetime, effective_lead(lifetime, lead, period))
     step = _MIN_STAGGER_STEP_SECONDS + SLOW_START_SECONDS - SUCCESSOR_START_SECONDS
     if slots >= 2 and headroom < slots and spread / slots < step:
         return [f"the first lifetimes of {slots} slots are spread less than {step:g} s apart in max_lifetime_seconds = "
