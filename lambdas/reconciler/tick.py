@@ -341,6 +341,9 @@ class Reconciler:
                 return StepResult(None)
             return StepResult(max(MIN_WAIT_SECONDS, wait))
         self._demand.clear()
+        # A look planned at a parked slot's VM (PENDING, or not listed yet) that this step does not
+        # make (it spends tokens that came due on the last look) is still owed after it.
+        owed_look = (self._park_at, list(self._peek_ids)) if self._park_at is not None and not park_due else None
         self._park_at = None
         # A step on a look older than a list a step may reuse (only suspends came due) ends or
         # resumes nothing (a parked VM a client may have resumed since): that waits for a fresh
@@ -358,11 +361,13 @@ class Reconciler:
             suspends_only = self._parking_only(now)
         elif not ready and (peeked := self._peek(now)) is not None:
             observed = peeked
+            owed_look = None
         else:
             observed = self._list(now)
             if not isinstance(observed, Deferral):
                 self._observation = (now, list(observed))
                 self._peeked = None
+                owed_look = None
             elif (ready and self._observation is not None and observed.reason == "budget_empty"
                   and now - self._observation[0] <= STALE_OBSERVATION_SECONDS):
                 # No list to be had now (ListMicrovms is shared by every fleet): tokens that came
@@ -508,7 +513,7 @@ class Reconciler:
         # GetMicrovm (a list would miss them again), not left RUNNING until the next tick.
         listed_at = self._observation[0] if self._observation is not None else now
         # Once per VM and tick: a VM that neither lists nor gets show is the next tick's (bounded cost).
-        unlisted = [vm for vm in _unlisted_warm(plan.slots, observed, listed_at, now)
+        unlisted = [vm for vm in _unlisted_warm(plan.slots, observed, listed_at, now, mine=self._run_answers)
                     if vm not in started_warm and vm not in self._relooked]
         self._relooked.update(unlisted)
         if unlisted:
@@ -529,6 +534,15 @@ class Reconciler:
             self._park_at = now + (core.PENDING_POLL_SECONDS if started_warm or plan.wake_at is None
                                    else max(core.PENDING_POLL_SECONDS, plan.wake_at - now))
             self._replace_at = min(self._park_at, self._replace_at or self._park_at)
+        if owed_look is not None:
+            # 43 fleets, seed 81868: the suspends of a tick that took the lease over came due
+            # one by one on its first list, each step dropped the look planned for the VM that
+            # list had not shown yet, and it was parked by the next minute's tick, 24 s late.
+            at, peeks = owed_look
+            self._park_at = at if self._park_at is None else min(self._park_at, at)
+            self._peek_ids = self._peek_ids + [vm for vm in peeks if vm not in self._peek_ids]
+            self._replace_at = min(self._park_at, self._replace_at or self._park_at)
+            waits.append(max(0.0, at - now))
         if plan.wake_soon:
             waits.append(TRANSITION_POLL_SECONDS)
         if plan.wake_at is not None:
@@ -1101,17 +1115,21 @@ _OPERATIONS = {
 
 
 def _unlisted_warm(slots: dict[str, core.Slot], observed: list[core.Observed], listed_at: float,
-                   now: float) -> list[str]:
+                   now: float, mine: Any = ()) -> list[str]:
     """VMs of parked slots, started and not parked yet (no suspend of ours accepted: one assumed
-    RUNNING may have been refused), that the look did not show though they
-    started (by more than a second of clock error) before its list was made, and young enough for
-    that to be the list's lag (older ones are confirmed with GetMicrovm). VMs started after the
-    list are waited for by the step that started them."""
+    RUNNING may have been refused), that the look did not show, young enough for that to be the
+    list's lag (older ones are confirmed with GetMicrovm). A VM this tick started (``mine``) after
+    the list, or less than a second of clock error before it, is waited for by the step that
+    started it; one another tick started is this tick's to look at whenever it started: that tick
+    may have lost the lease to this one between its run and its look (43 fleets, seed 81868: the
+    deploy's tick ran a parked slot's VM 0.14 s before the scheduled tick took over and listed;
+    nobody looked at the VM again, and it was parked by the next minute's tick, 24 s late)."""
     shown = {o.microvm_id for o in observed}
     return sorted(s.microvm_id for s in slots.values()
                   if s.role == core.WARM and s.microvm_id and s.microvm_id not in shown
                   and (s.phase == core.STARTING or (s.phase == core.PARKING and s.parking_since is None))
-                  and s.vm_started_at is not None and s.vm_started_at < listed_at - 1.0
+                  and s.vm_started_at is not None
+                  and (s.vm_started_at < listed_at - 1.0 or s.microvm_id not in mine)
                   and now - s.vm_started_at < core.CONSISTENCY_SECONDS)
 
 
