@@ -619,3 +619,39 @@ def test_a_retry_after_of_a_thousand_seconds_backs_every_fleet_off_a_minute_at_m
     lists = [r for r in fleet.emulator.requests if r.operation == "ListMicrovms" and r.status == 200 and r.time > lifted]
     # The first tick after the 60 s backoff lists (ticks come each minute).
     assert lists and lists[0].time - throttled[-1].time <= 60.0 + 60.0, [r.time - lifted for r in lists]
+
+
+# ------------------------------------------------------------------ a tick that waited for the holder
+
+
+def test_a_tick_that_waited_for_the_holder_runs_what_comes_due_in_its_overtime(aws, monkeypatch) -> None:
+    """Found on the benchmark (41 fleets from empty, seed 215268: a fleet's scheduled tick waited
+    47 s for the deploy's tick, took the lease over with 2.6 s of its own deadline left, and
+    stopped: its runs' tokens came after that; nobody started the fleet's last six VMs until the
+    next minute, 11.8 s later). Tick A (10 s ticks) runs two of four base VMs (RunMicrovm at one a
+    8 s, burst 2); tick B arrives 2 s in, waits for A's recorded end and takes the lease with 2 s
+    of its deadline left; the next token is 16 s in. Held: B runs the slots that are still without
+    a VM in its overtime (not later than its invocation's time less the 8 s margin) instead of
+    leaving them to the next minute; A calls nothing after B; never above max_vms."""
+    env = {"MIN_VMS": "4", "WARM_VMS": "0", "MAX_VMS": "6", "TICK_SECONDS": "10",
+           "BUDGETS": '{"RunMicrovm": [0.125, 2]}'}
+    with deployed_fleet(aws, env=env, pending_seconds=2) as fleet:
+        t0 = fleet.clock.now()
+        fleet._environment = fleet.reconciler(monkeypatch)  # A's execution environment
+        fleet._built_env = (dict(fleet.env), True)
+        second: list = []
+        fired = act_during_sleep(fleet, t0 + 2.0, lambda: second.append(
+            (fleet.invoke(monkeypatch, cold=True, timeout=25), fleet.clock.now())))
+        fleet.invoke(monkeypatch, timeout=25)
+        assert fired and second, "B never ran"
+        b, b_ended = second[0]
+        assert b.events("tick_waiting"), b.result
+        # A, frozen while B ran, makes no call after B took over (stopped by the fence at its next
+        # write, or finding nothing it may do before its own end).
+        assert not [r for r in fleet.emulator.requests if r.caller == RECONCILER_CALLER and r.time > b_ended]
+        runs = _runs(fleet, t0, ok=True)
+        late = [r for r in runs if r.time > fired[0] + 10]  # past B's own deadline
+        assert late, [(round(r.time - t0, 3)) for r in runs]  # B worked in its overtime
+        assert all(r.time <= fired[0] + 25 - 8 + 1e-6 for r in runs), [(round(r.time - t0, 3)) for r in runs]
+        assert b.calls.get("RunMicrovm", 0) >= 1, b.calls
+        assert _peak_live(fleet) <= 6
