@@ -707,7 +707,7 @@ def report(side: Side, ledger_claims: dict[str, set[str]]) -> dict[str, Any]:
         touched |= {vm for vm in claimed if starter.get(vm, ("?", -1)) != (kind, fleet.index)}
 
     samples = violations = violations_by_others = 0
-    dips = dips_no_headroom = 0.0
+    dips = dips_no_headroom = dips_at_max = 0.0
     duplicates_peak = 0
     duplicate_minutes = 0
     converged_each: dict[int, float] = {}
@@ -732,6 +732,7 @@ def report(side: Side, ledger_claims: dict[str, set[str]]) -> dict[str, Any]:
         violations_by_others += result["violations_by_others"]
         dips += result["dips"]
         dips_no_headroom += result["dips_no_headroom"]
+        dips_at_max += result["dips_at_max"]
         duplicates_peak += result["duplicates_peak"]
         duplicate_minutes += result["duplicate_minutes"]
         list_pages += result["list_pages"]
@@ -765,6 +766,7 @@ def report(side: Side, ledger_claims: dict[str, set[str]]) -> dict[str, Any]:
         "duplicate_vm_minutes": duplicate_minutes,
         "dips_below_min": round(dips, 1),
         "dips_below_min_without_headroom": round(dips_no_headroom, 1),
+        "dips_below_min_at_max_vms": round(dips_at_max, 1),
         "foreign_vms_touched": len(touched),
         "amplification": round(runs / units, 4) if units else None,
         "run_attempts": runs,
@@ -842,7 +844,12 @@ class _Timeline:
         marks = sorted([(t, 0, "sample", 0) for t in samples] + [(t, 0, "change", 0) for t in changes]
                        + [(start, 0, "first_list", 0)])
         out = {"samples": 0, "violations": 0, "violations_by_others": 0, "dips": 0.0, "duplicates_peak": 0, "duplicate_minutes": 0,
-               "list_pages": 0, "converged_at": None, "dip_spans": [], "dips_no_headroom": 0.0}
+               "list_pages": 0, "converged_at": None, "dip_spans": [], "dips_no_headroom": 0.0,
+               "dips_at_max": 0.0}
+        # The image's live VMs just before the events of the latest time swept: a stretch below
+        # min_vms that begins while they were at max_vms began with no room for a successor.
+        before: dict[str, Any] = {"time": None, "live": 0}
+        stretch: dict[str, Any] = {"at_max": False, "end": None}  # the stretch below min_vms going on
 
         def dip(a: float, b: float) -> None:
             """A stretch below min_vms, [from, seconds] since the day's start (``--details``)."""
@@ -850,11 +857,18 @@ class _Timeline:
             min_vms, max_vms, _ = fleet.spec_at(a - start)
             if max_vms <= min_vms:  # no room for a successor before the old VM ends: a PENDING each
                 out["dips_no_headroom"] += b - a
+            if b <= a:
+                return
             spans = out["dip_spans"]
-            if spans and abs(spans[-1][0] + spans[-1][1] - (a - start)) < 1e-6:
+            if spans and stretch["end"] is not None and abs(stretch["end"] - a) < 1e-6:
                 spans[-1][1] = round(b - start - spans[-1][0], 3)  # contiguous: one stretch
-            elif b > a:
+            else:
                 spans.append([round(a - start, 3), round(b - a, 3)])
+                live = before["live"] if before["time"] == a else counts["live"]
+                stretch["at_max"] = live >= fleet.max_allowed(a - start)
+            stretch["end"] = b
+            if stretch["at_max"]:
+                out["dips_at_max"] += b - a
         converged = None
         last = start
         i = j = 0
@@ -868,6 +882,8 @@ class _Timeline:
                 dip(last, t)
             last = t
             if take_event:
+                if before["time"] != t:
+                    before["time"], before["live"] = t, counts["live"]
                 counts[events[i][2]] += events[i][3]
                 i += 1
             else:

@@ -514,3 +514,30 @@ def test_a_parked_slots_vm_listed_suspending_is_parking() -> None:
     plan = core.plan(spec, plan.slots, [core.Observed("vm-1", "SUSPENDED", 100.0)], 107.0)
     assert plan.slots["warm-0"].phase == core.PARKED
     assert [e["event"] for e in plan.events] == ["vm_parked"]
+
+
+def test_a_successor_without_room_looks_again_before_the_end_when_others_hold_the_room() -> None:
+    """A base VM near its end whose successor has no room under max_vms and nothing parked: the
+    step wakes a second after the end (as before), and, when the room is held by VMs that are not
+    our slots' (a client's, another app's: they end when they end), also SUCCESSOR_START_SECONDS
+    before the end, so a room freed meanwhile is used in time (8 fleets, seed 5070: a client's VM
+    ended 38 s before a base VM's end, after the tick's last look; the successor ran at the end,
+    2 s below min_vms with room). Without others, no such look (nothing can free room but the end)."""
+    from lambdas.reconciler import core
+
+    start = 1_790_000_000.0
+    end = start + 28_800
+    slot = core.Slot("base-0", core.BASE, phase=core.RUNNING, microvm_id="vm-1", vm_started_at=start, lifetime=28_800)
+    mine = core.Observed("vm-1", "RUNNING", start)
+    client = core.Observed("vm-c", "RUNNING", start + 20_000)
+    held = core.plan(FleetSpec("f", "arn", 1, 2), {"base-0": slot}, [mine, client], end - 100)
+    assert held.live_vms == 2  # at max_vms: the successor waits for room (the tick does not run it)
+    assert held.wake_at == held.replace_at == end - core.SUCCESSOR_START_SECONDS
+    # The look finds the client's VM gone: the successor runs, RUNNING before the end.
+    freed = core.plan(FleetSpec("f", "arn", 1, 2), held.slots, [mine], end - core.SUCCESSOR_START_SECONDS)
+    assert [i.slot_id for i in freed.intents if i.kind == "run"] == ["base-0"]
+    alone = core.plan(FleetSpec("f", "arn", 1, 1), {"base-0": slot}, [mine], end - 100)
+    assert alone.wake_at == alone.replace_at == end + core.EXPIRY_WAKE_SECONDS
+    # Too close to the end for a look to help: only the end's.
+    late = core.plan(FleetSpec("f", "arn", 1, 2), {"base-0": slot}, [mine, client], end - 5)
+    assert late.wake_at == end + core.EXPIRY_WAKE_SECONDS

@@ -572,6 +572,9 @@ def plan(spec: FleetSpec, ledger: Mapping[str, Slot], observed: Iterable[Observe
     live_ids = {i for i in own_vm_ids(slots) if not ended(seen.get(i))} | set(foreign)
     in_doubt = [s for s in slots.values() if s.microvm_id is None and _in_doubt(s)]
     live = len(live_ids) + len(in_doubt)
+    # VMs of the image that are not our slots': they free room under max_vms when they end.
+    others_live = len(foreign) + sum(1 for s in slots.values() if s.role == MEMBER and s.microvm_id
+                                     and not ended(seen.get(s.microvm_id)))
 
     # 5. Parked slots are ended first when there are more VMs than max_vms or more parked slots
     # than warm_vms; never a VM that may serve.
@@ -736,6 +739,13 @@ def plan(spec: FleetSpec, ledger: Mapping[str, Slot], observed: Iterable[Observe
         if not usable:
             # No headroom, nothing parked (max_vms == min_vms, say): replace it the moment it ends.
             wake(max(expires + EXPIRY_WAKE_SECONDS, now + LATE_END_POLL_SECONDS))
+            if others_live and expires - SUCCESSOR_START_SECONDS > now + LATE_END_POLL_SECONDS:
+                # Clients' or other apps' VMs hold the room, and end when they end: one more look
+                # in time to start the successor before this VM's end. Without it, a client's
+                # VM that ended 38 s before a base VM's end (after the tick's last look) left the
+                # successor to the look after that end: 2 s below min_vms with room (8 fleets,
+                # seed 5070, fleet-001).
+                wake(expires - SUCCESSOR_START_SECONDS)
             continue
         donor = max(usable, key=lambda d: (d.vm_started_at or 0) + (d.lifetime or life))
         donors.remove(donor)

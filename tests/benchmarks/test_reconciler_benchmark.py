@@ -62,6 +62,26 @@ def test_dips_of_a_fleet_without_room_for_a_successor_are_told_apart(max_vms, wi
     result = measure(fleet(min_vms=2, max_vms=max_vms), vms)
     assert result["dips"] == pytest.approx(3)
     assert result["dips_no_headroom"] == pytest.approx(without_headroom)
+    assert result["dips_at_max"] == pytest.approx(without_headroom)
+
+
+@pytest.mark.parametrize("client_until, at_max", [(None, 3.0), (300, 0.0)])
+def test_dips_that_begin_while_others_hold_the_headroom_are_told_apart(client_until, at_max) -> None:
+    """min 2 / max 3, a client's VM on the image: while it runs, the base VM's end leaves no room
+    for a successor before it (the image at max_vms): the 3 s dip is counted at max_vms; once the
+    client's VM ended (at 300 s), the same dip had room: the reconciler's own."""
+    client = [(0, "PENDING"), (2, "RUNNING")] + ([(client_until, "TERMINATING"), (client_until + 1, "TERMINATED")]
+                                                 if client_until else [])
+    vms = [
+        vm("rec-0-1", [(0, "PENDING"), (2, "RUNNING")]),
+        vm("rec-0-1", [(0, "PENDING"), (2, "RUNNING"), (600, "TERMINATING"), (601, "TERMINATED")]),
+        vm("rec-0-1", [(601, "PENDING"), (603, "RUNNING")]),
+        vm("client-0", client),
+    ]
+    result = measure(fleet(min_vms=2, max_vms=3), vms)
+    assert result["dips"] == pytest.approx(3)
+    assert result["dips_no_headroom"] == 0
+    assert result["dips_at_max"] == pytest.approx(at_max)
 
 
 def test_dips_before_first_convergence_do_not_count_and_foreign_vms_do_not_fill_min() -> None:
@@ -194,7 +214,7 @@ def test_a_short_day_of_both_sides_from_ground_truth() -> None:
     """Both sides on two fleets for half an hour: every key there, every figure sane."""
     for kind in ("ours", "naive"):
         result = bench.run_side(kind, 2, 3, 0.5)
-        for key in ("violations_max_vms", "violations_max_vms_by_others", "samples", "duplicate_vms", "dips_below_min", "dips_below_min_without_headroom", "foreign_vms_touched",
+        for key in ("violations_max_vms", "violations_max_vms_by_others", "samples", "duplicate_vms", "dips_below_min", "dips_below_min_without_headroom", "dips_below_min_at_max_vms", "foreign_vms_touched",
                     "amplification", "run_attempts", "units_filled", "throttles_received",
                     "throttles_under_default_quotas", "convergence_seconds", "lower_bound_seconds", "api_calls",
                     "api_calls_minimum", "wall_seconds", "peak_memory_mb"):
