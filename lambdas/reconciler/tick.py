@@ -341,6 +341,7 @@ class Reconciler:
             wait = min(demand_waits + [at - now for at, n in self._held.values() if n >= 1]
                        + ([self._park_at - now] if self._park_at is not None else []))
             if self.clock() + wait >= self._deadline:
+                # uncovered: tokens past the deadline for successors only (their slots hold VMs: nothing short); no test books a successor's token that late
                 if self._replace_at is not None or self._short_at_start:
                     # Wanted slots without a VM wait for these tokens: worth the overtime, from when
                     # they come due. A tick that took the lease over from one in its overtime (whose
