@@ -18,7 +18,7 @@ import pytest
 from lambdas.reconciler import index
 
 from .moto_server import moto_server
-from .reconciler_harness import RECONCILER_CALLER, deployed_fleet, list_lag, peak_live, act_during_sleep
+from .reconciler_harness import RECONCILER_CALLER, act_during_sleep, deployed_fleet, list_lag, peak_live, seconds_below
 
 NO_HEADROOM = {"MIN_VMS": "2", "WARM_VMS": "0", "MAX_VMS": "2", "IDLE_SECONDS": ""}
 ENDED = ("TERMINATING", "TERMINATED")
@@ -667,8 +667,6 @@ def test_room_a_client_frees_just_before_a_base_vms_end_is_used_before_the_end(a
     ran only at the look after the end, 2 s below min_vms with room. Held: the step looks again
     10 s before the end (the room is held by VMs that end when they end), runs the successor
     then, RUNNING before the end: never below min_vms, never above max_vms."""
-    from .reconciler_harness import seconds_below
-
     env = {"MIN_VMS": "1", "WARM_VMS": "0", "MAX_VMS": "2", "MAX_LIFETIME_SECONDS": "600", "IDLE_SECONDS": ""}
     with deployed_fleet(aws, env=env, pending_seconds=2, fresh_launches=0) as fleet:
         t0 = fleet.clock.now()
@@ -681,8 +679,9 @@ def test_room_a_client_frees_just_before_a_base_vms_end_is_used_before_the_end(a
         fleet.clock.advance(t0 + 60 - fleet.clock.now())
         fleet.every_minute(monkeypatch, 11)  # past the base VM's end
         assert fleet.emulator.state_of(held) == "TERMINATED"
-        successors = [vm for vm in fleet.emulator.microvms_ever() if vm["imageArn"] == fleet.image
-                      and (vm["clientToken"] or "").startswith("rz1-") and vm["microvmId"] != base["microvmId"]]
+        successors = sorted((vm for vm in fleet.emulator.microvms_ever() if vm["imageArn"] == fleet.image
+                             and (vm["clientToken"] or "").startswith("rz1-") and vm["microvmId"] != base["microvmId"]),
+                            key=lambda vm: vm["startedAt"])
         assert successors and successors[0]["startedAt"] <= end - 5, (end - t0, [s["startedAt"] - t0 for s in successors])
         assert seconds_below(fleet, 1, t0 + 10, fleet.clock.now()) == 0.0
         assert _peak_live(fleet) <= 2
