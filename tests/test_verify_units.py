@@ -306,3 +306,94 @@ def test_a_config_file_that_does_not_parse(monkeypatch: pytest.MonkeyPatch, tmp_
     with pytest.raises(BadInput) as caught:
         verify(Options("mi-agente", region="us-east-1"), attempts=1)
     assert "Unable to parse config file" in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_a_fleet_whose_construct_id_extends_anothers_is_its_own() -> None:
+    """Audit 12: ``Agent`` and ``AgentCanary`` in one stack are two fleets (each has its own
+    launcher policy), and neither takes the other's resources or alarms; a reconciler's own
+    markers (``AgentReconciler...``) stay the fleet's, and without a launcher policy (a stack
+    still deploying) a prefix that extends another is still the same fleet."""
+    from rayito_constructs.verify.deployed import DeployedFleet
+
+    def r(lid: str, type_: str) -> StackResource:
+        return StackResource(lid, type_, lid.lower(), "CREATE_COMPLETE")
+
+    stack = DeployedStack("S", "arn:aws:cloudformation:us-east-1:1:stack/S/x", "us-east-1", "CREATE_COMPLETE", None,
+                          {}, None, None, [
+                              r("AgentSandboxLauncherPolicy599AC4D5", "AWS::IAM::ManagedPolicy"),
+                              r("AgentReconcilerFunction9F3B903B", "AWS::Lambda::Function"),
+                              r("AgentCanarySandboxLauncherPolicyA2730E72", "AWS::IAM::ManagedPolicy"),
+                              r("AgentCanaryRecipe33B2E66F", "Custom::RayitoRecipe"),
+                              r("AgentCanaryReconcilerFunction07CC5D31", "AWS::Lambda::Function"),
+                              r("AgentCanaryReconcilerDeficitAlarm0A1B2C3D", "AWS::CloudWatch::Alarm"),
+                              r("AgentReconcilerDeficitAlarm1A1B2C3D", "AWS::CloudWatch::Alarm"),
+                          ])
+    assert fleets_of(stack) == ["Agent", "AgentCanary"]
+    agent, canary = DeployedFleet(stack, "Agent"), DeployedFleet(stack, "AgentCanary")
+    assert agent.recipe_resource is None and canary.recipe_resource is not None
+    assert agent.reconciler_function == "agentreconcilerfunction9f3b903b"
+    assert canary.reconciler_function == "agentcanaryreconcilerfunction07cc5d31"
+    assert [a.logical_id for a in agent.alarms] == ["AgentReconcilerDeficitAlarm1A1B2C3D"]
+    assert [a.logical_id for a in canary.alarms] == ["AgentCanaryReconcilerDeficitAlarm0A1B2C3D"]
+    deploying = DeployedStack("S", "", "us-east-1", "CREATE_IN_PROGRESS", None, {}, None, None, [
+        r("AgentRecipe33B2E66F", "Custom::RayitoRecipe"), r("AgentReconcilerFunction07CC5D31", "AWS::Lambda::Function")])
+    assert fleets_of(deploying) == ["Agent"]
+
+
+def test_the_vms_of_sibling_fleets_are_neither_strays_nor_counted_toward_max_vms() -> None:
+    """Audit 12: on a shared image, what the siblings' ledgers hold is theirs (as the reconciler
+    counts); a client's VM (no ledger holds it) still counts and is a stray."""
+    slots = [{"role": "base", "phase": "running", "microvm_id": "a"}, {"role": "base", "phase": "running", "microvm_id": "b"}]
+    siblings = [{"role": "base", "phase": "running", "microvm_id": "c"},
+                {"role": "base", "phase": "running", "microvm_id": "d", "retiring_id": "e"}]
+    vms = [{"microvmId": i, "state": "RUNNING"} for i in "abcdex"]
+    view = reconciler.compare(slots, vms, min_vms=2, warm_vms=0, max_vms=3, idle=False, siblings=siblings)
+    assert view["live"] == 3 and view["strays"] == ["x"] and view["sibling_vms"] == 3
+    alone = reconciler.compare(slots, vms, min_vms=2, warm_vms=0, max_vms=3, idle=False)
+    assert alone["live"] == 6 and alone["strays"] == ["c", "d", "e", "x"] and alone["sibling_vms"] == 0
+
+
+class _PolicyClients:
+    """IAM reads for Context: a launcher policy document, or AccessDenied."""
+
+    region = "us-east-1"
+
+    def __init__(self, document: Any) -> None:
+        self.document = document
+
+    def call(self, service: str, operation: str, **kwargs: Any) -> Any:
+        from rayito_constructs.verify.aws import AwsError
+
+        if self.document is None:
+            raise AwsError(service, operation, "denied", "AccessDenied", "denied")
+        if operation == "get_policy":
+            return {"Policy": {"DefaultVersionId": "v1", "Arn": kwargs["PolicyArn"]}}
+        return {"PolicyVersion": {"Document": json.dumps(self.document)}}
+
+
+@pytest.mark.parametrize(("resources", "found"), [
+    (["arn:aws:lambda:us-east-1:123456789012:microvm-image:agent-images-v2"], "agent-images-v2"),
+    ("arn:aws:lambda:us-east-1:123456789012:microvm-image:agent-images-v2:*", "agent-images-v2"),
+    (["arn:aws:lambda:us-east-1:123456789012:microvm-image:agent*",
+      "arn:aws:lambda:us-east-1:123456789012:microvm-image:agent_2:3"], "agent_2"),
+    (["*"], "my-fleet"),  # nothing names an image: the image named after the fleet, as before
+    (None, "my-fleet"),  # the policy cannot be read
+])
+def test_the_image_is_read_from_the_launcher_policy_before_it_is_guessed(resources, found) -> None:
+    """Audit 12: a fleet on an image published elsewhere (``image_arn=``, no reconciler) has no
+    image resource, output or environment naming it; its launcher policy does."""
+    from rayito_constructs.verify.context import Context
+    from rayito_constructs.verify.deployed import DeployedFleet
+
+    stack = DeployedStack("S", "arn:aws:cloudformation:us-east-1:123456789012:stack/S/x", "us-east-1",
+                          "CREATE_COMPLETE", None, {}, None, None, [StackResource(
+                              "FleetSandboxLauncherPolicy599AC4D5", "AWS::IAM::ManagedPolicy",
+                              "arn:aws:iam::123456789012:policy/launcher", "CREATE_COMPLETE")])
+    document = None if resources is None else {"Version": "2012-10-17", "Statement": [
+        {"Effect": "Deny", "Action": "lambda:RunMicrovm", "Resource": "arn:aws:lambda:us-east-1:123456789012:microvm-image:no"},
+        {"Effect": "Allow", "Action": ["lambda:GetMicrovm"], "Resource": "arn:aws:lambda:us-east-1:123456789012:microvm-image:no"},
+        "not a statement",
+        {"Effect": "Allow", "Action": ["lambda:RunMicrovm", "lambda:PassNetworkConnector"], "Resource": resources}]}
+    ctx = Context(_PolicyClients(document), DeployedFleet(stack, "Fleet", "my-fleet"))  # type: ignore[arg-type]
+    ctx.account = "123456789012"
+    assert ctx.image_arn() == f"arn:aws:lambda:us-east-1:123456789012:microvm-image:{found}"

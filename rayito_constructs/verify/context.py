@@ -12,6 +12,9 @@ from typing import Any, Callable, Optional
 from .aws import AwsError, Clients
 from .deployed import DeployedFleet
 
+#: An unversioned MicroVM image ARN (group 1), alone or with a version (``:3``) or ``:*`` after it.
+_IMAGE_ARN = re.compile(r"^(arn:[a-z-]+:lambda:[a-z0-9-]+:\d{12}:microvm-image:[A-Za-z0-9._-]+)(:[0-9]+|:\*)?\Z")
+
 
 @dataclass(frozen=True)
 class FleetSpec:
@@ -119,12 +122,37 @@ class Context:
 
     def image_arn(self) -> Optional[str]:
         """The fleet's image: the stack's output, its image resource, the reconciler's IMAGE_ARN,
-        or the image named after the fleet (what ``AgentFleet`` defaults to)."""
+        the image its launcher policy runs, or the image named after the fleet (what
+        ``AgentFleet`` defaults to: only when nothing deployed names it)."""
         arn = (self.fleet.output("ImageArn") or self.fleet.physical("AWS::Lambda::MicrovmImage")
-               or self.reconciler_env().get("IMAGE_ARN"))
+               or self.reconciler_env().get("IMAGE_ARN") or self._launcher_image())
         if not arn and self.fleet_name and self.account:
             arn = f"arn:{self.partition}:lambda:{self.region}:{self.account}:microvm-image:{self.fleet_name}"
         return arn
+
+    def _launcher_image(self) -> Optional[str]:
+        """The unversioned image ARN the fleet's ``SandboxLauncherPolicy`` lets RunMicrovm use (a
+        fleet on an image published elsewhere, ``image_arn=``, has no image resource, no output
+        and, without a reconciler, no environment naming it); None when it cannot be read."""
+        policy = self.fleet.policy_arn("SandboxLauncherPolicy")
+        if not policy:
+            return None
+        try:
+            document = self.policy_document(policy)
+        except AwsError:
+            return None
+        for statement in document.get("Statement") or []:
+            if not isinstance(statement, dict) or statement.get("Effect") != "Allow":
+                continue
+            actions = statement.get("Action") or []
+            if "lambda:RunMicrovm" not in ([actions] if isinstance(actions, str) else actions):
+                continue
+            resources = statement.get("Resource") or []
+            for resource in [resources] if isinstance(resources, str) else resources:
+                match = _IMAGE_ARN.match(str(resource))
+                if match:
+                    return match.group(1)
+        return None
 
     def execution_role_arn(self) -> Optional[str]:
         arn = self.fleet.output("ExecutionRoleArn") or self.reconciler_env().get("EXECUTION_ROLE_ARN")

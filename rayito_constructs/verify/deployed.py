@@ -89,8 +89,14 @@ class DeployedFleet:
     def resource(self, type_: str, *parts: str) -> Optional[StackResource]:
         """The fleet's resource of ``type_`` whose logical id holds ``parts`` in order after the prefix."""
         pattern = re.compile("^" + re.escape(self.prefix) + "".join(f".*?{re.escape(p)}" for p in parts) + f".*{_HASH}$")
-        found = [r for r in self.stack.of_type(type_, self.prefix) if pattern.match(r.logical_id)]
+        found = [r for r in self.own(type_) if pattern.match(r.logical_id)]
         return found[0] if found else None
+
+    def own(self, type_: str) -> list[StackResource]:
+        """The stack's resources of ``type_`` under this fleet's prefix, less those of a fleet whose
+        construct id extends it (``AgentCanary``'s are not ``Agent``'s)."""
+        longer = [q for q in fleets_of(self.stack) if q != self.prefix and q.startswith(self.prefix)]
+        return [r for r in self.stack.of_type(type_, self.prefix) if not r.logical_id.startswith(tuple(longer))]
 
     def stack_resource(self, type_: str, *parts: str) -> Optional[StackResource]:
         """A resource of the whole stack (the ledger, the budget table, the recipe writer)."""
@@ -135,7 +141,7 @@ class DeployedFleet:
 
     @property
     def alarms(self) -> list[StackResource]:
-        return self.stack.of_type("AWS::CloudWatch::Alarm", self.prefix)
+        return self.own("AWS::CloudWatch::Alarm")
 
     @property
     def recipe_writer_function(self) -> Optional[str]:
@@ -144,15 +150,24 @@ class DeployedFleet:
 
 
 def fleets_of(stack: DeployedStack) -> list[str]:
-    """The construct prefixes of the fleets in a stack (``Fleet`` in a ``FleetStack``)."""
+    """The construct prefixes of the fleets in a stack (``Fleet`` in a ``FleetStack``).
+
+    Every fleet has its own ``SandboxLauncherPolicy``: a prefix with one is a fleet, even when it
+    extends another fleet's (``AgentCanary`` next to ``Agent``). Any other marker's prefix that
+    extends one found (``FleetReconciler`` under ``Fleet``) is the same fleet's; without a
+    launcher policy (a stack still deploying, or one that failed) the other markers tell."""
     prefixes: list[str] = []
+    launchers: set[str] = set()
     for type_, pattern in _MARKERS:
         for r in stack.of_type(type_):
             match = pattern.match(r.logical_id)
-            if match and match.group(1) not in prefixes and not match.group(1).endswith("RecipeWriter"):
+            if not match or match.group(1).endswith("RecipeWriter"):
+                continue
+            if match.lastindex and match.group(2) == "SandboxLauncherPolicy" and type_ == "AWS::IAM::ManagedPolicy":
+                launchers.add(match.group(1))
+            if match.group(1) not in prefixes:
                 prefixes.append(match.group(1))
-    # A prefix that extends another (``FleetReconciler`` under ``Fleet``) is the same fleet.
-    return [p for p in prefixes if not any(p != q and p.startswith(q) for q in prefixes)]
+    return [p for p in prefixes if p in launchers or not any(p != q and p.startswith(q) for q in prefixes)]
 
 
 def describe(clients: Clients, name: str, region: Optional[str] = None) -> Optional[DeployedStack]:

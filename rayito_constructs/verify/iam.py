@@ -91,7 +91,8 @@ def refs(ctx: Context) -> Optional[Refs]:
     fleet = ctx.fleet_name
     if not image or not fleet:
         return None
-    base = image.rsplit(":microvm-image:", 1)[0]
+    base, image_name = image.rsplit(":microvm-image:", 1) if ":microvm-image:" in image else (image, fleet)
+    image_name = image_name.split(":", 1)[0] or fleet
     env = ctx.reconciler_env()
     build_role = None
     try:
@@ -103,7 +104,8 @@ def refs(ctx: Context) -> Optional[Refs]:
     return Refs(
         fleet=fleet,
         image=image,
-        other_images=(f"{base}:microvm-image:{fleet}-other", f"{base}:microvm-image:rayito-verify-probe"),
+        # ``<image>-other``: a policy on ``<image>*`` (a prefix) would allow it.
+        other_images=(f"{base}:microvm-image:{image_name}-other", f"{base}:microvm-image:rayito-verify-probe"),
         recipe=ctx.arn("ssm", f"parameter/rayito/agents/{fleet}/recipe"),
         other_recipe=ctx.arn("ssm", f"parameter/rayito/agents/{fleet}-other/recipe"),
         connectors=tuple(f"arn:{ctx.partition}:lambda:{ctx.region}:aws:network-connector:aws-network-connector:{c}"

@@ -184,10 +184,16 @@ def ledger_slots(ctx: Context, table: str, fleet: str) -> tuple[list[dict[str, A
 
 
 def compare(slots: list[dict[str, Any]], vms: list[dict[str, Any]], *, min_vms: int, warm_vms: int,
-            max_vms: int, idle: bool) -> dict[str, Any]:
-    """The ledger against ListMicrovms (pure): live base VMs, parked warm slots, members, strays."""
+            max_vms: int, idle: bool, siblings: Iterable[dict[str, Any]] = ()) -> dict[str, Any]:
+    """The ledger against ListMicrovms (pure): live base VMs, parked warm slots, members, strays.
+    ``siblings``: the slots of the fleets sharing the image (``SHARED_WITH``); the VMs they hold
+    are theirs, neither this fleet's strays nor counted toward its ``max_vms`` (as the reconciler
+    counts them)."""
     state = {vm["microvmId"]: vm.get("state") for vm in vms}
+    theirs = {i for slot in siblings for i in (slot.get("microvm_id"), slot.get("retiring_id")) if i}
     live_ids = {i for i, s in state.items() if s in LIVE}
+    sibling_vms = len(live_ids & theirs)
+    live_ids -= theirs
     base_states = ("PENDING", "RUNNING", "SUSPENDING", "SUSPENDED") if idle else ("PENDING", "RUNNING")
     owned: set[str] = set()
     base_live = parked = members = 0
@@ -209,7 +215,7 @@ def compare(slots: list[dict[str, Any]], vms: list[dict[str, Any]], *, min_vms: 
     return {"base_live": base_live, "min_vms": min_vms, "parked": parked, "warm_vms": warm_vms,
             "members": members, "strays": strays, "live": len(live_ids), "max_vms": max_vms,
             "dead_slots": sum(1 for s in slots if s.get("phase") == "dead"), "slots": len(slots),
-            "ledger_vms_not_listed": gone}
+            "ledger_vms_not_listed": gone, "sibling_vms": sibling_vms}
 
 
 def _fleet(ctx: Context) -> Finding:
@@ -230,12 +236,19 @@ def _fleet(ctx: Context) -> Finding:
     except AwsError as error:
         return unable("reconciler.fleet", error, f"list the VMs of {image}")
     vms += _confirm_unlisted(ctx, slots, vms)
+    siblings, unread = _sibling_slots(ctx, table, env)
     view = compare(slots, vms, min_vms=spec.min_vms or 0, warm_vms=spec.warm_vms or 0,
-                   max_vms=spec.max_vms or 0, idle=bool(spec.idle_seconds))
+                   max_vms=spec.max_vms or 0, idle=bool(spec.idle_seconds), siblings=siblings)
     stats = other.get("#stats") or {}
-    data = {**view, "ledger_table": table, "stats": stats}
+    data = {**view, "ledger_table": table, "stats": stats, "siblings_unread": unread}
+    shared = f", {view['sibling_vms']} of sibling fleets" if view["sibling_vms"] else ""
     what = (f"base {view['base_live']}/{view['min_vms']} live, warm {view['parked']}/{view['warm_vms']} parked, "
-            f"{view['members']} members, {len(view['strays'])} strays, {view['live']} live of max {view['max_vms']}")
+            f"{view['members']} members, {len(view['strays'])} strays, {view['live']} live of max {view['max_vms']}"
+            f"{shared}")
+    if view["max_vms"] and view["live"] > view["max_vms"] and unread:
+        return warn("reconciler.fleet", f"{what}: above max_vms unless the VMs are sibling fleets' (the ledgers of "
+                    f"{', '.join(unread)} could not be read)", "run verify with read access to the ledger table, "
+                    "or verify each sibling fleet", **data)
     if view["max_vms"] and view["live"] > view["max_vms"]:
         return fail("reconciler.fleet", f"{what}: above max_vms", "terminate the strays (VMs no slot owns) or raise "
                     "max_vms; report it if the reconciler started them", **data)
@@ -258,6 +271,23 @@ def _fleet(ctx: Context) -> Finding:
                     f"owns them{since}", "a client's VMs are fine; others (a killed deploy's) cost money: terminate "
                     "them by id, or turn on the reconciler's terminate_strays", **data)
     return ok("reconciler.fleet", what, **data)
+
+
+def _sibling_slots(ctx: Context, table: str, env: dict[str, str]) -> tuple[list[dict[str, Any]], list[str]]:
+    """The slots of the fleets that share the image (the reconciler's ``SHARED_WITH``, partitions of
+    the same ledger table), and the siblings whose slots could not be read."""
+    try:
+        names = json.loads(env.get("SHARED_WITH") or "[]")
+    except ValueError:
+        names = []
+    slots: list[dict[str, Any]] = []
+    unread: list[str] = []
+    for name in names if isinstance(names, list) else []:
+        try:
+            slots += ledger_slots(ctx, table, str(name))[0]
+        except AwsError:
+            unread.append(str(name))
+    return slots, unread
 
 
 def _stray_ages(stats: dict[str, Any], strays: list[str], now: float) -> list[float]:
