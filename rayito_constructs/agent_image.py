@@ -185,6 +185,9 @@ class AgentImage(Construct):
         rolls to) nor one with a live VM, before each build and every ``prune_every``
         (docs/image.md "Old versions"). ``None`` keeps every version. Default: 5.
     :param prune_every: how often the pruner looks again. Default: one hour.
+    :param pruner_reserved_concurrency: the pruner's reserved concurrency: 1 keeps a scheduled
+        pass from overlapping a deploy's (``ImagePruner``); ``None`` where the account's
+        concurrency quota leaves no room to reserve. Default: 1.
     """
 
     def __init__(
@@ -212,6 +215,7 @@ class AgentImage(Construct):
         encryption_key: Optional[kms.IKey] = None,
         keep_image_versions: Optional[int] = 5,
         prune_every: cdk.Duration = cdk.Duration.hours(1),
+        pruner_reserved_concurrency: Optional[int] = 1,
     ) -> None:
         problems = []
         if keep_image_versions is not None:
@@ -349,7 +353,8 @@ class AgentImage(Construct):
         """Deletes old versions (``keep_image_versions``), unless that is None."""
         if keep_image_versions is not None:
             self.pruner = ImagePruner(self, "Pruner", image_name=image_name, keep_image_versions=keep_image_versions,
-                                      digest=properties_digest(self, self.resource), prune_every=prune_every)
+                                      digest=properties_digest(self, self.resource), prune_every=prune_every,
+                                      reserved_concurrency=pruner_reserved_concurrency)
             # Before each build: room for the new version (and no delete under way when it starts).
             self.resource.node.add_dependency(self.pruner.resource)
         self.image_arn: str = self.resource.attr_image_arn

@@ -210,7 +210,8 @@ class AgentFleet(_FleetGrants):
         must say so; see ``FleetReconciler``). Default: False.
     :param terminate_strays: let the reconciler end idle foreign VMs of the image. Default: False.
     :param reconciler_reserved_concurrency: Default: 1 (``None`` where the account's concurrency
-        quota leaves no room to reserve).
+        quota leaves no room to reserve; the image pruner of an image the fleet builds then
+        reserves none either).
     :param retain_vms_on_delete: leave the fleet's VMs running when the fleet is deleted (they end
         at their lifetime, at most 8 hours). Default: False: deleting the fleet (its stack, or the
         fleet from a stack) stops its reconciler and terminates every VM it holds, parked ones
@@ -363,6 +364,7 @@ class AgentFleet(_FleetGrants):
                 log_retention=microvm_log_retention,
                 encryption_key=recipe_key,
                 keep_image_versions=keep_image_versions,
+                pruner_reserved_concurrency=None if reconciler_reserved_concurrency is None else 1,
             )
         if self.egress_budget is not None and metrics and not (image is not None and image.node.scope is self):
             cdk.Annotations.of(self).add_warning_v2(

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Callable
+from typing import Callable, Optional
 
 import aws_cdk as cdk
 import jsii
@@ -76,6 +76,11 @@ class ImagePruner(Construct):
     :param timeout: how long one run may work. Default: 10 minutes.
     :param deploy_budget: how long a deploy waits for pruning (46 deletes, from an image at the
         quota of 50, take about 4.5 minutes: one at a time, 5.4 s each). Default: 8 minutes.
+    :param reserved_concurrency: 1 runs one pass at a time: a deploy's pass (CloudFormation
+        invokes asynchronously) waits in Lambda's queue for a scheduled pass still deleting, which
+        would otherwise leave the image UPDATING after the deploy's pass answered, and the build
+        that follows would fail on a ConflictException. ``None`` where the account's concurrency
+        quota leaves no room to reserve (then a scheduled pass may overlap a deploy). Default: 1.
     """
 
     def __init__(
@@ -89,8 +94,13 @@ class ImagePruner(Construct):
         prune_every: cdk.Duration = cdk.Duration.hours(1),
         timeout: cdk.Duration = cdk.Duration.minutes(10),
         deploy_budget: cdk.Duration = cdk.Duration.minutes(8),
+        reserved_concurrency: Optional[int] = 1,
     ) -> None:
         keep = check_keep(keep_image_versions)
+        if reserved_concurrency is not None and (isinstance(reserved_concurrency, bool)
+                                                 or not isinstance(reserved_concurrency, int) or reserved_concurrency < 1):
+            raise ValueError(f"reserved_concurrency: {reserved_concurrency!r} is not a whole number of at least 1 "
+                             "(None: no reservation)")
         if not 60 <= timeout.to_seconds() <= 900:
             raise ValueError(f"timeout: {timeout.to_seconds():g} s is not within 60 to 900 (Lambda's limit)")
         if deploy_budget.to_seconds() > timeout.to_seconds() - 30:
@@ -129,6 +139,7 @@ class ImagePruner(Construct):
                 METRICS_ENV: metrics_value(Operations.of(scope).metrics),
             },
             retry_attempts=0,  # the next scheduled run tries again; a CloudFormation request is answered once
+            reserved_concurrency=reserved_concurrency,
         )
         self.function = made.function
         """The pruner function."""
@@ -138,7 +149,10 @@ class ImagePruner(Construct):
             service_token=self.function.function_arn,
             resource_type=RESOURCE_TYPE,
             properties={"ImageName": image_name, "KeepVersions": str(keep), "ImageDigest": digest},
-            service_timeout=cdk.Duration.seconds(timeout.to_seconds() + 60),
+            # A deploy's pass may wait in the queue for a scheduled pass (a whole timeout at most)
+            # and for Lambda's retry of the throttled event (backoff up to 5 minutes).
+            service_timeout=cdk.Duration.seconds(min(3600, (2 * timeout.to_seconds() + 360) if reserved_concurrency
+                                                     else timeout.to_seconds() + 60)),
         )
         self.resource.node.add_dependency(made.role)
         schedule_role = iam.Role(

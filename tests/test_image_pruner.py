@@ -45,7 +45,10 @@ def test_the_image_waits_for_the_pruner_before_every_build() -> None:
     assert env["IMAGE_ARN"] == IMAGE and env["KEEP_VERSIONS"] == "5" and env["IMAGE_NAME"] == "mi-agente"
     assert json.loads(env["RESOURCES"]) == {logical: "mi-agente"}
     assert fn["Properties"]["Handler"] == "reconciler.pruner.handler" and fn["Properties"]["Timeout"] == 600
-    assert env["DEPLOY_BUDGET_SECONDS"] == "480" and int(props["ServiceTimeout"]) == 660
+    # One pass at a time (a deploy's waits for a scheduled one still deleting), and CloudFormation
+    # waits for a queued pass: a whole scheduled pass, Lambda's retry backoff, then its own.
+    assert fn["Properties"]["ReservedConcurrentExecutions"] == 1
+    assert env["DEPLOY_BUDGET_SECONDS"] == "480" and int(props["ServiceTimeout"]) == 2 * 600 + 360
     (schedule,) = [r for r in template["Resources"].values() if r["Type"] == "AWS::Scheduler::Schedule"]
     assert schedule["Properties"]["ScheduleExpression"] == "rate(1 hour)"
     # It reads and deletes this image's versions, and lists VMs: nothing else.
@@ -118,3 +121,24 @@ def test_an_image_made_elsewhere_is_never_pruned() -> None:
 def test_the_schedule_is_not_too_often() -> None:
     with pytest.raises(ValueError, match="prune_every: 60 s is more often than every 5 minutes"):
         synth(prune_every=cdk.Duration.minutes(1))
+
+
+def test_a_scheduled_pass_and_a_deploys_never_overlap_unless_the_account_cannot_reserve() -> None:
+    """Audit 12: a scheduled pass still deleting when a deploy's pass answered left the image
+    UPDATING for the build CloudFormation starts next (a ConflictException fails the deploy).
+    Reserved concurrency 1 queues the deploy's pass (CloudFormation invokes asynchronously);
+    an account that cannot reserve (``reconciler_reserved_concurrency=None``) reserves for
+    neither function."""
+    _, template = synth(pruner_reserved_concurrency=None)
+    (fn,) = [r for r in template["Resources"].values() if r["Type"] == "AWS::Lambda::Function"]
+    assert "ReservedConcurrentExecutions" not in fn["Properties"]
+    assert int(pruner_of(template)[1]["Properties"]["ServiceTimeout"]) == 660
+    for reserved, expected in ((1, 1), (None, None)):
+        stack = new_stack(new_app())
+        fleet = AgentFleet(stack, "F", project=AgentProject.load(EXAMPLE), reconciler_reserved_concurrency=reserved)
+        functions = Template.from_stack(stack).find_resources("AWS::Lambda::Function")
+        pruner = functions[stack.get_logical_id(fleet.image.pruner.function.node.default_child)]
+        assert pruner["Properties"].get("ReservedConcurrentExecutions") == expected
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(ValueError, match="reserved_concurrency: .* is not a whole number of at least 1"):
+            synth(pruner_reserved_concurrency=bad)
