@@ -526,6 +526,32 @@ def test_deleted_items_and_stale_value_buckets_heal(store, table) -> None:
     assert item["version"]["N"] == "1" and item["burst"]["N"] == "5"
 
 
+def test_a_key_only_bucket_item_heals_and_clear_backoff_creates_none(store, table) -> None:
+    """An earlier release's unconditional clear_backoff left an item with a key and nothing else
+    on a target nobody had used: a process loading it, and one that loaded the envelope before the
+    item was emptied, both write an envelope into it instead of deferring for ever. Clearing a
+    backoff now writes nothing where there is none."""
+    clock = Clock()
+    raw = ddb(store.endpoint)
+    fresh = "https://fresh.example.com"
+    key = {"target": {"S": fresh}, "item": {"S": "bucket"}}
+    a = new_client(store, table, clock)
+    assert a.clear_backoff(fresh) is True
+    assert "Item" not in raw.get_item(TableName=table, Key=key)
+    raw.update_item(TableName=table, Key=key, UpdateExpression="REMOVE backoff_until, backoff_reason")
+    assert raw.get_item(TableName=table, Key=key)["Item"] == key  # what the earlier release wrote
+    d = a.acquire(f"{fresh}/x")
+    assert isinstance(d, Granted) and d.envelope_version == 0, d
+    assert [h["version"] for h in a.envelopes(fresh)] == [0]
+    # The item emptied again under a process that holds the envelope: written again.
+    raw.delete_item(TableName=table, Key=key)
+    raw.update_item(TableName=table, Key=key, UpdateExpression="REMOVE backoff_until, backoff_reason")
+    clock.now += 1
+    d = a.acquire(f"{fresh}/x")
+    assert isinstance(d, Granted) and d.envelope_version == 1, d
+    assert [h["version"] for h in a.envelopes(fresh)] == [0, 1]
+
+
 def test_an_origin_refusal_gives_the_class_token_back(store, table) -> None:
     clock = Clock()
     c = new_client(store, table, clock, envelopes=[Envelope(API, 0.01, 1), Envelope(SEARCH, 0.01, 2)])

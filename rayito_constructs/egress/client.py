@@ -500,9 +500,11 @@ class BudgetClient:
         digest = self._hash(key, rate, burst, own)
         for _ in range(5):
             item = self._get(key)
-            if not item:
+            if "version" not in item:
                 # Version 0, or, when the bucket item was deleted but its history was not, the
-                # version after the last one recorded.
+                # version after the last one recorded. An item without an envelope (only a key,
+                # as an unconditional clear_backoff of an earlier release left on a target nobody
+                # had used) is no envelope either: write one into it.
                 new = self._last_version(key) + 1
                 if self._write_version(key, None, rate, burst, own, digest,
                                        f"{source} envelope" if new == 0 else f"{source} envelope (bucket recreated)",
@@ -784,9 +786,9 @@ class BudgetClient:
                     self.stats.writes += 1
                 remaining = max(0.0, (earliest + env.burst * env.interval - tat) / env.interval)
                 return _Taken(bucket, env, remaining, cost)
-            if not item:
+            if not item or (bucket.value is None and "version" not in item):
                 if bucket.value is None:
-                    self._forget(bucket.envelope)  # the envelope item is gone: create it again
+                    self._forget(bucket.envelope)  # the envelope item is gone (or empty): write it again
                 branch = "idle"
                 continue
             version = int(item.get("version", {}).get("N", env.version))
@@ -976,8 +978,14 @@ class BudgetClient:
             url = url_or_target if isinstance(url_or_target, Url) else parse(url_or_target)
             buckets = self._route(url)
             for bucket in buckets:
-                self._call("update_item", Key={"target": {"S": bucket.envelope}, "item": {"S": bucket.item}},
-                           UpdateExpression="REMOVE backoff_until, backoff_reason")
+                try:
+                    # Conditional: an unconditional REMOVE on a bucket nobody used yet would create
+                    # an item with a key and nothing else, which is not an envelope.
+                    self._call("update_item", Key={"target": {"S": bucket.envelope}, "item": {"S": bucket.item}},
+                               UpdateExpression="REMOVE backoff_until, backoff_reason",
+                               ConditionExpression="attribute_exists(backoff_until)")
+                except self._ddb.exceptions.ConditionalCheckFailedException:
+                    pass  # no backoff there (or no bucket at all): nothing to clear
             self._clear_local(buckets)
             return True
         except Exception as exc:  # noqa: BLE001
