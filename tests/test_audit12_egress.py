@@ -38,3 +38,22 @@ def test_clear_backoff_on_a_target_never_used_does_not_brick_it(store, table) ->
     b = new_client(store, table, clock)
     decision = b.acquire("https://fresh.example.com/x")
     assert isinstance(decision, Granted), decision
+
+
+def test_a_changed_default_envelope_does_not_undo_an_operators_envelope_on_a_target(store, table) -> None:
+    """An operator lowered one undeclared target to 0.5/s with put_envelope (it has an envelope
+    of its own now). A redeploy that only changes the fleet's *default* envelope (for targets
+    nobody declared) must not write the default over it: the issue (#14) says a restart or
+    redeploy never undoes an operator's change unless that target's own declaration changed."""
+    clock = Clock()
+    flaky = "https://flaky.example.com"
+    old = new_client(store, table, clock, default_rate=1.0, default_burst=5)
+    assert isinstance(old.acquire(flaky), Granted)
+    old.put_envelope(flaky, 0.5, 1, "target struggles: operator lowered it")
+    clock.now += 5
+    new = new_client(store, table, clock, default_rate=2.0, default_burst=10)  # redeploy: new default only
+    decision = new.acquire(flaky)
+    assert isinstance(decision, Granted)
+    assert (decision.rate_per_second, decision.burst) == (0.5, 1), decision
+    history = new.envelopes(flaky)
+    assert history[-1]["source"] == "operator", history

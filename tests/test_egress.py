@@ -161,6 +161,32 @@ def test_an_operators_change_survives_restarts_and_a_changed_declaration_is_writ
     assert left is not None and left <= 2  # the new burst, seen by the first process too
 
 
+def test_a_changed_default_keeps_an_operators_envelope_and_replaces_a_dropped_declaration(store, table) -> None:
+    """A redeploy that changes only the fleet's default envelope leaves an operator's envelope on
+    an undeclared target as it is (no version written), and every restart after it reads it; a
+    declaration dropped from the recipe is another matter: the target falls to the default."""
+    clock = Clock()
+    flaky, dropped = "https://flaky.example.com", "https://dropped.example.com"
+    old = new_client(store, table, clock, envelopes=[Envelope(dropped, 20, 5)], default_rate=1.0, default_burst=5)
+    assert isinstance(old.acquire(flaky), Granted) and isinstance(old.acquire(dropped), Granted)
+    old.put_envelope(flaky, 0.5, 1, "operator lowered it")
+    clock.now += 5
+    for _ in range(2):  # the redeploy, then a restart of it
+        new = new_client(store, table, clock, default_rate=2.0, default_burst=10)
+        d = new.acquire(flaky)
+        assert isinstance(d, Granted) and (d.rate_per_second, d.burst, d.envelope_version) == (0.5, 1, 1), d
+        clock.now += 5
+    assert [(h["version"], h["source"]) for h in new.envelopes(flaky)] == [(0, "default"), (1, "operator")]
+    # A recipe that declares the target again is a declaration of it: written over the operator's.
+    redeclared = new_client(store, table, clock, envelopes=[Envelope(flaky, 3, 3)], default_rate=2.0, default_burst=10)
+    d = redeclared.acquire(flaky)
+    assert isinstance(d, Granted) and (d.rate_per_second, d.burst, d.envelope_version) == (3.0, 3, 2), d
+    # The dropped declaration: the new default is written over it.
+    d = new.acquire(dropped)
+    assert isinstance(d, Granted) and (d.rate_per_second, d.burst, d.envelope_version) == (2.0, 10, 1), d
+    assert [h["source"] for h in new.envelopes(dropped)] == ["declared", "default"]
+
+
 def test_query_classes_do_not_multiply_the_origins_envelope(store, table) -> None:
     clock = Clock()
     envelopes = [Envelope(API, 1, 5), Envelope(SEARCH, 1, 2)]

@@ -495,7 +495,9 @@ class BudgetClient:
     def _load(self, key: str) -> _Env:
         """The envelope in force; creates it (version 0) or writes this process's declaration as a
         new version when that declaration was never written before (its hash is not in
-        ``declared``), so a restart never undoes an operator's later change."""
+        ``declared``), so a restart never undoes an operator's later change. The fleet's default
+        envelope is never written over a version an operator set (``put_envelope``): a changed
+        default is not a declaration of the target."""
         rate, burst, own, source = self._declaration(key)
         digest = self._hash(key, rate, burst, own)
         for _ in range(5):
@@ -514,11 +516,21 @@ class BudgetClient:
             if digest in item.get("declared", {}).get("SS", []):
                 return _env_of(key, item)
             version = int(item["version"]["N"])
+            if not own and item.get("own", {}).get("BOOL", False) and self._source(key, version) == "operator":
+                # A changed fleet default is no declaration of this target: it never replaces an
+                # envelope an operator set on it (nothing is written, so the history still ends
+                # with the operator's version; a declaration of the target in a recipe would).
+                return _env_of(key, item)
             if self._write_version(key, version, rate, burst, own, digest,
                                    f"{source} envelope changed", source):
                 return _Env(key, rate, burst, version + 1, own)
         # Five other writers in a row won the race: take what the store holds.
         return _env_of(key, self._get(key))  # pragma: no cover - needs five interleaved writers
+
+    def _source(self, key: str, version: int) -> str:
+        """Who wrote a version of an envelope (``declared``, ``default`` or ``operator``), from its
+        history item."""
+        return self._get(key, f"envelope#{version:06d}").get("source", {}).get("S", "")
 
     def _last_version(self, key: str) -> int:
         page = self._call("query", KeyConditionExpression="#t = :t AND begins_with(#i, :p)",
