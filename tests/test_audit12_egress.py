@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from rayito_constructs.egress import BudgetClient, Granted
+from rayito_constructs.egress import BudgetClient, Deferral, Granted
 
 from .egress_support import Clock, counting_store, ddb
 from .test_egress import new_client
@@ -57,3 +57,28 @@ def test_a_changed_default_envelope_does_not_undo_an_operators_envelope_on_a_tar
     assert (decision.rate_per_second, decision.burst) == (0.5, 1), decision
     history = new.envelopes(flaky)
     assert history[-1]["source"] == "operator", history
+
+
+def test_a_malformed_url_puts_neither_its_credentials_nor_itself_in_a_metric_dimension(store, table) -> None:
+    """A request URL that is not a target (here a port out of range) is deferred as
+    ``invalid_target``. Its deferral's ``target`` is the raw URL, and EmfRecorder emits it as the
+    ``target`` dimension: the user info and query (a password, an API key) become a CloudWatch
+    dimension value (readable with cloudwatch:ListMetrics, kept 15 months, no customer key), and
+    every distinct bad URL becomes new custom metrics (docs: "8 custom metrics per target").
+    Expected: the dimension holds no credential, and bad URLs share bounded dimension values."""
+    import io
+    import json
+
+    from rayito_constructs.egress import EmfRecorder
+
+    clock = Clock()
+    out = io.StringIO()
+    recorder = EmfRecorder("leaky", out=out, clock=clock, background=False, metrics=True)
+    budget = new_client(store, table, clock, on_decision=recorder)
+    for i in range(3):
+        decision = budget.acquire(f"https://bot:hunter2-{i}@api.example.com:99999/v1/items/{i}?api_key=sk-live-{i}")
+        assert isinstance(decision, Deferral) and decision.reason == "invalid_target"
+    recorder.close()
+    dims = {r["target"] for r in (json.loads(line) for line in out.getvalue().splitlines()) if "_aws" in r}
+    assert not [d for d in dims if "hunter2" in d or "sk-live" in d], dims
+    assert len(dims) == 1, dims

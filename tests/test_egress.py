@@ -282,6 +282,10 @@ def test_bad_targets_are_deferred_not_raised(store, table) -> None:
     for url in ["", "ftp://x.org", "http://256.1.1.1/", "https://exa mple.com", None]:
         d = c.acquire(url)  # type: ignore[arg-type]
         assert isinstance(d, Deferral) and d.reason == "invalid_target" and d.remaining is None
+        assert d.target == "(invalid)" and d.detail  # one fixed target, never the URL
+    d = c.acquire("https://bot:hunter2@api.example.com:99999/v1?api_key=sk-live")
+    assert d.target == "(invalid)" and "hunter2" not in d.detail and "sk-live" not in d.detail, d
+    assert "'https://***@api.example.com:99999/v1?api_key=***'" in d.detail and "99999" in d.detail
     many = "&".join(f"region={i}" for i in range(10))
     c2 = new_client(store, table, Clock(), envelopes=[Envelope(SEARCH, 1, 1)])
     assert c2.acquire(f"{API}/v1/search?{many}").reason == "invalid_target"
@@ -395,11 +399,23 @@ def test_backoff_is_seen_by_every_holder_capped_and_clearable(store, table) -> N
     assert isinstance(a.acquire(API), Granted)
 
 
-def test_backoff_and_clear_report_a_store_outage_instead_of_raising() -> None:
+def test_backoff_and_clear_report_a_store_outage_instead_of_raising(caplog) -> None:
     c = BudgetClient("t", ddb("http://127.0.0.1:9"))
     assert c.backoff(API, 5, "http_429") is False
     assert c.clear_backoff(API) is False
     assert c.backoff("not a url", 5, "x") is False
+    # What the warnings show of a URL: no user info, no query values.
+    from rayito_constructs.egress.targets import parse
+
+    secret = "https://bot:hunter2@api.example.com:99999/x?api_key=sk-live"
+    caplog.clear()
+    assert c.backoff(secret, 5, "x") is False and c.clear_backoff(secret) is False
+    assert c.clear_backoff(parse(f"{API}/x?api_key=sk-live")) is False
+    assert c.remaining([secret]) == {secret: None}
+    shown = [r.getMessage() for r in caplog.records]
+    assert len(shown) == 4 and not [m for m in shown if "hunter2" in m or "sk-live" in m], shown
+    assert "backoff of https://***@api.example.com:99999/x?api_key=*** not stored" in shown[0], shown
+    assert f"backoff of {API} not cleared" in shown[2], shown
     with pytest.raises(ValueError):
         BudgetClient("t", ddb("http://127.0.0.1:9"), max_backoff_seconds=float("inf"))
 

@@ -13,6 +13,8 @@ from rayito_constructs.egress.targets import (
     from_parts,
     parse,
     path_segments,
+    redact,
+    redacted_error,
     remove_dot_segments,
     resolve,
     route,
@@ -197,3 +199,33 @@ def test_corners_of_hosts_paths_and_queries() -> None:
         declared_target(f"{API}/v1?%20")
     decl = [declared(f"{API}/v1?model"), declared(f"{API}/v1?region")]
     assert [b.target for b in resolve(f"{API}/v1/x?model=a&&region=b", decl)] == [f"{API}/v1?model=a", f"{API}/v1?region=b"]
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("https://bot:hunter2@api.example.com:99999/v1/items/0?api_key=sk-live-0&flag&a=1;b=2#token",
+         "https://***@api.example.com:99999/v1/items/0?api_key=***&***&a=***;b=***#***"),
+        ("bot:pw@api.example.com:99999/x", "***@api.example.com:99999/x"),  # no scheme
+        ("https://bot:p/w@api.example.com/x", "https://***@api.example.com/x"),  # a '/' in the password
+        ("https:\\\\u:p@h/x", "https:\\\\***@h/x"),
+        ("https://api.example.com:99999/a?", "https://api.example.com:99999/a?"),
+        ("https://h/a\nb", "https://h/a\\x0ab"),
+        (None, "<NoneType>"),
+        (b"https://u:p@h", "<bytes>"),
+        ("https://h/" + "a" * 500, ("https://h/" + "a" * 500)[:256]),
+    ],
+)
+def test_a_url_that_is_not_a_target_is_logged_redacted(url, shown) -> None:
+    assert redact(url) == shown
+
+
+def test_a_target_errors_message_quotes_the_url_redacted() -> None:
+    url = "https://bot:hunter2@api.example.com:99999/x?api_key=sk-live"
+    with pytest.raises(TargetError) as info:
+        parse(url)
+    assert "hunter2" in str(info.value)  # the message quotes the URL as given...
+    message = redacted_error(info.value, url)
+    assert "hunter2" not in message and "sk-live" not in message  # ...the redacted one does not
+    assert message.startswith("'https://***@api.example.com:99999/x?api_key=***'")
+

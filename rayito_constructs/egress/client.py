@@ -39,7 +39,8 @@ from email.utils import parsedate_to_datetime
 from typing import Any, Callable, Iterable, Optional, Sequence, Union
 
 from ..rates import RateError, check_burst, check_cost, parse_rate
-from .targets import Bucket, Declared, TargetError, Url, declared, envelope_of, parse, route
+from .targets import (Bucket, Declared, TargetError, Url, declared, envelope_of, parse, redact, redacted_error,
+                      route)
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +52,10 @@ INVALID_TARGET = "invalid_target"
 INVALID_COST = "invalid_cost"
 #: Every ``Deferral.reason`` (the ``reason`` dimension of the ``Deferrals`` metric).
 REASONS = (BUDGET_EMPTY, BACKOFF, LIMITER_UNAVAILABLE, INVALID_TARGET, INVALID_COST)
+#: The ``target`` of a deferral for a URL that is not a target (the ``target`` dimension of its
+#: metrics): one fixed value, never the URL, which may carry a password or an API key and would
+#: make new custom metrics of every bad URL. Its ``detail`` quotes the URL redacted.
+INVALID_TARGET_KEY = "(invalid)"
 
 #: Store client defaults: a short connect and read timeout and one attempt, so a hung or slow
 #: store costs a request at most about two seconds before it is deferred (botocore's defaults
@@ -678,7 +683,8 @@ class BudgetClient:
         try:
             url = url_or_target if isinstance(url_or_target, Url) else parse(url_or_target)
         except TargetError as exc:
-            return self._tell(Deferral(str(url_or_target)[:256], 0.0, INVALID_TARGET, None, step=step, detail=str(exc)))
+            return self._tell(Deferral(INVALID_TARGET_KEY, 0.0, INVALID_TARGET, None, step=step,
+                                       detail=redacted_error(exc, url_or_target)))
         local = self._clock()
         with self._lock:
             outage = self._state.unavailable
@@ -943,7 +949,7 @@ class BudgetClient:
                     left.append(max(0.0, burst - (tat - earliest) * rate))
                 out[key] = round(min(left), 3)
             except Exception as exc:  # noqa: BLE001 - unknown is not empty
-                log.warning("egress budget: remaining of %s unknown (%s)", key, _error_code(exc))
+                log.warning("egress budget: remaining of %s unknown (%s)", redact(key), _error_code(exc))
                 out[key] = None
         return out
 
@@ -980,7 +986,7 @@ class BudgetClient:
             self._clear_local(buckets)
             return True
         except Exception as exc:  # noqa: BLE001 - the response was answered already; say so, never raise
-            log.warning("egress budget: backoff of %s not stored (%s)", url_or_target, _error_code(exc))
+            log.warning("egress budget: backoff of %s not stored (%s)", _shown(url_or_target), _error_code(exc))
             return False
 
     def clear_backoff(self, url_or_target: Union[str, Url]) -> bool:
@@ -1001,7 +1007,7 @@ class BudgetClient:
             self._clear_local(buckets)
             return True
         except Exception as exc:  # noqa: BLE001
-            log.warning("egress budget: backoff of %s not cleared (%s)", url_or_target, _error_code(exc))
+            log.warning("egress budget: backoff of %s not cleared (%s)", _shown(url_or_target), _error_code(exc))
             return False
 
     def _clear_local(self, buckets: Iterable[Bucket]) -> None:
@@ -1015,6 +1021,12 @@ class BudgetClient:
 def _env_of(key: str, item: dict[str, Any]) -> _Env:
     return _Env(key, float(item["rate"]["N"]), int(item["burst"]["N"]), int(item["version"]["N"]),
                 bool(item.get("own", {}).get("BOOL", False)))
+
+
+def _shown(url_or_target: Union[str, Url]) -> str:
+    """A URL as a log line may show it: its origin, or the text redacted (no user info, no query
+    values)."""
+    return url_or_target.origin if isinstance(url_or_target, Url) else redact(url_or_target)
 
 
 def _error_code(exc: BaseException) -> str:

@@ -41,6 +41,10 @@ _PERCENT = re.compile(r"%([0-9A-Fa-f]{2})")
 _HOST_ASCII = re.compile(r"^[a-z0-9_-]+(?:\.[a-z0-9_-]+)*\Z")
 _DIGITS = re.compile(r"^[0-9]+\Z")
 _HEX = re.compile(r"^0[xX][0-9a-fA-F]*\Z")
+_AUTHORITY = re.compile(r"^\s*(?:[A-Za-z][A-Za-z0-9+.-]*:)?[/\\]{2}")
+_UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f]")
+#: Longest redacted URL :func:`redact` returns.
+MAX_REDACTED_CHARS = 256
 
 
 class TargetError(ValueError):
@@ -288,6 +292,41 @@ def parse(url: str) -> Url:
             raise TargetError(f"{url!r}: the port {port_text!r} is not 0 to 65535")
         port = int(port_text)
     return Url(scheme, canonical_host(host), port, canonical_path(parts.path or "/"), parts.query)
+
+
+def _redact_pair(pair: str) -> str:
+    if pair in ("", "&", ";"):
+        return pair
+    name, equals, _ = pair.partition("=")
+    return f"{name}=***" if equals else "***"
+
+
+def redact(url: object) -> str:
+    """A URL as it may be logged, for one that is not a target: no user info (everything up to
+    the last ``@`` before the query, so a password holding a ``/`` goes too), no query values
+    (``?api_key=***``), no fragment, control characters escaped, at most 256 characters. Anything
+    but a string is its type (``<bytes>``)."""
+    if not isinstance(url, str):
+        return f"<{type(url).__name__}>"
+    text, hash_, _ = url.partition("#")
+    text, question, query = text.partition("?")
+    match = _AUTHORITY.match(text)
+    start = match.end() if match else 0
+    at = text.rfind("@", start)
+    if at >= 0:
+        text = text[:start] + "***@" + text[at + 1:]
+    if question:
+        text += "?" + "".join(_redact_pair(p) for p in re.split(r"([&;])", query))
+    if hash_:
+        text += "#***"
+    text = _UNPRINTABLE.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+    return text[:MAX_REDACTED_CHARS]
+
+
+def redacted_error(exc: BaseException, url: object) -> str:
+    """The message of a :class:`TargetError` about ``url`` with the URL in it redacted
+    (:func:`redact`): the messages quote the URL as given, credentials and all."""
+    return str(exc).replace(repr(url), repr(redact(url)))
 
 
 def from_parts(scheme: str, host: str, port: Optional[int], path: str, query: str) -> Url:
