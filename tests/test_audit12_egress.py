@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from rayito_constructs.egress import BudgetClient, Deferral, Granted
+from rayito_constructs.egress import BudgetClient, Deferral, Envelope, Granted
 
 from .egress_support import Clock, counting_store, ddb
 from .test_egress import new_client
@@ -82,3 +82,21 @@ def test_a_malformed_url_puts_neither_its_credentials_nor_itself_in_a_metric_dim
     dims = {r["target"] for r in (json.loads(line) for line in out.getvalue().splitlines()) if "_aws" in r}
     assert not [d for d in dims if "hunter2" in d or "sk-live" in d], dims
     assert len(dims) == 1, dims
+
+
+def test_a_dot_dot_segment_with_a_parameter_does_not_dodge_a_path_class(store, table) -> None:
+    """``/v1/x/..;/search`` is ``/v1/search`` on servers that drop ``;parameters`` before they
+    resolve dot segments (Tomcat, Jetty, Spring: the well-known ``..;`` path bypass). The target
+    rules say ``;parameters`` are dropped "because servers are lenient in ways a budget must not
+    be dodged by", but they are dropped after dot segments are removed, so ``..;`` stays a
+    literal segment and the request falls outside the class: a class of burst 1 granted 5
+    requests at one instant (1 on the class, 4 more on the origin's default envelope)."""
+    from rayito_constructs.egress.targets import normalize
+
+    search = f"{API}/v1/search"
+    clock = Clock()
+    budget = new_client(store, table, clock, envelopes=[Envelope(search, 1, 1)])
+    grants = sum(isinstance(budget.acquire(url), Granted)
+                 for url in [search] + [f"{API}/v1/x{i}/..;/search" for i in range(5)])
+    assert grants <= 1, f"{grants} grants at one instant against the class's burst of 1"
+    assert normalize(f"{API}/v1/x/..;/search", [search]) == search

@@ -116,9 +116,16 @@ def test_paths_that_dodge_a_class_fall_under_it() -> None:
     for url in [f"{API}/v1/search", f"{API}/v1/x/../search", f"{API}/v1/%73earch", f"{API}//v1/search",
                 f"{API}/v1/./search/", f"{API}/V1/Search", f"{API}/v1/search;jsessionid=1", f"{API}/v1%2Fsearch",
                 f"{API}/v1%2fsearch/more", f"{API}/v1\\search", f"{API}/%2E%2E/v1/search", f"{API}/v1/%2e/search",
-                f"{API}/v1/search?x=1#frag"]:
+                f"{API}/v1/search?x=1#frag",
+                # ;parameters go before dot segments are removed, as Tomcat, Jetty and Spring read
+                # a path (the `..;` bypass), percent-encoded dots too:
+                f"{API}/v1/x/..;/search", f"{API}/v1/x/%2e%2e;/search", f"{API}/v1/x/.%2E;a=b/search",
+                f"{API}/a/..;/../v1/search", f"{API}/v1;x=1/search;y", f"{API}/;/v1/./;/search",
+                f"{API}/v1/x/..;/..;/v1/search"]:
         assert normalize(url, declared_targets) == f"{API}/v1/search", url
-    for url in [f"{API}/v1/searching", f"{API}/v1/search%20", f"{API}/v2/search", f"{API}/v1", f"{API}/"]:
+    assert parse(f"{API}/v1/x/..;/search").path == "/v1/search"
+    for url in [f"{API}/v1/searching", f"{API}/v1/search%20", f"{API}/v2/search", f"{API}/v1", f"{API}/",
+                f"{API}/v1/search/..;/x", f"{API}/v1/search;/../x"]:
         assert normalize(url, declared_targets) == API, url
     assert path_segments("/a/%7Euser/%41") == ("a", "~user", "a")
 

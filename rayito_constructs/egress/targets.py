@@ -11,7 +11,8 @@ parameter gets a bucket of its own with the class's envelope).
 Paths are matched after RFC 3986 normalization (percent-decoding of unreserved characters, then
 dot segments removed) and, because servers are lenient in ways a budget must not be dodged by,
 with runs of ``/`` collapsed, ``\\`` and encoded slashes read as ``/``, ``;parameters`` dropped
-and case folded: ``/v1/x/../search``, ``/v1/%73earch``, ``//v1/search`` and ``/V1/Search``
+(before dot segments are removed: ``/v1/x/..;/search`` is ``/v1/search``, as on Tomcat) and case
+folded: ``/v1/x/../search``, ``/v1/%73earch``, ``//v1/search`` and ``/V1/Search``
 all fall under the class ``/v1/search``. Reading a request as belonging to a class can only add
 a charge, never remove one (:mod:`.client` charges every envelope a request belongs to).
 """
@@ -218,19 +219,22 @@ def remove_dot_segments(path: str) -> str:
 
 def canonical_path(path: str) -> str:
     """RFC 3986 normalization (unreserved characters decoded, other escapes uppercased, dot
-    segments removed), runs of ``/`` collapsed."""
-    text = remove_dot_segments(_decode_unreserved(path.replace("\\", "/")))
+    segments removed), runs of ``/`` collapsed, and ``;parameters`` dropped from every segment
+    *before* dot segments are removed, as Tomcat, Jetty and Spring read a path: ``/v1/x/..;/search``
+    and ``/v1/x/%2e%2e;/search`` are ``/v1/search`` there, so they are here."""
+    text = _decode_unreserved(path.replace("\\", "/"))
+    text = remove_dot_segments("/".join(segment.split(";", 1)[0] for segment in text.split("/")))
     text = re.sub(r"/{2,}", "/", text)
     return text if text.startswith("/") else "/" + text
 
 
 def path_segments(path: str) -> tuple[str, ...]:
-    """The segments a path class is matched on: canonical path, encoded ``/`` and ``\\`` read
-    as separators (then dot segments again), ``;parameters`` dropped, case folded."""
+    """The segments a path class is matched on: canonical path (``;parameters`` dropped), encoded
+    ``/`` and ``\\`` read as separators (then dot segments again), case folded."""
     text = canonical_path(path)
     text = re.sub(r"%(2F|5C)", "/", text, flags=re.I)
     text = canonical_path(text)
-    return tuple(s.split(";", 1)[0].casefold() for s in text.split("/") if s.split(";", 1)[0])
+    return tuple(s.casefold() for s in text.split("/") if s)
 
 
 def _class_value(value: str) -> str:
