@@ -161,6 +161,32 @@ def test_an_operators_change_survives_restarts_and_a_changed_declaration_is_writ
     assert left is not None and left <= 2  # the new burst, seen by the first process too
 
 
+def test_a_changed_default_keeps_an_operators_envelope_and_replaces_a_dropped_declaration(store, table) -> None:
+    """A redeploy that changes only the fleet's default envelope leaves an operator's envelope on
+    an undeclared target as it is (no version written), and every restart after it reads it; a
+    declaration dropped from the recipe is another matter: the target falls to the default."""
+    clock = Clock()
+    flaky, dropped = "https://flaky.example.com", "https://dropped.example.com"
+    old = new_client(store, table, clock, envelopes=[Envelope(dropped, 20, 5)], default_rate=1.0, default_burst=5)
+    assert isinstance(old.acquire(flaky), Granted) and isinstance(old.acquire(dropped), Granted)
+    old.put_envelope(flaky, 0.5, 1, "operator lowered it")
+    clock.now += 5
+    for _ in range(2):  # the redeploy, then a restart of it
+        new = new_client(store, table, clock, default_rate=2.0, default_burst=10)
+        d = new.acquire(flaky)
+        assert isinstance(d, Granted) and (d.rate_per_second, d.burst, d.envelope_version) == (0.5, 1, 1), d
+        clock.now += 5
+    assert [(h["version"], h["source"]) for h in new.envelopes(flaky)] == [(0, "default"), (1, "operator")]
+    # A recipe that declares the target again is a declaration of it: written over the operator's.
+    redeclared = new_client(store, table, clock, envelopes=[Envelope(flaky, 3, 3)], default_rate=2.0, default_burst=10)
+    d = redeclared.acquire(flaky)
+    assert isinstance(d, Granted) and (d.rate_per_second, d.burst, d.envelope_version) == (3.0, 3, 2), d
+    # The dropped declaration: the new default is written over it.
+    d = new.acquire(dropped)
+    assert isinstance(d, Granted) and (d.rate_per_second, d.burst, d.envelope_version) == (2.0, 10, 1), d
+    assert [h["source"] for h in new.envelopes(dropped)] == ["declared", "default"]
+
+
 def test_query_classes_do_not_multiply_the_origins_envelope(store, table) -> None:
     clock = Clock()
     envelopes = [Envelope(API, 1, 5), Envelope(SEARCH, 1, 2)]
@@ -256,6 +282,10 @@ def test_bad_targets_are_deferred_not_raised(store, table) -> None:
     for url in ["", "ftp://x.org", "http://256.1.1.1/", "https://exa mple.com", None]:
         d = c.acquire(url)  # type: ignore[arg-type]
         assert isinstance(d, Deferral) and d.reason == "invalid_target" and d.remaining is None
+        assert d.target == "(invalid)" and d.detail  # one fixed target, never the URL
+    d = c.acquire("https://bot:hunter2@api.example.com:99999/v1?api_key=sk-live")
+    assert d.target == "(invalid)" and "hunter2" not in d.detail and "sk-live" not in d.detail, d
+    assert "'https://***@api.example.com:99999/v1?api_key=***'" in d.detail and "99999" in d.detail
     many = "&".join(f"region={i}" for i in range(10))
     c2 = new_client(store, table, Clock(), envelopes=[Envelope(SEARCH, 1, 1)])
     assert c2.acquire(f"{API}/v1/search?{many}").reason == "invalid_target"
@@ -369,11 +399,23 @@ def test_backoff_is_seen_by_every_holder_capped_and_clearable(store, table) -> N
     assert isinstance(a.acquire(API), Granted)
 
 
-def test_backoff_and_clear_report_a_store_outage_instead_of_raising() -> None:
+def test_backoff_and_clear_report_a_store_outage_instead_of_raising(caplog) -> None:
     c = BudgetClient("t", ddb("http://127.0.0.1:9"))
     assert c.backoff(API, 5, "http_429") is False
     assert c.clear_backoff(API) is False
     assert c.backoff("not a url", 5, "x") is False
+    # What the warnings show of a URL: no user info, no query values.
+    from rayito_constructs.egress.targets import parse
+
+    secret = "https://bot:hunter2@api.example.com:99999/x?api_key=sk-live"
+    caplog.clear()
+    assert c.backoff(secret, 5, "x") is False and c.clear_backoff(secret) is False
+    assert c.clear_backoff(parse(f"{API}/x?api_key=sk-live")) is False
+    assert c.remaining([secret]) == {secret: None}
+    shown = [r.getMessage() for r in caplog.records]
+    assert len(shown) == 4 and not [m for m in shown if "hunter2" in m or "sk-live" in m], shown
+    assert "backoff of https://***@api.example.com:99999/x?api_key=*** not stored" in shown[0], shown
+    assert f"backoff of {API} not cleared" in shown[2], shown
     with pytest.raises(ValueError):
         BudgetClient("t", ddb("http://127.0.0.1:9"), max_backoff_seconds=float("inf"))
 
@@ -524,6 +566,32 @@ def test_deleted_items_and_stale_value_buckets_heal(store, table) -> None:
     assert isinstance(d, Granted) and d.envelope_version == 1
     item = raw.get_item(TableName=table, Key={"target": {"S": SEARCH}, "item": {"S": "bucket=eu"}})["Item"]
     assert item["version"]["N"] == "1" and item["burst"]["N"] == "5"
+
+
+def test_a_key_only_bucket_item_heals_and_clear_backoff_creates_none(store, table) -> None:
+    """An earlier release's unconditional clear_backoff left an item with a key and nothing else
+    on a target nobody had used: a process loading it, and one that loaded the envelope before the
+    item was emptied, both write an envelope into it instead of deferring for ever. Clearing a
+    backoff now writes nothing where there is none."""
+    clock = Clock()
+    raw = ddb(store.endpoint)
+    fresh = "https://fresh.example.com"
+    key = {"target": {"S": fresh}, "item": {"S": "bucket"}}
+    a = new_client(store, table, clock)
+    assert a.clear_backoff(fresh) is True
+    assert "Item" not in raw.get_item(TableName=table, Key=key)
+    raw.update_item(TableName=table, Key=key, UpdateExpression="REMOVE backoff_until, backoff_reason")
+    assert raw.get_item(TableName=table, Key=key)["Item"] == key  # what the earlier release wrote
+    d = a.acquire(f"{fresh}/x")
+    assert isinstance(d, Granted) and d.envelope_version == 0, d
+    assert [h["version"] for h in a.envelopes(fresh)] == [0]
+    # The item emptied again under a process that holds the envelope: written again.
+    raw.delete_item(TableName=table, Key=key)
+    raw.update_item(TableName=table, Key=key, UpdateExpression="REMOVE backoff_until, backoff_reason")
+    clock.now += 1
+    d = a.acquire(f"{fresh}/x")
+    assert isinstance(d, Granted) and d.envelope_version == 1, d
+    assert [h["version"] for h in a.envelopes(fresh)] == [0, 1]
 
 
 def test_an_origin_refusal_gives_the_class_token_back(store, table) -> None:

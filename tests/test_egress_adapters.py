@@ -313,4 +313,5 @@ def test_a_503_retry_of_a_url_that_is_not_a_target_still_defers(store, table, cl
     gate = _Gate(budget(store, table, clock), "s", 30.0)
     with pytest.raises(EgressDeferred) as info:
         gate.refuse("not a url", 12.0, 503)
-    assert info.value.deferral.target == "not a url" and info.value.deferral.retry_after_seconds == 12.0
+    # A URL that is not a target is never the deferral's target (a metric dimension): see acquire.
+    assert info.value.deferral.target == "(invalid)" and info.value.deferral.retry_after_seconds == 12.0

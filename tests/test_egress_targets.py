@@ -13,6 +13,8 @@ from rayito_constructs.egress.targets import (
     from_parts,
     parse,
     path_segments,
+    redact,
+    redacted_error,
     remove_dot_segments,
     resolve,
     route,
@@ -114,9 +116,16 @@ def test_paths_that_dodge_a_class_fall_under_it() -> None:
     for url in [f"{API}/v1/search", f"{API}/v1/x/../search", f"{API}/v1/%73earch", f"{API}//v1/search",
                 f"{API}/v1/./search/", f"{API}/V1/Search", f"{API}/v1/search;jsessionid=1", f"{API}/v1%2Fsearch",
                 f"{API}/v1%2fsearch/more", f"{API}/v1\\search", f"{API}/%2E%2E/v1/search", f"{API}/v1/%2e/search",
-                f"{API}/v1/search?x=1#frag"]:
+                f"{API}/v1/search?x=1#frag",
+                # ;parameters go before dot segments are removed, as Tomcat, Jetty and Spring read
+                # a path (the `..;` bypass), percent-encoded dots too:
+                f"{API}/v1/x/..;/search", f"{API}/v1/x/%2e%2e;/search", f"{API}/v1/x/.%2E;a=b/search",
+                f"{API}/a/..;/../v1/search", f"{API}/v1;x=1/search;y", f"{API}/;/v1/./;/search",
+                f"{API}/v1/x/..;/..;/v1/search"]:
         assert normalize(url, declared_targets) == f"{API}/v1/search", url
-    for url in [f"{API}/v1/searching", f"{API}/v1/search%20", f"{API}/v2/search", f"{API}/v1", f"{API}/"]:
+    assert parse(f"{API}/v1/x/..;/search").path == "/v1/search"
+    for url in [f"{API}/v1/searching", f"{API}/v1/search%20", f"{API}/v2/search", f"{API}/v1", f"{API}/",
+                f"{API}/v1/search/..;/x", f"{API}/v1/search;/../x"]:
         assert normalize(url, declared_targets) == API, url
     assert path_segments("/a/%7Euser/%41") == ("a", "~user", "a")
 
@@ -197,3 +206,33 @@ def test_corners_of_hosts_paths_and_queries() -> None:
         declared_target(f"{API}/v1?%20")
     decl = [declared(f"{API}/v1?model"), declared(f"{API}/v1?region")]
     assert [b.target for b in resolve(f"{API}/v1/x?model=a&&region=b", decl)] == [f"{API}/v1?model=a", f"{API}/v1?region=b"]
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("https://bot:hunter2@api.example.com:99999/v1/items/0?api_key=sk-live-0&flag&a=1;b=2#token",
+         "https://***@api.example.com:99999/v1/items/0?api_key=***&***&a=***;b=***#***"),
+        ("bot:pw@api.example.com:99999/x", "***@api.example.com:99999/x"),  # no scheme
+        ("https://bot:p/w@api.example.com/x", "https://***@api.example.com/x"),  # a '/' in the password
+        ("https:\\\\u:p@h/x", "https:\\\\***@h/x"),
+        ("https://api.example.com:99999/a?", "https://api.example.com:99999/a?"),
+        ("https://h/a\nb", "https://h/a\\x0ab"),
+        (None, "<NoneType>"),
+        (b"https://u:p@h", "<bytes>"),
+        ("https://h/" + "a" * 500, ("https://h/" + "a" * 500)[:256]),
+    ],
+)
+def test_a_url_that_is_not_a_target_is_logged_redacted(url, shown) -> None:
+    assert redact(url) == shown
+
+
+def test_a_target_errors_message_quotes_the_url_redacted() -> None:
+    url = "https://bot:hunter2@api.example.com:99999/x?api_key=sk-live"
+    with pytest.raises(TargetError) as info:
+        parse(url)
+    assert "hunter2" in str(info.value)  # the message quotes the URL as given...
+    message = redacted_error(info.value, url)
+    assert "hunter2" not in message and "sk-live" not in message  # ...the redacted one does not
+    assert message.startswith("'https://***@api.example.com:99999/x?api_key=***'")
+

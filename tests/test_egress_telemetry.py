@@ -179,3 +179,19 @@ def test_an_outage_only_window_has_no_remaining_and_logging_can_be_off() -> None
     (record, by_reason) = recorder.close()
     assert "RemainingAtDecision" not in record and record["Deferrals"] == 1 and record["DeferralRate"] == 100.0
     assert by_reason["reason"] == "limiter_unavailable" and logs(out) == []
+
+
+def test_metrics_off_write_decision_lines_only_and_a_bad_url_shows_no_secret(store) -> None:
+    """Metrics off: no EMF record, the decision lines stay; a URL that is not a target is the
+    line's target `(invalid)`, its detail quoting the URL without user info or query values."""
+    out = io.StringIO()
+    recorder = EmfRecorder("f", out=out, background=False, metrics=False)
+    table = f"egress-{uuid.uuid4().hex[:8]}"
+    BudgetClient.create_table(ddb(store.endpoint), table)
+    budget = BudgetClient(table, ddb(store.endpoint), store_clock=False, calibrate=False, on_decision=recorder)
+    budget.acquire("https://bot:hunter2@api.example.com:99999/v1?api_key=sk-live", step="s1")
+    assert recorder.close() == []
+    (line,) = logs(out)
+    assert line["target"] == line["envelope"] == "(invalid)" and line["reason"] == "invalid_target"
+    assert "hunter2" not in out.getvalue() and "sk-live" not in out.getvalue()
+    assert "https://***@api.example.com:99999/v1?api_key=***" in line["detail"]

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from email.utils import parsedate_to_datetime
 from typing import Any, Callable, Optional, Union
 
-from .client import BACKOFF, BudgetClient, Deferral
+from .client import BACKOFF, INVALID_TARGET_KEY, BudgetClient, Deferral
 from .targets import TargetError, Url, from_parts
 
 StepSource = Union[None, str, Callable[[], Optional[str]]]
@@ -97,7 +97,7 @@ class _Gate:
     def refuse(self, url: Union[Url, str], seconds: float, status: int) -> None:
         """A retry the target asked to wait for does not wait inside the HTTP client: the caller
         gets the deferral now."""
-        target = url.origin if isinstance(url, Url) else str(url)
+        target = url.origin if isinstance(url, Url) else INVALID_TARGET_KEY  # never the URL: see acquire
         deferral = Deferral(target, seconds, BACKOFF, 0.0, 0, _step(self.step), f"http_{status}")
         raise EgressDeferred(self.budget._tell(deferral))  # type: ignore[arg-type]
 

@@ -39,7 +39,8 @@ from email.utils import parsedate_to_datetime
 from typing import Any, Callable, Iterable, Optional, Sequence, Union
 
 from ..rates import RateError, check_burst, check_cost, parse_rate
-from .targets import Bucket, Declared, TargetError, Url, declared, envelope_of, parse, route
+from .targets import (Bucket, Declared, TargetError, Url, declared, envelope_of, parse, redact, redacted_error,
+                      route)
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +52,10 @@ INVALID_TARGET = "invalid_target"
 INVALID_COST = "invalid_cost"
 #: Every ``Deferral.reason`` (the ``reason`` dimension of the ``Deferrals`` metric).
 REASONS = (BUDGET_EMPTY, BACKOFF, LIMITER_UNAVAILABLE, INVALID_TARGET, INVALID_COST)
+#: The ``target`` of a deferral for a URL that is not a target (the ``target`` dimension of its
+#: metrics): one fixed value, never the URL, which may carry a password or an API key and would
+#: make new custom metrics of every bad URL. Its ``detail`` quotes the URL redacted.
+INVALID_TARGET_KEY = "(invalid)"
 
 #: Store client defaults: a short connect and read timeout and one attempt, so a hung or slow
 #: store costs a request at most about two seconds before it is deferred (botocore's defaults
@@ -495,14 +500,18 @@ class BudgetClient:
     def _load(self, key: str) -> _Env:
         """The envelope in force; creates it (version 0) or writes this process's declaration as a
         new version when that declaration was never written before (its hash is not in
-        ``declared``), so a restart never undoes an operator's later change."""
+        ``declared``), so a restart never undoes an operator's later change. The fleet's default
+        envelope is never written over a version an operator set (``put_envelope``): a changed
+        default is not a declaration of the target."""
         rate, burst, own, source = self._declaration(key)
         digest = self._hash(key, rate, burst, own)
         for _ in range(5):
             item = self._get(key)
-            if not item:
+            if "version" not in item:
                 # Version 0, or, when the bucket item was deleted but its history was not, the
-                # version after the last one recorded.
+                # version after the last one recorded. An item without an envelope (only a key,
+                # as an unconditional clear_backoff of an earlier release left on a target nobody
+                # had used) is no envelope either: write one into it.
                 new = self._last_version(key) + 1
                 if self._write_version(key, None, rate, burst, own, digest,
                                        f"{source} envelope" if new == 0 else f"{source} envelope (bucket recreated)",
@@ -512,11 +521,21 @@ class BudgetClient:
             if digest in item.get("declared", {}).get("SS", []):
                 return _env_of(key, item)
             version = int(item["version"]["N"])
+            if not own and item.get("own", {}).get("BOOL", False) and self._source(key, version) == "operator":
+                # A changed fleet default is no declaration of this target: it never replaces an
+                # envelope an operator set on it (nothing is written, so the history still ends
+                # with the operator's version; a declaration of the target in a recipe would).
+                return _env_of(key, item)
             if self._write_version(key, version, rate, burst, own, digest,
                                    f"{source} envelope changed", source):
                 return _Env(key, rate, burst, version + 1, own)
         # Five other writers in a row won the race: take what the store holds.
         return _env_of(key, self._get(key))  # pragma: no cover - needs five interleaved writers
+
+    def _source(self, key: str, version: int) -> str:
+        """Who wrote a version of an envelope (``declared``, ``default`` or ``operator``), from its
+        history item."""
+        return self._get(key, f"envelope#{version:06d}").get("source", {}).get("S", "")
 
     def _last_version(self, key: str) -> int:
         page = self._call("query", KeyConditionExpression="#t = :t AND begins_with(#i, :p)",
@@ -664,7 +683,8 @@ class BudgetClient:
         try:
             url = url_or_target if isinstance(url_or_target, Url) else parse(url_or_target)
         except TargetError as exc:
-            return self._tell(Deferral(str(url_or_target)[:256], 0.0, INVALID_TARGET, None, step=step, detail=str(exc)))
+            return self._tell(Deferral(INVALID_TARGET_KEY, 0.0, INVALID_TARGET, None, step=step,
+                                       detail=redacted_error(exc, url_or_target)))
         local = self._clock()
         with self._lock:
             outage = self._state.unavailable
@@ -784,9 +804,9 @@ class BudgetClient:
                     self.stats.writes += 1
                 remaining = max(0.0, (earliest + env.burst * env.interval - tat) / env.interval)
                 return _Taken(bucket, env, remaining, cost)
-            if not item:
+            if not item or (bucket.value is None and "version" not in item):
                 if bucket.value is None:
-                    self._forget(bucket.envelope)  # the envelope item is gone: create it again
+                    self._forget(bucket.envelope)  # the envelope item is gone (or empty): write it again
                 branch = "idle"
                 continue
             version = int(item.get("version", {}).get("N", env.version))
@@ -929,7 +949,7 @@ class BudgetClient:
                     left.append(max(0.0, burst - (tat - earliest) * rate))
                 out[key] = round(min(left), 3)
             except Exception as exc:  # noqa: BLE001 - unknown is not empty
-                log.warning("egress budget: remaining of %s unknown (%s)", key, _error_code(exc))
+                log.warning("egress budget: remaining of %s unknown (%s)", redact(key), _error_code(exc))
                 out[key] = None
         return out
 
@@ -966,7 +986,7 @@ class BudgetClient:
             self._clear_local(buckets)
             return True
         except Exception as exc:  # noqa: BLE001 - the response was answered already; say so, never raise
-            log.warning("egress budget: backoff of %s not stored (%s)", url_or_target, _error_code(exc))
+            log.warning("egress budget: backoff of %s not stored (%s)", _shown(url_or_target), _error_code(exc))
             return False
 
     def clear_backoff(self, url_or_target: Union[str, Url]) -> bool:
@@ -976,12 +996,18 @@ class BudgetClient:
             url = url_or_target if isinstance(url_or_target, Url) else parse(url_or_target)
             buckets = self._route(url)
             for bucket in buckets:
-                self._call("update_item", Key={"target": {"S": bucket.envelope}, "item": {"S": bucket.item}},
-                           UpdateExpression="REMOVE backoff_until, backoff_reason")
+                try:
+                    # Conditional: an unconditional REMOVE on a bucket nobody used yet would create
+                    # an item with a key and nothing else, which is not an envelope.
+                    self._call("update_item", Key={"target": {"S": bucket.envelope}, "item": {"S": bucket.item}},
+                               UpdateExpression="REMOVE backoff_until, backoff_reason",
+                               ConditionExpression="attribute_exists(backoff_until)")
+                except self._ddb.exceptions.ConditionalCheckFailedException:
+                    pass  # no backoff there (or no bucket at all): nothing to clear
             self._clear_local(buckets)
             return True
         except Exception as exc:  # noqa: BLE001
-            log.warning("egress budget: backoff of %s not cleared (%s)", url_or_target, _error_code(exc))
+            log.warning("egress budget: backoff of %s not cleared (%s)", _shown(url_or_target), _error_code(exc))
             return False
 
     def _clear_local(self, buckets: Iterable[Bucket]) -> None:
@@ -995,6 +1021,12 @@ class BudgetClient:
 def _env_of(key: str, item: dict[str, Any]) -> _Env:
     return _Env(key, float(item["rate"]["N"]), int(item["burst"]["N"]), int(item["version"]["N"]),
                 bool(item.get("own", {}).get("BOOL", False)))
+
+
+def _shown(url_or_target: Union[str, Url]) -> str:
+    """A URL as a log line may show it: its origin, or the text redacted (no user info, no query
+    values)."""
+    return url_or_target.origin if isinstance(url_or_target, Url) else redact(url_or_target)
 
 
 def _error_code(exc: BaseException) -> str:

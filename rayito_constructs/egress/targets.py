@@ -11,7 +11,8 @@ parameter gets a bucket of its own with the class's envelope).
 Paths are matched after RFC 3986 normalization (percent-decoding of unreserved characters, then
 dot segments removed) and, because servers are lenient in ways a budget must not be dodged by,
 with runs of ``/`` collapsed, ``\\`` and encoded slashes read as ``/``, ``;parameters`` dropped
-and case folded: ``/v1/x/../search``, ``/v1/%73earch``, ``//v1/search`` and ``/V1/Search``
+(before dot segments are removed: ``/v1/x/..;/search`` is ``/v1/search``, as on Tomcat) and case
+folded: ``/v1/x/../search``, ``/v1/%73earch``, ``//v1/search`` and ``/V1/Search``
 all fall under the class ``/v1/search``. Reading a request as belonging to a class can only add
 a charge, never remove one (:mod:`.client` charges every envelope a request belongs to).
 """
@@ -41,6 +42,10 @@ _PERCENT = re.compile(r"%([0-9A-Fa-f]{2})")
 _HOST_ASCII = re.compile(r"^[a-z0-9_-]+(?:\.[a-z0-9_-]+)*\Z")
 _DIGITS = re.compile(r"^[0-9]+\Z")
 _HEX = re.compile(r"^0[xX][0-9a-fA-F]*\Z")
+_AUTHORITY = re.compile(r"^\s*(?:[A-Za-z][A-Za-z0-9+.-]*:)?[/\\]{2}")
+_UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f]")
+#: Longest redacted URL :func:`redact` returns.
+MAX_REDACTED_CHARS = 256
 
 
 class TargetError(ValueError):
@@ -214,19 +219,22 @@ def remove_dot_segments(path: str) -> str:
 
 def canonical_path(path: str) -> str:
     """RFC 3986 normalization (unreserved characters decoded, other escapes uppercased, dot
-    segments removed), runs of ``/`` collapsed."""
-    text = remove_dot_segments(_decode_unreserved(path.replace("\\", "/")))
+    segments removed), runs of ``/`` collapsed, and ``;parameters`` dropped from every segment
+    *before* dot segments are removed, as Tomcat, Jetty and Spring read a path: ``/v1/x/..;/search``
+    and ``/v1/x/%2e%2e;/search`` are ``/v1/search`` there, so they are here."""
+    text = _decode_unreserved(path.replace("\\", "/"))
+    text = remove_dot_segments("/".join(segment.split(";", 1)[0] for segment in text.split("/")))
     text = re.sub(r"/{2,}", "/", text)
     return text if text.startswith("/") else "/" + text
 
 
 def path_segments(path: str) -> tuple[str, ...]:
-    """The segments a path class is matched on: canonical path, encoded ``/`` and ``\\`` read
-    as separators (then dot segments again), ``;parameters`` dropped, case folded."""
+    """The segments a path class is matched on: canonical path (``;parameters`` dropped), encoded
+    ``/`` and ``\\`` read as separators (then dot segments again), case folded."""
     text = canonical_path(path)
     text = re.sub(r"%(2F|5C)", "/", text, flags=re.I)
     text = canonical_path(text)
-    return tuple(s.split(";", 1)[0].casefold() for s in text.split("/") if s.split(";", 1)[0])
+    return tuple(s.casefold() for s in text.split("/") if s)
 
 
 def _class_value(value: str) -> str:
@@ -288,6 +296,41 @@ def parse(url: str) -> Url:
             raise TargetError(f"{url!r}: the port {port_text!r} is not 0 to 65535")
         port = int(port_text)
     return Url(scheme, canonical_host(host), port, canonical_path(parts.path or "/"), parts.query)
+
+
+def _redact_pair(pair: str) -> str:
+    if pair in ("", "&", ";"):
+        return pair
+    name, equals, _ = pair.partition("=")
+    return f"{name}=***" if equals else "***"
+
+
+def redact(url: object) -> str:
+    """A URL as it may be logged, for one that is not a target: no user info (everything up to
+    the last ``@`` before the query, so a password holding a ``/`` goes too), no query values
+    (``?api_key=***``), no fragment, control characters escaped, at most 256 characters. Anything
+    but a string is its type (``<bytes>``)."""
+    if not isinstance(url, str):
+        return f"<{type(url).__name__}>"
+    text, hash_, _ = url.partition("#")
+    text, question, query = text.partition("?")
+    match = _AUTHORITY.match(text)
+    start = match.end() if match else 0
+    at = text.rfind("@", start)
+    if at >= 0:
+        text = text[:start] + "***@" + text[at + 1:]
+    if question:
+        text += "?" + "".join(_redact_pair(p) for p in re.split(r"([&;])", query))
+    if hash_:
+        text += "#***"
+    text = _UNPRINTABLE.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+    return text[:MAX_REDACTED_CHARS]
+
+
+def redacted_error(exc: BaseException, url: object) -> str:
+    """The message of a :class:`TargetError` about ``url`` with the URL in it redacted
+    (:func:`redact`): the messages quote the URL as given, credentials and all."""
+    return str(exc).replace(repr(url), repr(redact(url)))
 
 
 def from_parts(scheme: str, host: str, port: Optional[int], path: str, query: str) -> Url:

@@ -3,11 +3,12 @@
 asked, so a count joins the reasoning step that produced it.
 
 Per window and envelope (dimensions ``fleet`` and ``target``, the envelope's key: an origin or a
-declared class, the same value ``EgressBudget``'s alarms watch): ``Requests`` (requests that
-belong to it), ``Granted``, ``Deferrals`` (refused by it, or not decided because the store did not
-answer), ``DeferralRate``, ``RemainingAtDecision`` (only from decisions the store answered: an
-outage is not an exhausted envelope), and the envelope in force: ``EnvelopeVersion``,
-``EnvelopeRate`` (per second), ``EnvelopeBurst``. Per reason (dimensions ``fleet, target,
+declared class, the same value ``EgressBudget``'s alarms watch; ``(invalid)`` for every URL that
+is not a target, never the URL itself): ``Requests`` (requests that belong to it), ``Granted``,
+``Deferrals`` (refused by it, or not decided because the store did not answer), ``DeferralRate``,
+``RemainingAtDecision`` (only from decisions the store answered: an outage is not an exhausted
+envelope), and the envelope in force: ``EnvelopeVersion``, ``EnvelopeRate`` (per second),
+``EnvelopeBurst``. Per reason (dimensions ``fleet, target,
 reason`` and ``fleet, reason``): ``Deferrals``, so ``limiter_unavailable`` (the store) is told
 apart from ``budget_empty`` and ``backoff`` (the target).
 
