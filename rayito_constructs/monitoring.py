@@ -25,6 +25,7 @@ the recipe writer print no EMF line (their log lines stay), and the agents' egre
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence, Union
@@ -51,6 +52,49 @@ SNS_TOPIC_ARN = re.compile(r"^arn:aws[a-zA-Z-]*:sns:[a-z0-9-]+:[0-9]{12}:[A-Za-z
 #: transitions into an ALARM state" (CloudWatch, mon-put-metric-alarm; PutMetricAlarm's
 #: ``AlarmActions`` holds at most 5).
 MAX_ALARM_ACTIONS = 5
+
+#: How long an alarm may look back: "An alarm's total current evaluation period can be no longer
+#: than seven days, so Period multiplied by EvaluationPeriods can't be more than 604,800 seconds.
+#: For alarms with a period of less than one hour (3,600 seconds), the total evaluation period
+#: can't be longer than one day (86,400 seconds)" (CloudWatch API Reference, PutMetricAlarm,
+#: ``Period``).
+MAX_EVALUATION_SECONDS = 604_800
+MAX_EVALUATION_SECONDS_UNDER_AN_HOUR = 86_400
+
+
+def max_evaluation_periods(period_seconds: int) -> int:
+    """The most ``EvaluationPeriods`` PutMetricAlarm takes for a period of ``period_seconds``."""
+    limit = MAX_EVALUATION_SECONDS_UNDER_AN_HOUR if period_seconds < 3600 else MAX_EVALUATION_SECONDS
+    return limit // period_seconds
+
+
+def check_evaluation_periods(option: str, value: object, period_seconds: int, unit: str = "periods") -> int:
+    """A whole number of evaluation periods from 1 to what PutMetricAlarm takes for the period
+    (:func:`max_evaluation_periods`); a one-line ``ValueError`` naming ``option`` otherwise."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{option}: {value!r} is not a whole number of {unit}")
+    most = max_evaluation_periods(period_seconds)
+    if value < 1:
+        raise ValueError(f"{option}: {value} is below the minimum of 1")
+    if value > most:
+        window = MAX_EVALUATION_SECONDS_UNDER_AN_HOUR if period_seconds < 3600 else MAX_EVALUATION_SECONDS
+        raise ValueError(f"{option}: {value} is above the limit of {most} {unit}: CloudWatch (PutMetricAlarm) "
+                         f"evaluates an alarm of {period_seconds} s periods over at most {window:,} s")
+    return value
+
+
+def check_threshold(option: str, value: object, *, above: float, why: str) -> float:
+    """A finite number above ``above`` (not a bool: ``True`` would be 1); ``why`` says what a
+    value at or below it would do. A one-line ``ValueError`` naming ``option`` otherwise (a NaN
+    would otherwise crash the synth: the template is JSON, which has no NaN)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{option}: {value!r} is not a number")
+    if not math.isfinite(value):
+        raise ValueError(f"{option}: {value!r} is not a finite number")
+    if value <= above:
+        raise ValueError(f"{option}: {value!r} is not above {above:g}: {why}")
+    return value
+
 
 #: ``logs.RetentionDays`` in days (``None``: never expire), as CloudFormation's ``RetentionInDays``.
 RETENTION_DAYS: dict[str, Optional[int]] = {
