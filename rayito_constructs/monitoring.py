@@ -150,9 +150,16 @@ def alarm_actions_of(scope: Construct, given: Union[None, AlarmActionLike, Seque
     return tuple(action for action, _ in _normalized(scope, given, option))
 
 
-def check_alarm_actions(given: Any, option: str = "alarm_actions") -> list[tuple[str, Any]]:
+def _known(value: Any) -> bool:
+    return isinstance(value, str) and not cdk.Token.is_unresolved(value)
+
+
+def check_alarm_actions(given: Any, option: str = "alarm_actions", *, region: Optional[str] = None) -> list[tuple[str, Any]]:
     """``(where, item)`` of each action given; a one-line ``ValueError`` for anything that is not
-    an SNS topic, its ARN or a ``cloudwatch.IAlarmAction`` (checked before anything is built)."""
+    an SNS topic, its ARN or a ``cloudwatch.IAlarmAction`` (checked before anything is built), and
+    for a topic in another region than ``region`` (the stack's) when both are known: CloudWatch
+    sends an alarm's actions only to a topic of the alarm's own region, and PutMetricAlarm refuses
+    the alarm at deploy otherwise."""
     if given is None:
         return []
     several = isinstance(given, (list, tuple))
@@ -166,6 +173,12 @@ def check_alarm_actions(given: Any, option: str = "alarm_actions") -> list[tuple
         elif not hasattr(item, "topic_arn") and not callable(getattr(item, "bind", None)):
             raise ValueError(f"{where}: {item!r} is neither an SNS topic (sns.ITopic or its ARN) "
                              "nor a cloudwatch.IAlarmAction")
+        arn = item if isinstance(item, str) else getattr(item, "topic_arn", None)
+        if _known(region) and _known(arn) and SNS_TOPIC_ARN.match(arn) and arn.split(":")[3] != region:
+            # Named by the option and the ARN (not its index): `-c alarm_actions` reads the same.
+            raise ValueError(f"{option}: {arn!r} is a topic in {arn.split(':')[3]} and the stack deploys to {region}; "
+                             "CloudWatch sends an alarm's actions only to an SNS topic of the alarm's own region "
+                             f"(PutMetricAlarm refuses the alarm): give a topic in {region}")
         checked.append((where, item))
     distinct = {item if isinstance(item, str) else (getattr(item, "topic_arn", None) if isinstance(
         getattr(item, "topic_arn", None), str) and not cdk.Token.is_unresolved(item.topic_arn) else id(item))
@@ -181,7 +194,7 @@ def _normalized(scope: Construct, given: Any, option: str) -> list[tuple[cloudwa
     found: list[tuple[cloudwatch.IAlarmAction, Any]] = []
     seen: set[str] = set()
     stack = cdk.Stack.of(scope)
-    for index, (where, item) in enumerate(check_alarm_actions(given, option)):
+    for index, (where, item) in enumerate(check_alarm_actions(given, option, region=stack.region)):
         arn: Any = None
         if isinstance(item, str):
             arn = stack.resolve(item)

@@ -479,6 +479,43 @@ def test_context_mistakes_are_one_line(monkeypatch, tmp_path, capsys, context, l
     assert "Traceback" not in err
 
 
+@pytest.mark.parametrize("given", ["arn", "topic", "list"])
+def test_a_topic_of_another_region_is_one_line(given) -> None:
+    """CloudWatch sends an alarm's actions only to a topic of its own region (PutMetricAlarm:
+    "Invalid region ... specified"): refused at synth, as a string, an imported topic or in a list."""
+    app = new_app()
+    stack = new_stack(app)  # us-east-1
+    arn = "arn:aws:sns:eu-west-1:123456789012:ops"
+    actions = {"arn": arn, "topic": sns.Topic.from_topic_arn(stack, "Far", arn), "list": [OPS, arn]}[given]
+    with pytest.raises(ValueError) as info:
+        AgentFleet(stack, "Fleet", project=AgentProject.load(EXAMPLE), build_image=False, metrics=True,
+                   alarm_actions=actions)
+    assert str(info.value).startswith(f"alarm_actions: '{arn}' is a topic in eu-west-1 and the stack deploys to us-east-1; ")
+    assert len(str(info.value).splitlines()) == 1
+
+
+def test_the_region_is_checked_only_when_the_stack_knows_it() -> None:
+    """An environment-agnostic stack's region is a token: any region's topic is taken as given."""
+    app = new_app()
+    stack = cdk.Stack(app, "Agnostic", synthesizer=cdk.DefaultStackSynthesizer(generate_bootstrap_version_rule=False))
+    arn = "arn:aws:sns:eu-west-1:123456789012:ops"
+    AgentFleet(stack, "Fleet", project=AgentProject.load(EXAMPLE), build_image=False, metrics=True, alarm_actions=arn)
+    alarms = resources(Template.from_stack(stack).to_json(), "AWS::CloudWatch::Alarm")
+    assert alarms and all(a["Properties"]["AlarmActions"] == [arn] for a in alarms.values())
+
+
+def test_context_alarm_actions_of_another_region(monkeypatch, tmp_path, capsys) -> None:
+    from .test_app import synth
+
+    monkeypatch.setenv("CDK_DEFAULT_ACCOUNT", "123456789012")
+    monkeypatch.setenv("CDK_DEFAULT_REGION", "us-east-1")
+    code, err, _ = synth(monkeypatch, tmp_path, capsys, metrics="true",
+                         alarm_actions=f"{OPS},arn:aws:sns:eu-west-1:123456789012:pager")
+    assert code == 2 and "Traceback" not in err
+    assert err.splitlines()[0].startswith("-c alarm_actions: 'arn:aws:sns:eu-west-1:123456789012:pager' is a topic in "
+                                          "eu-west-1 and the stack deploys to us-east-1"), err
+
+
 @jsii.implements(cloudwatch.IAlarmAction)
 class _Never:
     def bind(self, scope: Construct, alarm: cloudwatch.IAlarm) -> cloudwatch.AlarmActionConfig:
@@ -524,7 +561,7 @@ def test_bad_topic_arns_are_one_line(arn) -> None:
                                  "arn:aws-us-gov:sns:us-gov-west-1:123456789012:a-b.fifo"])
 def test_topic_arns_of_every_partition(arn) -> None:
     app = new_app()
-    stack = new_stack(app)
+    stack = new_stack(app, env=cdk.Environment(account="123456789012", region=arn.split(":")[3]))  # the topic's region
     AgentFleet(stack, "Fleet", project=AgentProject.load(EXAMPLE), build_image=False, metrics=True, alarm_actions=arn)
     for alarm in resources(Template.from_stack(stack).to_json(), "AWS::CloudWatch::Alarm").values():
         assert alarm["Properties"]["AlarmActions"] == [arn]
