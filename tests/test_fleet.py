@@ -516,8 +516,12 @@ def test_egress_budget_of_the_example(example, with_metrics) -> None:
     assert len(egress) == 1 and sorted(egress[0]["Action"]) == [
         "dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:Query", "dynamodb:UpdateItem"]
     alarms = template.find_resources("AWS::CloudWatch::Alarm", {"Properties": {"Namespace": "Rayito/Egress"}})
+    # Per envelope, exhaustion (budget_empty deferrals); once, the store (limiter_unavailable).
+    assert sorted(next(d["Value"] for d in a["Properties"]["Dimensions"] if d["Name"] == "reason")
+                  for a in alarms.values() if a["Properties"]["MetricName"] == "Deferrals") == [
+        "budget_empty", "budget_empty", "limiter_unavailable"]
     assert sorted(a["Properties"]["MetricName"] for a in alarms.values()) == [
-        "DeferralRate", "DeferralRate", "Deferrals", "RemainingAtDecision", "RemainingAtDecision"]
+        "DeferralRate", "DeferralRate", "Deferrals", "Deferrals", "Deferrals"]
 
 
 def test_no_egress_budget_without_declared_budgets(agent_folder) -> None:

@@ -118,10 +118,13 @@ def test_metrics_on_turn_on_every_emitter_and_every_alarm(on) -> None:
     assert recipe["Properties"]["Metrics"] == "on"
     assert image_env(template)["RAYITO_METRICS"] == "on"
     made = {stack.resolve(stack.get_logical_id(a.node.default_child)) for a in stack.fleet.alarms}
-    metrics = sorted(resources(template, "AWS::CloudWatch::Alarm")[k]["Properties"].get("MetricName") for k in made)
+    watched = [resources(template, "AWS::CloudWatch::Alarm")[k]["Properties"] for k in made]
+    # A metric's name, or a metric math alarm's expression (the egress deferral rate: the fleet's).
+    metrics = sorted(p.get("MetricName") or next(q["Expression"] for q in p["Metrics"] if q.get("ReturnData"))
+                     for p in watched)
     assert metrics == sorted([
         "RetryAmplification", "Deficit", "DeadLetteredSlots", "ApproximateNumberOfMessagesVisible", "OldestStrayAge",
-        "RecipeNotSaved", "RemainingAtDecision", "RemainingAtDecision", "DeferralRate", "DeferralRate", "Deferrals",
+        "RecipeNotSaved", "Deferrals", "Deferrals", "DeferralRate", "DeferralRate", "Deferrals",
     ])
     assert template["Outputs"]["DashboardName"]["Value"] == {"Fn::Join": ["", ["Rayito-mi-agente-", {"Ref": "AWS::Region"}]]} \
         or template["Outputs"]["DashboardName"]["Value"] == "Rayito-mi-agente-us-east-1"
@@ -177,7 +180,7 @@ def test_the_parts_refuse_on_their_own() -> None:
         fleet.reconciler.add_alarms(custom_metrics=True)
     with pytest.raises(ValueError, match=r"^add_alarm\(\): the alarm NotSavedAlarm watches Rayito/Fleet RecipeNotSaved"):
         fleet.recipe.add_alarm()
-    with pytest.raises(ValueError, match=r"^alarms=True: the alarm Exhausted\w+ watches Rayito/Egress RemainingAtDecision"):
+    with pytest.raises(ValueError, match=r"^alarms=True: the alarm Exhausted\w+ watches Rayito/Egress Deferrals"):
         EgressBudget(stack, "Budget", fleet_name="suelto", envelopes=fleet.project.egress.budgets, alarms=True)
     # A math expression over a custom metric is a custom metric too; an AWS metric never needs one.
     expression = cloudwatch.MathExpression(expression="m1 * 2", using_metrics={"m1": fleet.reconciler.metric_deficit()})
@@ -289,9 +292,11 @@ def test_the_dashboard_shows_what_the_essays_ask(on) -> None:
         for name, stat in [("Requests", "Sum"), ("Granted", "Sum"), ("Deferrals", "Sum"), ("DeferralRate", "Average"),
                            ("RemainingAtDecision", "Minimum"), ("EnvelopeRate", "Maximum"), ("EnvelopeBurst", "Maximum")]:
             assert has("Rayito/Egress", name, dims, stat), (target, name)
+        # What the exhaustion alarm watches: refusals for an empty budget of this envelope.
+        assert has("Rayito/Egress", "Deferrals", {**dims, "reason": "budget_empty"}, "Sum"), target
     for reason in ("budget_empty", "backoff", "limiter_unavailable", "invalid_target", "invalid_cost"):
         assert has("Rayito/Egress", "Deferrals", {"fleet": "mi-agente", "reason": reason}, "Sum"), reason
-    searches = [m["expression"] for m in metrics if "expression" in m]
+    searches = [m["expression"] for m in metrics if m.get("expression", "").startswith("SEARCH(")]
     assert searches == [
         "SEARCH('{Rayito/Egress,fleet,target} MetricName=\"Deferrals\" fleet=\"mi-agente\"', 'Sum', 60)",
         "SEARCH('{Rayito/Egress,fleet,reason,target} MetricName=\"Deferrals\" fleet=\"mi-agente\"', 'Sum', 60)",
