@@ -27,7 +27,8 @@ class EgressBudget(Construct):
 
     :param fleet_name: the fleet whose agents use it (the metrics' ``fleet`` dimension).
     :param envelopes: the declared envelopes; each gets an exhaustion alarm (requests deferred
-        for an empty budget in each of 10 minutes) and a deferral-rate alarm, on the ``target``
+        for an empty budget in each of 10 minutes) and a deferral-rate alarm (over 20% of its
+        requests deferred, summed over every agent process, for 15 minutes), on the ``target``
         dimension ``EmfRecorder`` emits (the envelope's key); and the fleet one alarm for a store
         that does not answer.
     :param encryption_key: Default: an AWS managed key.
@@ -141,9 +142,20 @@ class EgressBudget(Construct):
         refusal is in use, not exhausted."""
         return self.metric_target_deferrals(target, BUDGET_EMPTY, **props)
 
-    def metric_deferral_rate(self, target: str, **props: object) -> cloudwatch.Metric:
-        props.setdefault("statistic", "Average")
-        return self.metric("DeferralRate", target, **props)
+    def metric_deferral_rate(self, target: str, **props: object) -> cloudwatch.MathExpression:
+        """Percent of one envelope's requests deferred, over the whole fleet:
+        ``100 * Sum(Deferrals) / Sum(Requests)`` per period (a metric math expression of two
+        metrics, one series: what an alarm may watch). Not the ``Average`` of the recorder's
+        ``DeferralRate``: that is each agent process's own rate, unweighted, so one busy process
+        at 50% beside nine idle ones at 0% would read 5%. ``props``: the expression's (``period``,
+        default one minute; ``label``...)."""
+        props.setdefault("period", cdk.Duration.minutes(1))
+        period = props["period"]
+        return cloudwatch.MathExpression(
+            expression="100 * deferred / requests",
+            using_metrics={"deferred": self.metric_target_deferrals(target, period=period),
+                           "requests": self.metric_requests(target, period=period)},
+            **props)
 
     def metric_remaining(self, target: str, **props: object) -> cloudwatch.Metric:
         """Tokens left at decision (``Minimum`` per period), after the grant: an envelope used at

@@ -17,7 +17,7 @@ from typing import Any, Optional
 
 import pytest
 
-from rayito_constructs.egress import BudgetClient, Deferral, Envelope
+from rayito_constructs.egress import BudgetClient, Deferral, Envelope, Granted
 
 from .egress_support import Clock, counting_store, ddb
 from .test_egress import new_client
@@ -202,3 +202,51 @@ def test_add_alarms_refuses_values_cloudwatch_refuses_with_one_line(kwargs) -> N
     with pytest.raises(ValueError, match=name):
         fleet.reconciler.add_alarms(custom_metrics=True, **kwargs)
         Template.from_stack(stack)
+
+
+def test_the_deferral_rate_alarm_sees_half_the_requests_deferred_when_processes_differ_in_traffic() -> None:
+    """The `Deferrals` alarm says "over 20% of requests to <target> deferred for 15 minutes". Its
+    metric is ``DeferralRate`` with statistic Average: CloudWatch averages each process's own
+    percentage, one datapoint per process per window, unweighted. One busy agent process sends
+    1,000 requests and 500 are deferred; nine idle processes send one request each, granted. Of
+    1,009 requests, 49.6% were deferred; the alarm's statistic reads 5.0% and stays OK. Expected:
+    the alarm computes the fleet's rate (Sum of Deferrals / Sum of Requests), so it fires."""
+    import io
+    import json
+
+    from aws_cdk.assertions import Template
+
+    from rayito_constructs.egress import EmfRecorder
+    from rayito_constructs.egress_budget import EgressBudget
+    from rayito_constructs.options import EgressBudgetOptions
+
+    from .cdk_helpers import new_app, new_stack
+
+    stack = new_stack(new_app(), "Rate")
+    EgressBudget(stack, "Egress", fleet_name="swarm", metrics=True,
+                 envelopes=[EgressBudgetOptions(target=API, rate="10/second", burst=5)])
+    alarms = Template.from_stack(stack).find_resources("AWS::CloudWatch::Alarm")
+    (rate_alarm,) = [a["Properties"] for a in alarms.values() if "over 20% of requests" in a["Properties"]["AlarmDescription"]]
+    granted = Granted(API, 3.0, 0, None, (API,), 10.0, 5)
+    deferred = Deferral(API, 0.1, "budget_empty", 0.0, 0, None, "", (API,), 10.0, 5)
+    records: list[dict[str, Any]] = []
+    requests = deferrals = 0
+    for process in range(10):
+        clock = Clock()
+        out = io.StringIO()
+        recorder = EmfRecorder("swarm", out=out, clock=clock, background=False, metrics=True, log_decisions=False)
+        decisions = [granted, deferred] * 500 if process == 0 else [granted]
+        for decision in decisions:
+            recorder(decision)
+        recorder.close()
+        requests += len(decisions)
+        deferrals += sum(isinstance(d, Deferral) for d in decisions)
+        records += [json.loads(line) for line in out.getvalue().splitlines()]
+    true_rate = 100.0 * deferrals / requests
+    # What the alarm computes from every process's datapoints of the period (all in one window).
+    seen = alarm_value(rate_alarm, records)
+    assert true_rate > rate_alarm["Threshold"]
+    assert seen is not None and breaches(rate_alarm, seen), (
+        f"{true_rate:.1f}% of requests deferred, the alarm reads {seen}% "
+        f"(threshold {rate_alarm['Threshold']}%): it stays OK")
+    assert seen == pytest.approx(true_rate, abs=0.01)

@@ -124,7 +124,7 @@ def test_metrics_on_turn_on_every_emitter_and_every_alarm(on) -> None:
                      for p in watched)
     assert metrics == sorted([
         "RetryAmplification", "Deficit", "DeadLetteredSlots", "ApproximateNumberOfMessagesVisible", "OldestStrayAge",
-        "RecipeNotSaved", "Deferrals", "Deferrals", "DeferralRate", "DeferralRate", "Deferrals",
+        "RecipeNotSaved", "Deferrals", "Deferrals", "100 * deferred / requests", "100 * deferred / requests", "Deferrals",
     ])
     assert template["Outputs"]["DashboardName"]["Value"] == {"Fn::Join": ["", ["Rayito-mi-agente-", {"Ref": "AWS::Region"}]]} \
         or template["Outputs"]["DashboardName"]["Value"] == "Rayito-mi-agente-us-east-1"
@@ -289,11 +289,16 @@ def test_the_dashboard_shows_what_the_essays_ask(on) -> None:
     assert has("Rayito/Fleet", "RecipeSaved", {"fleet": "mi-agente"}, "Sum")
     for target in TARGETS:
         dims = {"fleet": "mi-agente", "target": target}
-        for name, stat in [("Requests", "Sum"), ("Granted", "Sum"), ("Deferrals", "Sum"), ("DeferralRate", "Average"),
+        for name, stat in [("Requests", "Sum"), ("Granted", "Sum"), ("Deferrals", "Sum"),
                            ("RemainingAtDecision", "Minimum"), ("EnvelopeRate", "Maximum"), ("EnvelopeBurst", "Maximum")]:
             assert has("Rayito/Egress", name, dims, stat), (target, name)
         # What the exhaustion alarm watches: refusals for an empty budget of this envelope.
         assert has("Rayito/Egress", "Deferrals", {**dims, "reason": "budget_empty"}, "Sum"), target
+    # The deferral rate is the fleet's, deferred over requests of the same graph (its ids), not
+    # the Average of each process's own rate.
+    rates = [m for m in metrics if m.get("expression") == "100 * deferred / requests"]
+    assert len(rates) == len(TARGETS)
+    assert not [m for m in metrics if m.get("name") == "DeferralRate"]
     for reason in ("budget_empty", "backoff", "limiter_unavailable", "invalid_target", "invalid_cost"):
         assert has("Rayito/Egress", "Deferrals", {"fleet": "mi-agente", "reason": reason}, "Sum"), reason
     searches = [m["expression"] for m in metrics if m.get("expression", "").startswith("SEARCH(")]
