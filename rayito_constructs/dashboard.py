@@ -210,10 +210,13 @@ class FleetDashboard(Construct):
         for envelope in e.envelopes:
             target = declared_target(envelope.target)
             self._row([
+                # The deferral rate is the fleet's (deferred over requests, every process summed)
+                # and "exhausted" counts refusals for an empty budget: what the alarms watch.
                 cloudwatch.GraphWidget(title=f"Egress {target}: requests", width=_W * 2, height=_H, left=[
                     _label(e.metric_requests(target), "requests"), _label(e.metric_granted(target), "granted"),
-                    _label(e.metric_target_deferrals(target), "deferred")],
-                    right=[_label(e.metric_deferral_rate(target), "deferral rate (%)")]),
+                    _label(e.metric_target_deferrals(target), "deferred"),
+                    _label(e.metric_exhausted(target), "deferred: budget empty (exhausted)")],
+                    right=[e.metric_deferral_rate(target, label="deferral rate (%)")]),
                 cloudwatch.GraphWidget(title=f"Egress {target}: envelope in force", width=_W * 2, height=_H, left=[
                     _label(e.metric_remaining(target), "tokens left at decision"),
                     _label(e.metric("EnvelopeBurst", target, statistic="Maximum"), "burst")],

@@ -15,7 +15,7 @@ from constructs import Construct
 from ._tables import state_table
 from .monitoring import Operations, create_alarm
 
-from .egress.client import LIMITER_UNAVAILABLE, REASONS
+from .egress.client import BUDGET_EMPTY, LIMITER_UNAVAILABLE, REASONS
 from .egress.targets import declared_target
 from .egress.telemetry import NAMESPACE
 from .options import EgressBudgetOptions
@@ -26,9 +26,11 @@ class EgressBudget(Construct):
     """A table of token buckets, one per external target, and its alarms.
 
     :param fleet_name: the fleet whose agents use it (the metrics' ``fleet`` dimension).
-    :param envelopes: the declared envelopes; each gets an exhaustion and a deferral-rate alarm
-        (on the ``target`` dimension ``EmfRecorder`` emits: the envelope's key), and the fleet one
-        alarm for a store that does not answer.
+    :param envelopes: the declared envelopes; each gets an exhaustion alarm (requests deferred
+        for an empty budget in each of 10 minutes) and a deferral-rate alarm (over 20% of its
+        requests deferred, summed over every agent process, for 15 minutes), on the ``target``
+        dimension ``EmfRecorder`` emits (the envelope's key); and the fleet one alarm for a store
+        that does not answer.
     :param encryption_key: Default: an AWS managed key.
     :param removal_policy: Default: ``DESTROY``: buckets are seconds-long state; the envelope
         history goes with them (keep it with ``RETAIN``).
@@ -121,16 +123,44 @@ class EgressBudget(Construct):
         props.setdefault("statistic", "Sum")
         return self.metric("Granted", target, **props)
 
-    def metric_target_deferrals(self, target: str, **props: object) -> cloudwatch.Metric:
-        """Requests one envelope deferred (every reason), summed per period."""
+    def metric_target_deferrals(self, target: str, reason: Optional[str] = None, **props: object) -> cloudwatch.Metric:
+        """Requests one envelope deferred, summed per period: for every reason, or for one
+        (``budget_empty`` and ``backoff`` count on the envelope that refused; the metric with
+        dimensions ``fleet, target, reason`` exists once that reason was seen)."""
         props.setdefault("statistic", "Sum")
-        return self.metric("Deferrals", target, **props)
+        if reason is None:
+            return self.metric("Deferrals", target, **props)
+        if reason not in REASONS:
+            raise ValueError(f"reason: {reason!r} is not one of {', '.join(REASONS)}")
+        props.setdefault("period", cdk.Duration.minutes(1))
+        return cloudwatch.Metric(namespace=NAMESPACE, metric_name="Deferrals", dimensions_map={
+            "fleet": self.fleet_name, "target": declared_target(target), "reason": reason}, **props)
 
-    def metric_deferral_rate(self, target: str, **props: object) -> cloudwatch.Metric:
-        props.setdefault("statistic", "Average")
-        return self.metric("DeferralRate", target, **props)
+    def metric_exhausted(self, target: str, **props: object) -> cloudwatch.Metric:
+        """Requests one envelope refused because its budget was empty (``budget_empty``), summed
+        per period: what the exhaustion alarm watches. An envelope used near its burst without a
+        refusal is in use, not exhausted."""
+        return self.metric_target_deferrals(target, BUDGET_EMPTY, **props)
+
+    def metric_deferral_rate(self, target: str, **props: object) -> cloudwatch.MathExpression:
+        """Percent of one envelope's requests deferred, over the whole fleet:
+        ``100 * Sum(Deferrals) / Sum(Requests)`` per period (a metric math expression of two
+        metrics, one series: what an alarm may watch). Not the ``Average`` of the recorder's
+        ``DeferralRate``: that is each agent process's own rate, unweighted, so one busy process
+        at 50% beside nine idle ones at 0% would read 5%. ``props``: the expression's (``period``,
+        default one minute; ``label``...)."""
+        props.setdefault("period", cdk.Duration.minutes(1))
+        period = props["period"]
+        return cloudwatch.MathExpression(
+            expression="100 * deferred / requests",
+            using_metrics={"deferred": self.metric_target_deferrals(target, period=period),
+                           "requests": self.metric_requests(target, period=period)},
+            **props)
 
     def metric_remaining(self, target: str, **props: object) -> cloudwatch.Metric:
+        """Tokens left at decision (``Minimum`` per period), after the grant: an envelope used at
+        its burst reads below 1 without refusing anything, so this is a gauge of headroom, not of
+        exhaustion (:meth:`metric_exhausted` is)."""
         props.setdefault("statistic", "Minimum")
         return self.metric("RemainingAtDecision", target, **props)
 
@@ -142,9 +172,13 @@ class EgressBudget(Construct):
     def _alarms_for(self, target: str) -> list[cloudwatch.Alarm]:
         key = hashlib.sha256(target.encode()).hexdigest()[:8]
         return [
-            self._alarm(f"Exhausted{key}", self.metric_remaining(target), threshold=1, evaluation_periods=10,
-                        comparison_operator=cloudwatch.ComparisonOperator.LESS_THAN_THRESHOLD,
-                        alarm_description=f"{self.fleet_name}: the envelope of {target} has been exhausted for 10 minutes"),
+            # Exhausted: it refused requests for an empty budget in each of 10 minutes. Not the
+            # tokens left at decision: they are counted after a grant, so light use of a small
+            # burst reads below 1 with nothing refused.
+            self._alarm(f"Exhausted{key}", self.metric_exhausted(target), threshold=1, evaluation_periods=10,
+                        comparison_operator=cloudwatch.ComparisonOperator.GREATER_THAN_OR_EQUAL_TO_THRESHOLD,
+                        alarm_description=f"{self.fleet_name}: the envelope of {target} has been exhausted for 10 minutes "
+                                          "(requests deferred for an empty budget, budget_empty, in each minute)"),
             self._alarm(f"Deferrals{key}", self.metric_deferral_rate(target, period=cdk.Duration.minutes(5)),
                         threshold=20, evaluation_periods=3,
                         comparison_operator=cloudwatch.ComparisonOperator.GREATER_THAN_THRESHOLD,

@@ -25,6 +25,7 @@ the recipe writer print no EMF line (their log lines stay), and the agents' egre
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence, Union
@@ -51,6 +52,49 @@ SNS_TOPIC_ARN = re.compile(r"^arn:aws[a-zA-Z-]*:sns:[a-z0-9-]+:[0-9]{12}:[A-Za-z
 #: transitions into an ALARM state" (CloudWatch, mon-put-metric-alarm; PutMetricAlarm's
 #: ``AlarmActions`` holds at most 5).
 MAX_ALARM_ACTIONS = 5
+
+#: How long an alarm may look back: "An alarm's total current evaluation period can be no longer
+#: than seven days, so Period multiplied by EvaluationPeriods can't be more than 604,800 seconds.
+#: For alarms with a period of less than one hour (3,600 seconds), the total evaluation period
+#: can't be longer than one day (86,400 seconds)" (CloudWatch API Reference, PutMetricAlarm,
+#: ``Period``).
+MAX_EVALUATION_SECONDS = 604_800
+MAX_EVALUATION_SECONDS_UNDER_AN_HOUR = 86_400
+
+
+def max_evaluation_periods(period_seconds: int) -> int:
+    """The most ``EvaluationPeriods`` PutMetricAlarm takes for a period of ``period_seconds``."""
+    limit = MAX_EVALUATION_SECONDS_UNDER_AN_HOUR if period_seconds < 3600 else MAX_EVALUATION_SECONDS
+    return limit // period_seconds
+
+
+def check_evaluation_periods(option: str, value: object, period_seconds: int, unit: str = "periods") -> int:
+    """A whole number of evaluation periods from 1 to what PutMetricAlarm takes for the period
+    (:func:`max_evaluation_periods`); a one-line ``ValueError`` naming ``option`` otherwise."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{option}: {value!r} is not a whole number of {unit}")
+    most = max_evaluation_periods(period_seconds)
+    if value < 1:
+        raise ValueError(f"{option}: {value} is below the minimum of 1")
+    if value > most:
+        window = MAX_EVALUATION_SECONDS_UNDER_AN_HOUR if period_seconds < 3600 else MAX_EVALUATION_SECONDS
+        raise ValueError(f"{option}: {value} is above the limit of {most} {unit}: CloudWatch (PutMetricAlarm) "
+                         f"evaluates an alarm of {period_seconds} s periods over at most {window:,} s")
+    return value
+
+
+def check_threshold(option: str, value: object, *, above: float, why: str) -> float:
+    """A finite number above ``above`` (not a bool: ``True`` would be 1); ``why`` says what a
+    value at or below it would do. A one-line ``ValueError`` naming ``option`` otherwise (a NaN
+    would otherwise crash the synth: the template is JSON, which has no NaN)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{option}: {value!r} is not a number")
+    if not math.isfinite(value):
+        raise ValueError(f"{option}: {value!r} is not a finite number")
+    if value <= above:
+        raise ValueError(f"{option}: {value!r} is not above {above:g}: {why}")
+    return value
+
 
 #: ``logs.RetentionDays`` in days (``None``: never expire), as CloudFormation's ``RetentionInDays``.
 RETENTION_DAYS: dict[str, Optional[int]] = {
@@ -106,9 +150,16 @@ def alarm_actions_of(scope: Construct, given: Union[None, AlarmActionLike, Seque
     return tuple(action for action, _ in _normalized(scope, given, option))
 
 
-def check_alarm_actions(given: Any, option: str = "alarm_actions") -> list[tuple[str, Any]]:
+def _known(value: Any) -> bool:
+    return isinstance(value, str) and not cdk.Token.is_unresolved(value)
+
+
+def check_alarm_actions(given: Any, option: str = "alarm_actions", *, region: Optional[str] = None) -> list[tuple[str, Any]]:
     """``(where, item)`` of each action given; a one-line ``ValueError`` for anything that is not
-    an SNS topic, its ARN or a ``cloudwatch.IAlarmAction`` (checked before anything is built)."""
+    an SNS topic, its ARN or a ``cloudwatch.IAlarmAction`` (checked before anything is built), and
+    for a topic in another region than ``region`` (the stack's) when both are known: CloudWatch
+    sends an alarm's actions only to a topic of the alarm's own region, and PutMetricAlarm refuses
+    the alarm at deploy otherwise."""
     if given is None:
         return []
     several = isinstance(given, (list, tuple))
@@ -122,6 +173,12 @@ def check_alarm_actions(given: Any, option: str = "alarm_actions") -> list[tuple
         elif not hasattr(item, "topic_arn") and not callable(getattr(item, "bind", None)):
             raise ValueError(f"{where}: {item!r} is neither an SNS topic (sns.ITopic or its ARN) "
                              "nor a cloudwatch.IAlarmAction")
+        arn = item if isinstance(item, str) else getattr(item, "topic_arn", None)
+        if _known(region) and _known(arn) and SNS_TOPIC_ARN.match(arn) and arn.split(":")[3] != region:
+            # Named by the option and the ARN (not its index): `-c alarm_actions` reads the same.
+            raise ValueError(f"{option}: {arn!r} is a topic in {arn.split(':')[3]} and the stack deploys to {region}; "
+                             "CloudWatch sends an alarm's actions only to an SNS topic of the alarm's own region "
+                             f"(PutMetricAlarm refuses the alarm): give a topic in {region}")
         checked.append((where, item))
     distinct = {item if isinstance(item, str) else (getattr(item, "topic_arn", None) if isinstance(
         getattr(item, "topic_arn", None), str) and not cdk.Token.is_unresolved(item.topic_arn) else id(item))
@@ -137,7 +194,7 @@ def _normalized(scope: Construct, given: Any, option: str) -> list[tuple[cloudwa
     found: list[tuple[cloudwatch.IAlarmAction, Any]] = []
     seen: set[str] = set()
     stack = cdk.Stack.of(scope)
-    for index, (where, item) in enumerate(check_alarm_actions(given, option)):
+    for index, (where, item) in enumerate(check_alarm_actions(given, option, region=stack.region)):
         arn: Any = None
         if isinstance(item, str):
             arn = stack.resolve(item)

@@ -31,7 +31,7 @@ from ._function import library_function
 from ._nag import acknowledge_wildcard_resources
 from .control_plane_budget import ControlPlaneBudget
 from .fleet_ledger import FleetLedger
-from .monitoring import METRICS_ENV, Operations, create_alarm, metrics_value
+from .monitoring import METRICS_ENV, Operations, check_evaluation_periods, check_threshold, create_alarm, metrics_value
 from .permissions import FleetAccess, Statement, microvm_statements, table_key_statement, wildcard_reasons
 
 def _check_whole(option: str, value: object, *, optional: bool = False) -> None:
@@ -545,9 +545,25 @@ class FleetReconciler(Construct):
         of the image unowned for ``stray_seconds`` (custom metrics), and on the dead-letter queue's
         depth (an SQS metric, free of custom metrics).
 
+        :param amplification_threshold: attempts per slot filled the amplification alarm fires
+            at: a finite number above 1 (every slot filled took at least one attempt, so 1 or
+            less would always be in alarm). Default: 1.5.
+        :param deficit_minutes: one-minute periods with a deficit before the deficit alarm fires:
+            a whole number from 1 to 1,440 (PutMetricAlarm evaluates periods under an hour over
+            at most one day). Default: 10.
+        :param stray_seconds: seconds a foreign VM stays unowned before the stray alarm fires:
+            a finite number above 0 (the metric is 0 when there is none). Default: 3,600.
         :param custom_metrics: make the alarms on custom metrics. True while the reconciler's
             metrics are off is a synth error naming ``option``. Default: when metrics are on.
+
+        A value outside these is a one-line ``ValueError`` naming it, before any alarm is made.
         """
+        check_threshold("amplification_threshold", amplification_threshold, above=1,
+                        why="every slot filled takes at least one attempt, so the alarm would always fire")
+        deficit = self.metric_deficit()  # one-minute periods: a period per minute of deficit
+        check_evaluation_periods("deficit_minutes", deficit_minutes, int(deficit.period.to_seconds()), unit="minutes")
+        check_threshold("stray_seconds", stray_seconds, above=0,
+                        why="the oldest stray's age is 0 with no stray, so the alarm would always fire")
         missing = cloudwatch.TreatMissingData.NOT_BREACHING
         custom = self.metrics if custom_metrics is None else custom_metrics
         off_hint = "leave the alarms on custom metrics out (the dead-letter queue alarm needs none)"
@@ -562,7 +578,7 @@ class FleetReconciler(Construct):
                 alarm("AmplificationAlarm", self.metric_retry_amplification(period=cdk.Duration.minutes(5)),
                       threshold=amplification_threshold, evaluation_periods=3,
                       alarm_description=f"{self.fleet_name}: RunMicrovm attempts per slot filled above {amplification_threshold}"),
-                alarm("DeficitAlarm", self.metric_deficit(), threshold=0, evaluation_periods=deficit_minutes,
+                alarm("DeficitAlarm", deficit, threshold=0, evaluation_periods=deficit_minutes,
                       comparison_operator=cloudwatch.ComparisonOperator.GREATER_THAN_THRESHOLD,
                       alarm_description=f"{self.fleet_name}: slots without a VM for {deficit_minutes} minutes"),
                 alarm("DeadLetteredSlotsAlarm", self.metric_dead_lettered_slots(), threshold=1, evaluation_periods=1,

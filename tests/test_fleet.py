@@ -516,8 +516,16 @@ def test_egress_budget_of_the_example(example, with_metrics) -> None:
     assert len(egress) == 1 and sorted(egress[0]["Action"]) == [
         "dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:Query", "dynamodb:UpdateItem"]
     alarms = template.find_resources("AWS::CloudWatch::Alarm", {"Properties": {"Namespace": "Rayito/Egress"}})
-    assert sorted(a["Properties"]["MetricName"] for a in alarms.values()) == [
-        "DeferralRate", "DeferralRate", "Deferrals", "RemainingAtDecision", "RemainingAtDecision"]
+    # Per envelope, exhaustion (budget_empty deferrals); once, the store (limiter_unavailable).
+    assert sorted(next(d["Value"] for d in a["Properties"]["Dimensions"] if d["Name"] == "reason")
+                  for a in alarms.values() if a["Properties"]["MetricName"] == "Deferrals") == [
+        "budget_empty", "budget_empty", "limiter_unavailable"]
+    assert len(alarms) == 3
+    # Per envelope, the deferral rate over the fleet's requests (metric math of two sums).
+    rates = [a["Properties"] for a in template.find_resources("AWS::CloudWatch::Alarm").values()
+             if "Metrics" in a["Properties"] and "Egress" in json.dumps(a["Properties"]["Metrics"])]
+    assert len(rates) == 2 and all(
+        [q.get("Expression") for q in r["Metrics"] if q.get("ReturnData")] == ["100 * deferred / requests"] for r in rates)
 
 
 def test_no_egress_budget_without_declared_budgets(agent_folder) -> None:

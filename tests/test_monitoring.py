@@ -118,10 +118,13 @@ def test_metrics_on_turn_on_every_emitter_and_every_alarm(on) -> None:
     assert recipe["Properties"]["Metrics"] == "on"
     assert image_env(template)["RAYITO_METRICS"] == "on"
     made = {stack.resolve(stack.get_logical_id(a.node.default_child)) for a in stack.fleet.alarms}
-    metrics = sorted(resources(template, "AWS::CloudWatch::Alarm")[k]["Properties"].get("MetricName") for k in made)
+    watched = [resources(template, "AWS::CloudWatch::Alarm")[k]["Properties"] for k in made]
+    # A metric's name, or a metric math alarm's expression (the egress deferral rate: the fleet's).
+    metrics = sorted(p.get("MetricName") or next(q["Expression"] for q in p["Metrics"] if q.get("ReturnData"))
+                     for p in watched)
     assert metrics == sorted([
         "RetryAmplification", "Deficit", "DeadLetteredSlots", "ApproximateNumberOfMessagesVisible", "OldestStrayAge",
-        "RecipeNotSaved", "RemainingAtDecision", "RemainingAtDecision", "DeferralRate", "DeferralRate", "Deferrals",
+        "RecipeNotSaved", "Deferrals", "Deferrals", "100 * deferred / requests", "100 * deferred / requests", "Deferrals",
     ])
     assert template["Outputs"]["DashboardName"]["Value"] == {"Fn::Join": ["", ["Rayito-mi-agente-", {"Ref": "AWS::Region"}]]} \
         or template["Outputs"]["DashboardName"]["Value"] == "Rayito-mi-agente-us-east-1"
@@ -177,7 +180,7 @@ def test_the_parts_refuse_on_their_own() -> None:
         fleet.reconciler.add_alarms(custom_metrics=True)
     with pytest.raises(ValueError, match=r"^add_alarm\(\): the alarm NotSavedAlarm watches Rayito/Fleet RecipeNotSaved"):
         fleet.recipe.add_alarm()
-    with pytest.raises(ValueError, match=r"^alarms=True: the alarm Exhausted\w+ watches Rayito/Egress RemainingAtDecision"):
+    with pytest.raises(ValueError, match=r"^alarms=True: the alarm Exhausted\w+ watches Rayito/Egress Deferrals"):
         EgressBudget(stack, "Budget", fleet_name="suelto", envelopes=fleet.project.egress.budgets, alarms=True)
     # A math expression over a custom metric is a custom metric too; an AWS metric never needs one.
     expression = cloudwatch.MathExpression(expression="m1 * 2", using_metrics={"m1": fleet.reconciler.metric_deficit()})
@@ -286,12 +289,19 @@ def test_the_dashboard_shows_what_the_essays_ask(on) -> None:
     assert has("Rayito/Fleet", "RecipeSaved", {"fleet": "mi-agente"}, "Sum")
     for target in TARGETS:
         dims = {"fleet": "mi-agente", "target": target}
-        for name, stat in [("Requests", "Sum"), ("Granted", "Sum"), ("Deferrals", "Sum"), ("DeferralRate", "Average"),
+        for name, stat in [("Requests", "Sum"), ("Granted", "Sum"), ("Deferrals", "Sum"),
                            ("RemainingAtDecision", "Minimum"), ("EnvelopeRate", "Maximum"), ("EnvelopeBurst", "Maximum")]:
             assert has("Rayito/Egress", name, dims, stat), (target, name)
+        # What the exhaustion alarm watches: refusals for an empty budget of this envelope.
+        assert has("Rayito/Egress", "Deferrals", {**dims, "reason": "budget_empty"}, "Sum"), target
+    # The deferral rate is the fleet's, deferred over requests of the same graph (its ids), not
+    # the Average of each process's own rate.
+    rates = [m for m in metrics if m.get("expression") == "100 * deferred / requests"]
+    assert len(rates) == len(TARGETS)
+    assert not [m for m in metrics if m.get("name") == "DeferralRate"]
     for reason in ("budget_empty", "backoff", "limiter_unavailable", "invalid_target", "invalid_cost"):
         assert has("Rayito/Egress", "Deferrals", {"fleet": "mi-agente", "reason": reason}, "Sum"), reason
-    searches = [m["expression"] for m in metrics if "expression" in m]
+    searches = [m["expression"] for m in metrics if m.get("expression", "").startswith("SEARCH(")]
     assert searches == [
         "SEARCH('{Rayito/Egress,fleet,target} MetricName=\"Deferrals\" fleet=\"mi-agente\"', 'Sum', 60)",
         "SEARCH('{Rayito/Egress,fleet,reason,target} MetricName=\"Deferrals\" fleet=\"mi-agente\"', 'Sum', 60)",
@@ -479,6 +489,43 @@ def test_context_mistakes_are_one_line(monkeypatch, tmp_path, capsys, context, l
     assert "Traceback" not in err
 
 
+@pytest.mark.parametrize("given", ["arn", "topic", "list"])
+def test_a_topic_of_another_region_is_one_line(given) -> None:
+    """CloudWatch sends an alarm's actions only to a topic of its own region (PutMetricAlarm:
+    "Invalid region ... specified"): refused at synth, as a string, an imported topic or in a list."""
+    app = new_app()
+    stack = new_stack(app)  # us-east-1
+    arn = "arn:aws:sns:eu-west-1:123456789012:ops"
+    actions = {"arn": arn, "topic": sns.Topic.from_topic_arn(stack, "Far", arn), "list": [OPS, arn]}[given]
+    with pytest.raises(ValueError) as info:
+        AgentFleet(stack, "Fleet", project=AgentProject.load(EXAMPLE), build_image=False, metrics=True,
+                   alarm_actions=actions)
+    assert str(info.value).startswith(f"alarm_actions: '{arn}' is a topic in eu-west-1 and the stack deploys to us-east-1; ")
+    assert len(str(info.value).splitlines()) == 1
+
+
+def test_the_region_is_checked_only_when_the_stack_knows_it() -> None:
+    """An environment-agnostic stack's region is a token: any region's topic is taken as given."""
+    app = new_app()
+    stack = cdk.Stack(app, "Agnostic", synthesizer=cdk.DefaultStackSynthesizer(generate_bootstrap_version_rule=False))
+    arn = "arn:aws:sns:eu-west-1:123456789012:ops"
+    AgentFleet(stack, "Fleet", project=AgentProject.load(EXAMPLE), build_image=False, metrics=True, alarm_actions=arn)
+    alarms = resources(Template.from_stack(stack).to_json(), "AWS::CloudWatch::Alarm")
+    assert alarms and all(a["Properties"]["AlarmActions"] == [arn] for a in alarms.values())
+
+
+def test_context_alarm_actions_of_another_region(monkeypatch, tmp_path, capsys) -> None:
+    from .test_app import synth
+
+    monkeypatch.setenv("CDK_DEFAULT_ACCOUNT", "123456789012")
+    monkeypatch.setenv("CDK_DEFAULT_REGION", "us-east-1")
+    code, err, _ = synth(monkeypatch, tmp_path, capsys, metrics="true",
+                         alarm_actions=f"{OPS},arn:aws:sns:eu-west-1:123456789012:pager")
+    assert code == 2 and "Traceback" not in err
+    assert err.splitlines()[0].startswith("-c alarm_actions: 'arn:aws:sns:eu-west-1:123456789012:pager' is a topic in "
+                                          "eu-west-1 and the stack deploys to us-east-1"), err
+
+
 @jsii.implements(cloudwatch.IAlarmAction)
 class _Never:
     def bind(self, scope: Construct, alarm: cloudwatch.IAlarm) -> cloudwatch.AlarmActionConfig:
@@ -524,7 +571,7 @@ def test_bad_topic_arns_are_one_line(arn) -> None:
                                  "arn:aws-us-gov:sns:us-gov-west-1:123456789012:a-b.fifo"])
 def test_topic_arns_of_every_partition(arn) -> None:
     app = new_app()
-    stack = new_stack(app)
+    stack = new_stack(app, env=cdk.Environment(account="123456789012", region=arn.split(":")[3]))  # the topic's region
     AgentFleet(stack, "Fleet", project=AgentProject.load(EXAMPLE), build_image=False, metrics=True, alarm_actions=arn)
     for alarm in resources(Template.from_stack(stack).to_json(), "AWS::CloudWatch::Alarm").values():
         assert alarm["Properties"]["AlarmActions"] == [arn]

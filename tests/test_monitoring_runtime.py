@@ -374,11 +374,15 @@ def test_every_graphed_or_alarmed_egress_metric_is_sent(egress_store, recipe, te
     _egress_traffic(egress_store.endpoint, recipe, out, metrics=True)
     sent = identities(_lines(out))
     graphed = [m for m in widget_metrics(dashboard_body(template_on)) if m.get("namespace") == "Rayito/Egress"]
-    alarmed = [{"namespace": p["Namespace"], "name": p["MetricName"], "stat": p["Statistic"],
-                "dims": {d["Name"]: d["Value"] for d in p["Dimensions"]}}
+    # An alarm's metric, or each metric of a metric math alarm (the deferral rate: two sums).
+    alarmed = [{"namespace": m["Namespace"], "name": m["MetricName"], "stat": stat,
+                "dims": {d["Name"]: d["Value"] for d in m["Dimensions"]}}
                for p in (a["Properties"] for a in resources(template_on, "AWS::CloudWatch::Alarm").values())
-               if p.get("Namespace") == "Rayito/Egress"]
-    assert len(graphed) == 2 * 7 + len(REASONS) and len(alarmed) == 5
+               for m, stat in ([(p, p.get("Statistic"))] if "MetricName" in p else
+                               [(q["MetricStat"]["Metric"], q["MetricStat"]["Stat"]) for q in p.get("Metrics", [])
+                                if "MetricStat" in q])
+               if m.get("Namespace") == "Rayito/Egress"]
+    assert len(graphed) == 2 * 7 + len(REASONS) and len(alarmed) == 3 + 2 * 2
     for metric in graphed + alarmed:
         dims = tuple(sorted(metric["dims"].items()))
         if "reason" in metric["dims"]:  # one line per reason the client has; this traffic had three
@@ -392,7 +396,10 @@ def test_every_graphed_or_alarmed_egress_metric_is_sent(egress_store, recipe, te
         assert metric["stat"] in FITS[kind], (metric["name"], metric["stat"])
     # The SEARCH graphs (every target, declared or not): their schema is a dimension set the
     # recorder sends, each key=value they filter on a value it sends, and they find lines here.
-    searches = [m["expression"] for m in widget_metrics(dashboard_body(template_on)) if "expression" in m]
+    expressions = [m["expression"] for m in widget_metrics(dashboard_body(template_on)) if "expression" in m]
+    searches = [e for e in expressions if e.startswith("SEARCH(")]
+    # The rest: each declared target's deferral rate, over ids of metrics checked above.
+    assert sorted(set(expressions) - set(searches)) == ["100 * deferred / requests"]
     assert len(searches) == 3
     for expression in searches:
         schema, terms = re.fullmatch(r"SEARCH\('\{([^}]*)\} (.*)', 'Sum', 60\)", expression).groups()

@@ -117,6 +117,37 @@ def test_alarms(synth) -> None:
     assert {"Name": "fleet", "Value": "mi-agente"} in deficit["Dimensions"]
 
 
+@pytest.mark.parametrize(("kwargs", "line"), [
+    ({"deficit_minutes": 1441}, "deficit_minutes: 1441 is above the limit of 1440 minutes: CloudWatch (PutMetricAlarm) "
+                                "evaluates an alarm of 60 s periods over at most 86,400 s"),
+    ({"deficit_minutes": 0}, "deficit_minutes: 0 is below the minimum of 1"),
+    ({"deficit_minutes": True}, "deficit_minutes: True is not a whole number of minutes"),
+    ({"deficit_minutes": 10.5}, "deficit_minutes: 10.5 is not a whole number of minutes"),
+    ({"amplification_threshold": float("inf")}, "amplification_threshold: inf is not a finite number"),
+    ({"amplification_threshold": 1}, "amplification_threshold: 1 is not above 1: every slot filled"),
+    ({"amplification_threshold": "2"}, "amplification_threshold: '2' is not a number"),
+    ({"stray_seconds": 0}, "stray_seconds: 0 is not above 0: the oldest stray's age is 0 with no stray"),
+    ({"stray_seconds": float("nan")}, "stray_seconds: nan is not a finite number"),
+])
+def test_add_alarms_values_are_checked_before_any_alarm(kwargs, line) -> None:
+    """What PutMetricAlarm refuses (over a day of one-minute periods), what crashes the synth (NaN
+    in a JSON template) and what is always in alarm, each refused in one line naming it."""
+    stack = new_stack(new_app(), "Alarms")
+    fleet = AgentFleet(stack, "Fleet", project=AgentProject.load(EXAMPLE), build_image=False, metrics=True,
+                       reconciler_alarms=False)
+    with pytest.raises(ValueError) as info:
+        fleet.reconciler.add_alarms(custom_metrics=True, **kwargs)
+    assert str(info.value).startswith(line) and len(str(info.value).splitlines()) == 1, str(info.value)
+    assert not fleet.reconciler.alarms
+    # The limits themselves are accepted: a day of one-minute periods, any threshold above them.
+    alarms = fleet.reconciler.add_alarms(custom_metrics=True, deficit_minutes=1440, amplification_threshold=1.01,
+                                         stray_seconds=0.5)
+    template = Template.from_stack(stack)
+    (deficit,) = [template.to_json()["Resources"][stack.resolve(stack.get_logical_id(a.node.default_child))]
+                  for a in alarms if a.node.id == "DeficitAlarm"]
+    assert deficit["Properties"]["EvaluationPeriods"] * deficit["Properties"]["Period"] == 86_400
+
+
 def test_asset_holds_the_reconciler_and_its_model_only(synth) -> None:
     _, _, template, outdir = synth
     key = reconciler_function(template)["Code"]["S3Key"]
