@@ -577,6 +577,7 @@ class FleetReconciler(Construct):
             alarms += [
                 alarm("AmplificationAlarm", self.metric_retry_amplification(period=cdk.Duration.minutes(5)),
                       threshold=amplification_threshold, evaluation_periods=3,
+                      comparison_operator=cloudwatch.ComparisonOperator.GREATER_THAN_THRESHOLD,  # "above", as told
                       alarm_description=f"{self.fleet_name}: RunMicrovm attempts per slot filled above {amplification_threshold}"),
                 alarm("DeficitAlarm", deficit, threshold=0, evaluation_periods=deficit_minutes,
                       comparison_operator=cloudwatch.ComparisonOperator.GREATER_THAN_THRESHOLD,

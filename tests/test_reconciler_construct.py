@@ -112,6 +112,9 @@ def test_alarms(synth) -> None:
                      "RetryAmplification"]
     stray = [a for a in alarms.values() if a["Properties"].get("MetricName") == "OldestStrayAge"][0]["Properties"]
     assert stray["Threshold"] == 3600 and stray["ComparisonOperator"] == "GreaterThanOrEqualToThreshold"
+    amplification = [a for a in alarms.values() if a["Properties"].get("MetricName") == "RetryAmplification"][0]["Properties"]
+    # "above 1.5", as the description and docs/operations.md say (CDK's default is >=).
+    assert amplification["Threshold"] == 1.5 and amplification["ComparisonOperator"] == "GreaterThanThreshold"
     deficit = [a for a in alarms.values() if a["Properties"].get("MetricName") == "Deficit"][0]["Properties"]
     assert deficit["EvaluationPeriods"] == 10 and deficit["Namespace"] == "Rayito/Fleet"
     assert {"Name": "fleet", "Value": "mi-agente"} in deficit["Dimensions"]
