@@ -323,7 +323,7 @@ class AgentFleet(_FleetGrants):
             raise ValueError(f"saved_queries: {saved_queries!r} is not True or False")
         retention_days(log_retention)  # a logs.RetentionDays, or a one-line error
         retention_days(microvm_log_retention, "microvm_log_retention")
-        check_alarm_actions(alarm_actions)
+        check_alarm_actions(alarm_actions, region=cdk.Stack.of(scope).region)  # before anything is built
         super().__init__(scope, id)
         claim(self, "fleet", project.name)  # one fleet of a name per account and region in an app
         self.operations = Operations.for_fleet(
