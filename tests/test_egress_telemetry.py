@@ -39,9 +39,20 @@ def fleet() -> tuple[dict[str, Any], dict[str, Any]]:
     staged = (Path(app.synth().directory) / fleet.recipe.document.asset_path).read_bytes()
     assert hashlib.sha256(staged).hexdigest() == resource["Properties"]["DocumentSha256"]
     recipe = json.loads(staged)
-    alarms = template.find_resources("AWS::CloudWatch::Alarm", {"Properties": {"Namespace": "Rayito/Egress"}})
-    assert len(alarms) == 5  # two per declared envelope, one for the store
+    alarms = {k: a for k, a in template.find_resources("AWS::CloudWatch::Alarm").items()
+              if any(ns == "Rayito/Egress" for ns, _, _ in watched(a))}
+    assert len(alarms) == 5  # two per declared envelope (one of them metric math), one for the store
     return recipe, alarms
+
+
+def watched(alarm: dict[str, Any]) -> list[tuple[str, str, tuple[tuple[str, str], ...]]]:
+    """(namespace, metric name, dimensions) of every metric an alarm reads: its own, or each
+    metric of its math expression."""
+    props = alarm["Properties"]
+    stats = [props] if "MetricName" in props else [
+        m["MetricStat"]["Metric"] for m in props.get("Metrics", []) if "MetricStat" in m]
+    return [(m["Namespace"], m["MetricName"], tuple(sorted((d["Name"], d["Value"]) for d in m.get("Dimensions", []))))
+            for m in stats]
 
 
 @pytest.fixture(scope="module")
@@ -103,10 +114,10 @@ def test_every_alarm_watches_a_metric_the_recorder_emits(fleet, store) -> None:
     recorder.close()  # the last window is written
     points = metric_points(emf(out))
     for alarm in alarms.values():
-        props = alarm["Properties"]
-        key = (props["MetricName"], tuple(sorted((d["Name"], d["Value"]) for d in props["Dimensions"])))
-        assert key in points, f"alarm {props['AlarmDescription']!r} watches {key}, never emitted"
-        assert all(unit in ("Count", "Percent") for _, unit in points[key])
+        for _, name, dims in watched(alarm):
+            key = (name, dims)
+            assert key in points, f"alarm {alarm['Properties']['AlarmDescription']!r} watches {key}, never emitted"
+            assert all(unit in ("Count", "Percent") for _, unit in points[key])
     # Both regions of the class count under the class's envelope, the one its alarms watch.
     class_key = f"{API}/v1/search?region"
     (requests,) = [v for v, _ in points[("Requests", (("fleet", "mi-agente"), ("target", class_key)))]]
