@@ -92,6 +92,8 @@ def test_the_memory_quota_is_400_gb_outside_the_four_large_regions() -> None:
 # ------------------------------------------------------------------------------ lifecycle
 
 
+@pytest.mark.xfail(strict=True, reason="lead fixes: GetMicrovm reading PENDING just after a resume (GT §3) "
+                   "is handled on another branch")
 def test_get_microvm_reads_pending_just_after_a_resume() -> None:
     """GT §3 [M 2026-09-24] (Notes §5): "get-microvm read 0.1-0.5 s after /resume returned 200
     **still said PENDING**." measured.py cites this very line for its read lag, yet a resume in the
