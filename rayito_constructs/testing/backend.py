@@ -279,7 +279,9 @@ class MicrovmsBackend:
 
     def set_rate_limit(self, operation: str, rate: float, burst: float, *, surge: Optional[float] = None) -> None:
         """Change one operation's limit now (a throttling storm, an applied quota). ``surge``: how
-        many requests above it may be held at once (default: the profile's; 0 = 429 at once)."""
+        many requests above it may be held at once (default: the profile's, and then the
+        profile's unheld slack too: twice ``burst`` answered at once when measured; given
+        explicitly, exactly ``burst`` is answered at once and ``surge=0`` is a 429 right above it)."""
         with self._lock:
             self._limiter.set_limit(operation, rate, burst, surge)
 
