@@ -104,7 +104,9 @@ class MicrovmsBackend:
         Default: True (eventual consistency); False lists new VMs at once, with late states.
     :param hold_seconds: how long a request above the documented rate is held. Default: the
         profile's (measured 1.0; documented 0, never held).
-    :param memory_quota_mib: account memory quota over live VMs. Default: 1,048,576 (1,024 GB).
+    :param memory_quota_mib: account memory quota over live VMs. Default: by ``region``, 1,048,576
+        (1,024 GB) in us-east-1, us-east-2, us-west-2 and ap-northeast-1, 409,600 (400 GB)
+        elsewhere (documented). An explicit value wins.
     :param suspended_counts_toward_quota: Default: True (documented: SUSPENDED VMs count).
     :param rate_limits: ``{operation: (rate_per_second, burst)}`` over the documented defaults;
         ``None`` as a value turns an operation's limit off; ``rate_limits=False`` turns them off.
@@ -134,7 +136,7 @@ class MicrovmsBackend:
         consistency_seconds: float = measured.CONSISTENCY_SECONDS,
         new_vms_listed_late: bool = True,
         hold_seconds: Optional[float] = None,
-        memory_quota_mib: int = measured.MEMORY_QUOTA_MIB,
+        memory_quota_mib: Optional[int] = None,
         suspended_counts_toward_quota: bool = True,
         rate_limits: Mapping[str, Optional[tuple[float, float]]] | bool = True,
         client_token_ttl_seconds: Optional[float] = None,
@@ -164,6 +166,8 @@ class MicrovmsBackend:
             image_build=image_build_seconds,
         )
         self.timings.check()
+        if memory_quota_mib is None:
+            memory_quota_mib = measured.memory_quota_mib(region)
         if not isinstance(memory_quota_mib, int) or memory_quota_mib < 0:
             raise ValueError(f"memory_quota_mib: {memory_quota_mib!r} must be a whole number of MiB >= 0")
         self.memory_quota_mib = memory_quota_mib

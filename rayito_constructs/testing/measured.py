@@ -126,8 +126,16 @@ QUOTA_CODES = {
     "CreateMicrovmShellAuthToken": "L-B78D2ECC",
 }
 MEMORY_QUOTA_CODE = "L-CD1C0CC4"
-#: [docs] 1,024 GB in the large regions (applied value measured, GT §2), 400 GB elsewhere.
+#: [docs] the memory quota over RUNNING + SUSPENDED VMs: 1,024 GB in the large regions
+#: (us-east-1, us-east-2, us-west-2, ap-northeast-1; the applied value measured in us-east-1,
+#: GT §2), 400 GB elsewhere. Counted in MiB, as the emulator counts VM memory.
 MEMORY_QUOTA_MIB = 1024 * 1024
+MEMORY_QUOTA_MIB_OTHER_REGIONS = 400 * 1024
+
+
+def memory_quota_mib(region: str) -> int:
+    """The default memory quota of a region ([docs], GT §2)."""
+    return MEMORY_QUOTA_MIB if region in LARGE_REGIONS else MEMORY_QUOTA_MIB_OTHER_REGIONS
 MAX_DURATION_SECONDS = 28_800
 
 #: Above the documented rate the service slows down instead of refusing. [M 2026-09-15/16] 20
