@@ -87,7 +87,8 @@ class MicrovmsBackend:
     :param account_id: Default: ``123456789012``.
     :param profile: ``"measured"`` (default: as measured on the service) or ``"documented"``
         (strictly as documented: 429 at once above a quota, 409 for suspend/resume outside
-        RUNNING/SUSPENDED). See ``measured.Profile``.
+        RUNNING/SUSPENDED, 409 for RunMicrovm while the image is CREATING/UPDATING). See
+        ``measured.Profile``.
     :param pending_seconds: PENDING -> RUNNING. Default: 2.0 (measured first 200, p50 1.85 s).
     :param fresh_launch_seconds: PENDING -> RUNNING for the first launches of a freshly published
         version, drawn from this range. Default: (26, 65) (measured).
@@ -693,6 +694,14 @@ class MicrovmsBackend:
                     advance(vm, now, self.timings)
                     return self._describe(vm, now)
         image = self._image_or_inactive(identifier, now)
+        busy = image.state(now)
+        if busy in ("CREATING", "UPDATING") and not self.profile.run_while_image_busy:
+            # [docs] the image must be CREATED|UPDATED to launch (GT §7; not measured: the measured
+            # profile launches, see measured.RUN_WHILE_IMAGE_BUSY). ConflictException: of the errors
+            # the model gives RunMicrovm, the one for a resource in a state that forbids the call,
+            # with the wording the service uses for the image being busy ([M 2026-09-15]). Not
+            # ResourceNotFound: the image and an ACTIVE version exist.
+            raise conflict(f"MicroVM Image is already in state: {busy}", "MicrovmImage", image.arn)
         version = image.runnable_version(params.get("imageVersion"), now)
         if "runHookPayload" in params and ((version.request.get("hooks") or {}).get("microvmHooks") or {}).get("run") != "ENABLED":
             raise validation("The run hook must be enabled in the MicroVM image to pass the run hook payload")
