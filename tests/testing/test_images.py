@@ -178,3 +178,27 @@ def test_image_client_tokens(client) -> None:
     again = create(client, name="idem", clientToken="c-1")
     assert again["imageArn"] == first["imageArn"]
     assert error(lambda: create(client, name="otro", clientToken="c-1"))["Error"]["Code"] == "ConflictException"
+
+
+def test_a_version_being_deleted_does_not_count_as_a_remaining_one() -> None:
+    """[3rd] microvms.md §1: the last remaining version cannot be deleted alone; one already being
+    deleted does not remain."""
+    from rayito_constructs.testing import MicrovmsEmulator, VirtualClock
+
+    from ..emulator_helpers import microvms_client
+
+    clock = VirtualClock()
+    with MicrovmsEmulator(clock=clock, seed=5, consistency_seconds=0) as emu:
+        client = microvms_client(emu.endpoint_url)
+        image = emu.create_image("dos")
+        emu.publish_version("dos")
+        client.delete_microvm_image_version(imageIdentifier=image, imageVersion="1.0")
+        for _ in range(2):  # while 1.0 is DELETING, and after it is gone
+            try:
+                client.delete_microvm_image_version(imageIdentifier=image, imageVersion="2.0")
+            except client.exceptions.ValidationException as exc:
+                assert "This is the last version. Please delete the entire image" in str(exc)
+            else:
+                raise AssertionError("the last version was deleted")
+            clock.advance(6)
+        assert client.get_microvm_image_version(imageIdentifier=image, imageVersion="2.0")["state"] == "SUCCESSFUL"
