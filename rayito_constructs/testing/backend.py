@@ -53,6 +53,8 @@ IMPLEMENTED = frozenset(
         "ListMicrovmImages",
         "GetMicrovmImageVersion",
         "ListMicrovmImageVersions",
+        "ListManagedMicrovmImages",
+        "ListManagedMicrovmImageVersions",
         "UpdateMicrovmImageVersion",
         "DeleteMicrovmImageVersion",
         "TagResource",
@@ -964,6 +966,37 @@ class MicrovmsBackend:
         keyed = [((version_number(v.version), v.version), v.view(image, now, full=False)) for v in image.live_versions(now)]
         items, last = page(keyed, after, params.get("maxResults") or 50)
         return {"items": items, "nextToken": page_token("versions", filters, last) if last else None}
+
+    # ================================================================== managed (AWS) images
+
+    def _managed_arn(self, name: str) -> str:
+        return f"arn:aws:lambda:{self.region}:aws:microvm-image:{name}"
+
+    def _op_ListManagedMicrovmImages(self, params: dict[str, Any], now: float, caller: Optional[str]) -> dict[str, Any]:  # noqa: N802
+        after = read_page_token(params.get("nextToken"), "managed-images", {}, (str,))
+        at = _ts(measured.MANAGED_IMAGES_CREATED_AT)
+        keyed = [((arn,), {"imageArn": arn, "createdAt": at, "updatedAt": at})
+                 for arn in sorted(self._managed_arn(name) for name in measured.MANAGED_IMAGES)]
+        items, last = page(keyed, after, params.get("maxResults") or 50)
+        return {"items": items, "nextToken": page_token("managed-images", {}, last) if last else None}
+
+    def _op_ListManagedMicrovmImageVersions(self, params: dict[str, Any], now: float, caller: Optional[str]) -> dict[str, Any]:  # noqa: N802
+        """[M 2026-09-15/16] lists versions ``0`` and ``1`` of ``al2023-1`` (GT §7)."""
+        identifier = params["imageIdentifier"]
+        if not identifier.startswith("arn:") or ":microvm-image:" not in identifier:
+            raise validation("Invalid ARN format")  # [M 2026-09-15] an imageIdentifier is an ARN
+        name = identifier.rsplit(":microvm-image:", 1)[1]
+        versions = measured.MANAGED_IMAGES.get(name)
+        if versions is None or identifier != self._managed_arn(name):
+            raise not_found(f"Managed MicroVM image {identifier} not found", "MicrovmImage", identifier)
+        filters = {"image": identifier}
+        after = read_page_token(params.get("nextToken"), "managed-versions", filters, (float, str))
+        at = _ts(measured.MANAGED_IMAGES_CREATED_AT)
+        keyed = [((version_number(version), version),
+                  {"imageArn": identifier, "imageVersion": version, "status": status, "createdAt": at, "updatedAt": at})
+                 for version, status in sorted(versions, key=lambda v: version_number(v[0]))]
+        items, last = page(keyed, after, params.get("maxResults") or 50)
+        return {"items": items, "nextToken": page_token("managed-versions", filters, last) if last else None}
 
     def _op_UpdateMicrovmImageVersion(self, params: dict[str, Any], now: float, caller: Optional[str]) -> dict[str, Any]:  # noqa: N802
         image = self._image(params["imageIdentifier"], now)

@@ -99,6 +99,19 @@ MAX_VERSIONS_PER_IMAGE = 50
 MAX_CONCURRENT_BUILDS = 10
 LARGE_REGIONS = ("us-east-1", "us-east-2", "us-west-2", "ap-northeast-1")
 
+#: The AWS-managed base images (ListManagedMicrovmImages/ListManagedMicrovmImageVersions), by name
+#: (the ARN is ``arn:aws:lambda:<region>:aws:microvm-image:<name>``), each with its versions and
+#: their status. [M 2026-09-15/16] ``list-managed-microvm-image-versions`` lists ``0`` and ``1``
+#: for ``al2023-1`` (GT §7, Q52/Q115; the versions as the notes write them). Their status was not
+#: recorded: AVAILABLE is assumed (the model's statuses: AVAILABLE, DEPRECATED, RECALLED). No other
+#: managed image is known. ``supportedCpuConfigurations`` was not recorded and is left out.
+MANAGED_IMAGES: dict[str, tuple[tuple[str, str], ...]] = {
+    "al2023-1": (("0", "AVAILABLE"), ("1", "AVAILABLE")),
+}
+#: When the managed images were created: not measured; the first regions opened on 2026-06-22
+#: [docs] (GT §8).
+MANAGED_IMAGES_CREATED_AT = 1_782_086_400.0  # 2026-06-22T00:00:00Z
+
 # --------------------------------------------------------------------------------- quotas
 
 #: [docs] default TPS (burst = rate); [M 2026-09-15] the same values applied in the test account

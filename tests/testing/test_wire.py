@@ -44,6 +44,8 @@ SAMPLE_INPUTS = {
     "TagResource": {"Resource": ARN, "Tags": {"a": "b"}},
     "UntagResource": {"Resource": ARN, "TagKeys": ["a"]},
     "ListTags": {"Resource": ARN},
+    "ListManagedMicrovmImages": {"maxResults": 5},
+    "ListManagedMicrovmImageVersions": {"imageIdentifier": BASE, "maxResults": 5},
 }
 
 
