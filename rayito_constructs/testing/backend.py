@@ -62,6 +62,9 @@ IMPLEMENTED = frozenset(
         "ListTags",
     }
 )
+#: Operations IAM authorizes on ``*`` (GT §1): List* [docs], CreateMicrovmImage [M 2026-10-02] Q114.
+_ON_ANY_RESOURCE = frozenset({"ListMicrovms", "ListMicrovmImages", "ListManagedMicrovmImages",
+                              "ListManagedMicrovmImageVersions", "CreateMicrovmImage"})
 MANAGED_CONNECTORS = ("ALL_INGRESS", "NO_INGRESS", "SHELL_INGRESS", "INTERNET_EGRESS", "HTTP_INGRESS")
 _S3_URI = re.compile(r"^s3://[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]/.+$")
 _MAJOR = re.compile(r"^[0-9]+$")
@@ -505,8 +508,7 @@ class MicrovmsBackend:
 
     def _carry_out(self, operation: str, params: dict[str, Any], caller: Optional[str]) -> dict[str, Any]:
         with self._lock:
-            delay = (self._faults.before(operation, caller, str(params.get("imageIdentifier") or "*"))
-                     if self._faults else 0.0)
+            delay = self._faults.before(operation, caller, self._iam_resource(operation, params)) if self._faults else 0.0
         if delay:
             time.sleep(delay)  # latency faults are real time: they are for client timeouts
         if operation not in IMPLEMENTED:
@@ -521,6 +523,27 @@ class MicrovmsBackend:
             if self._faults and self._faults.take(operation, "lost_response") is not None:
                 raise internal()
         return result
+
+    def _iam_resource(self, operation: str, params: Mapping[str, Any]) -> str:
+        """The resource IAM evaluates a request against, as an AccessDenied message names it (GT §1):
+        the unversioned image ARN for the instance operations (a MicroVM is authorized through its
+        image, [docs + aws-samples]) and for RunMicrovm even when given a versioned ARN
+        ([M 2026-10-02] Q119, the message [M 2026-09-30] Q90); the image ARN for the image
+        operations ([M 2026-10-02] UpdateMicrovmImage on the image ARN); ``*`` for the List*
+        operations ([docs]) and CreateMicrovmImage ([M 2026-10-02] Q114)."""
+        if operation in _ON_ANY_RESOURCE:
+            return "*"
+        if "Resource" in params:  # TagResource, UntagResource, ListTags
+            return str(params["Resource"])
+        if "microvmIdentifier" in params:
+            vm = self._vms.get(str(params["microvmIdentifier"]))
+            # An unknown VM has no image to name; what the service then says was not measured.
+            return vm.image.arn if vm is not None else "*"
+        identifier = params.get("imageIdentifier")
+        if isinstance(identifier, str) and ":microvm-image:" in identifier:
+            base, _, rest = identifier.partition(":microvm-image:")
+            return f"{base}:microvm-image:{rest.split(':')[0]}"
+        return str(identifier or "*")
 
     def _log(self, operation: str, params: Mapping[str, Any], caller: Optional[str],
              outcome: Optional[Mapping[str, Any]], error: Optional[WireError], held: float) -> None:
