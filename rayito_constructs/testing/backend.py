@@ -697,6 +697,11 @@ class MicrovmsBackend:
         identifier = params["imageIdentifier"]
         if not identifier.startswith("arn:") or ":microvm-image:" not in identifier:
             raise validation("Invalid ARN format")  # [M 2026-09-15]
+        idle = params.get("idlePolicy") or {}
+        max_idle = idle.get("maxIdleDurationSeconds")
+        if isinstance(max_idle, int) and max_idle > measured.MAX_IDLE_SECONDS:  # [docs] (GT §5)
+            raise _wire.constraint("idlePolicy.maxIdleDurationSeconds",
+                                   f"Member must have value less than or equal to {measured.MAX_IDLE_SECONDS}", max_idle)
         logging_ = params.get("logging") or {}
         if logging_.get("cloudWatch") and not params.get("executionRoleArn"):
             raise validation("Logging cannot be enabled without providing executionRoleArn")  # [M 2026-10-02] Q108

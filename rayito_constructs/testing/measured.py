@@ -150,6 +150,9 @@ def memory_quota_mib(region: str) -> int:
     """The default memory quota of a region ([docs], GT §2)."""
     return MEMORY_QUOTA_MIB if region in LARGE_REGIONS else MEMORY_QUOTA_MIB_OTHER_REGIONS
 MAX_DURATION_SECONDS = 28_800
+#: [docs] ``idlePolicy.maxIdleDurationSeconds`` at most 28,800 (8 h); botocore's model has only the
+#: minimum (60), so the emulator enforces the documented maximum itself (GT §5, Notes §2).
+MAX_IDLE_SECONDS = 28_800
 
 #: Above the documented rate the service slows down instead of refusing. [M 2026-09-15/16] 20
 #: simultaneous RunMicrovm: 20/20 OK, 0 ThrottlingException; raw bursts of 5, 10 and 20 (single

@@ -88,6 +88,10 @@ def test_validation_of_what_botocore_lets_through(client, image) -> None:
         (lambda: client.list_microvms(maxResults=51),
          "Value '51' at 'maxResults' failed to satisfy constraint: Member must have value less than or equal to 50"),
         (lambda: run(client, image, maximumDurationInSeconds=28801), "Member must have value less than or equal to 28800"),
+        (lambda: run(client, image, idlePolicy={"maxIdleDurationSeconds": 28801, "suspendedDurationSeconds": 0,
+                                                "autoResumeEnabled": False}),  # [docs] (GT §5), not in the model
+         "Value '28801' at 'idlePolicy.maxIdleDurationSeconds' failed to satisfy constraint: "
+         "Member must have value less than or equal to 28800"),
         (lambda: run(client, image, clientToken="x" * 129), "Member must have length less than or equal to 128"),
         (lambda: run(client, image, executionRoleArn="arn:aws:iam::1:role/x"), "does not match"),
         (lambda: run(client, image, logging={"cloudWatch": {"logGroup": "bad group!"}}), "logGroup"),
