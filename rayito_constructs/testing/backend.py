@@ -860,8 +860,9 @@ class MicrovmsBackend:
 
     def _op_CreateMicrovmAuthToken(self, params: dict[str, Any], now: float, caller: Optional[str]) -> dict[str, Any]:  # noqa: N802
         vm = self._vm(params["microvmIdentifier"], now)
-        if params["expirationInMinutes"] > 60:
-            raise validation("expirationInMinutes: the maximum is 60 minutes")
+        minutes = params["expirationInMinutes"]
+        if minutes > 60:  # [M 2026-09-15] Notes §0/§3: 61 -> this message, word for word
+            raise validation(f"ExpirationMinutes {minutes} exceeded max allowed of 60.")
         if vm.state in ENDED:
             raise self._conflict(vm, f"MicroVM {vm.id} is {vm.state}")
         for port in params["allowedPorts"]:
