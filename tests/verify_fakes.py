@@ -9,8 +9,8 @@ operation's output shape first, so a fake can only answer what the real service 
   operators the library uses, permissions boundaries), with the real simulator's known false
   ``implicitDeny`` for ``lambda:PassNetworkConnector``.
 * :class:`ServiceQuotas`: the applied quotas of service code ``lambda`` (moto knows only ``vpc``).
-* :class:`ImageVersions`: image versions and managed base image versions, for emulators that do
-  not implement them.
+* :class:`ImageVersions`: image versions, for emulators that do not implement them, and managed
+  base image versions (with the status a test sets).
 * :func:`inject_error`: an HTTP error response in the protocol's own format, handed to botocore at
   ``before-send`` so its parser and its retry logic run as for a real error.
 """
@@ -297,9 +297,9 @@ class ServiceQuotas(_Fake):
 
 
 class ImageVersions(_Fake):
-    """Versions of the fleet's images and of the managed base images (ListManagedMicrovmImageVersions,
-    which the emulator does not implement; the image versions themselves only for an emulator that
-    does not have them)."""
+    """Versions of the fleet's images and of the managed base images (ListManagedMicrovmImageVersions:
+    the emulator lists them too, all AVAILABLE, but tests vary their status here; the image versions
+    themselves only for an emulator that does not have them)."""
 
     service = "lambda-microvms"
 

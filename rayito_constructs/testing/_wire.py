@@ -21,7 +21,7 @@ from botocore.model import OperationModel, ServiceModel, Shape
 
 from .exceptions import WireError, validation
 
-__all__ = ["WireError", "validation", "service_model", "routes", "match", "parse_input", "check", "encode_output"]
+__all__ = ["WireError", "validation", "constraint", "service_model", "routes", "match", "parse_input", "check", "encode_output"]
 
 SERVICE = "lambda-microvms"
 
@@ -191,9 +191,9 @@ def check(shape: Shape, value: Any, path: str) -> None:
         if isinstance(value, bool) or not isinstance(value, int):
             raise validation(f"{where} must be an integer")
         if "min" in meta and value < meta["min"]:
-            raise validation(f"{where}: {value} is below the minimum of {meta['min']}")
+            raise constraint(where, f"Member must have value greater than or equal to {meta['min']}", value)
         if "max" in meta and value > meta["max"]:
-            raise validation(f"{where}: {value} is above the maximum of {meta['max']}")
+            raise constraint(where, f"Member must have value less than or equal to {meta['max']}", value)
         return
     if kind == "boolean" and not isinstance(value, bool):
         raise validation(f"{where} must be a boolean")
@@ -203,11 +203,22 @@ def _join(path: str, key: str) -> str:
     return f"{path}.{key}" if path else key
 
 
+def constraint(where: str, rule: str, value: Any = None) -> WireError:
+    """A ValidationException in the service's constraint wording: [M 2026-09-15] a 4,097-character
+    ``runHookPayload`` -> "Member must have length less than or equal to 4096" (GT §6, Q11), the
+    phrase AWS's request validation uses for every length (strings, lists, maps); values as
+    "Member must have value less than or equal to N". Only numbers are echoed: a string may be
+    long or sensitive (``runHookPayload`` is)."""
+    shown = f" '{value}'" if isinstance(value, int) and not isinstance(value, bool) else ""
+    return validation(f"1 validation error detected: Value{shown} at '{where}' failed to satisfy constraint: {rule}")
+
+
 def _size(where: str, size: int, meta: Mapping[str, Any], unit: str) -> None:
+    # ``unit`` (characters, items, entries) is not named: the service says "length" for all three.
     if "min" in meta and size < meta["min"]:
-        raise validation(f"{where} must have at least {meta['min']} {unit}")
+        raise constraint(where, f"Member must have length greater than or equal to {meta['min']}")
     if "max" in meta and size > meta["max"]:
-        raise validation(f"{where} must have at most {meta['max']} {unit}")
+        raise constraint(where, f"Member must have length less than or equal to {meta['max']}")
 
 
 @lru_cache(maxsize=256)

@@ -53,6 +53,8 @@ IMPLEMENTED = frozenset(
         "ListMicrovmImages",
         "GetMicrovmImageVersion",
         "ListMicrovmImageVersions",
+        "ListManagedMicrovmImages",
+        "ListManagedMicrovmImageVersions",
         "UpdateMicrovmImageVersion",
         "DeleteMicrovmImageVersion",
         "TagResource",
@@ -60,6 +62,9 @@ IMPLEMENTED = frozenset(
         "ListTags",
     }
 )
+#: Operations IAM authorizes on ``*`` (GT §1): List* [docs], CreateMicrovmImage [M 2026-10-02] Q114.
+_ON_ANY_RESOURCE = frozenset({"ListMicrovms", "ListMicrovmImages", "ListManagedMicrovmImages",
+                              "ListManagedMicrovmImageVersions", "CreateMicrovmImage"})
 MANAGED_CONNECTORS = ("ALL_INGRESS", "NO_INGRESS", "SHELL_INGRESS", "INTERNET_EGRESS", "HTTP_INGRESS")
 _S3_URI = re.compile(r"^s3://[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]/.+$")
 _MAJOR = re.compile(r"^[0-9]+$")
@@ -87,7 +92,8 @@ class MicrovmsBackend:
     :param account_id: Default: ``123456789012``.
     :param profile: ``"measured"`` (default: as measured on the service) or ``"documented"``
         (strictly as documented: 429 at once above a quota, 409 for suspend/resume outside
-        RUNNING/SUSPENDED). See ``measured.Profile``.
+        RUNNING/SUSPENDED, 409 for RunMicrovm while the image is CREATING/UPDATING). See
+        ``measured.Profile``.
     :param pending_seconds: PENDING -> RUNNING. Default: 2.0 (measured first 200, p50 1.85 s).
     :param fresh_launch_seconds: PENDING -> RUNNING for the first launches of a freshly published
         version, drawn from this range. Default: (26, 65) (measured).
@@ -104,7 +110,9 @@ class MicrovmsBackend:
         Default: True (eventual consistency); False lists new VMs at once, with late states.
     :param hold_seconds: how long a request above the documented rate is held. Default: the
         profile's (measured 1.0; documented 0, never held).
-    :param memory_quota_mib: account memory quota over live VMs. Default: 1,048,576 (1,024 GB).
+    :param memory_quota_mib: account memory quota over live VMs. Default: by ``region``, 1,048,576
+        (1,024 GB) in us-east-1, us-east-2, us-west-2 and ap-northeast-1, 409,600 (400 GB)
+        elsewhere (documented). An explicit value wins.
     :param suspended_counts_toward_quota: Default: True (documented: SUSPENDED VMs count).
     :param rate_limits: ``{operation: (rate_per_second, burst)}`` over the documented defaults;
         ``None`` as a value turns an operation's limit off; ``rate_limits=False`` turns them off.
@@ -134,7 +142,7 @@ class MicrovmsBackend:
         consistency_seconds: float = measured.CONSISTENCY_SECONDS,
         new_vms_listed_late: bool = True,
         hold_seconds: Optional[float] = None,
-        memory_quota_mib: int = measured.MEMORY_QUOTA_MIB,
+        memory_quota_mib: Optional[int] = None,
         suspended_counts_toward_quota: bool = True,
         rate_limits: Mapping[str, Optional[tuple[float, float]]] | bool = True,
         client_token_ttl_seconds: Optional[float] = None,
@@ -164,6 +172,8 @@ class MicrovmsBackend:
             image_build=image_build_seconds,
         )
         self.timings.check()
+        if memory_quota_mib is None:
+            memory_quota_mib = measured.memory_quota_mib(region)
         if not isinstance(memory_quota_mib, int) or memory_quota_mib < 0:
             raise ValueError(f"memory_quota_mib: {memory_quota_mib!r} must be a whole number of MiB >= 0")
         self.memory_quota_mib = memory_quota_mib
@@ -279,7 +289,9 @@ class MicrovmsBackend:
 
     def set_rate_limit(self, operation: str, rate: float, burst: float, *, surge: Optional[float] = None) -> None:
         """Change one operation's limit now (a throttling storm, an applied quota). ``surge``: how
-        many requests above it may be held at once (default: the profile's; 0 = 429 at once)."""
+        many requests above it may be held at once (default: the profile's, and then the
+        profile's unheld slack too: twice ``burst`` answered at once when measured; given
+        explicitly, exactly ``burst`` is answered at once and ``surge=0`` is a 429 right above it)."""
         with self._lock:
             self._limiter.set_limit(operation, rate, burst, surge)
 
@@ -496,8 +508,7 @@ class MicrovmsBackend:
 
     def _carry_out(self, operation: str, params: dict[str, Any], caller: Optional[str]) -> dict[str, Any]:
         with self._lock:
-            delay = (self._faults.before(operation, caller, str(params.get("imageIdentifier") or "*"))
-                     if self._faults else 0.0)
+            delay = self._faults.before(operation, caller, self._iam_resource(operation, params)) if self._faults else 0.0
         if delay:
             time.sleep(delay)  # latency faults are real time: they are for client timeouts
         if operation not in IMPLEMENTED:
@@ -512,6 +523,27 @@ class MicrovmsBackend:
             if self._faults and self._faults.take(operation, "lost_response") is not None:
                 raise internal()
         return result
+
+    def _iam_resource(self, operation: str, params: Mapping[str, Any]) -> str:
+        """The resource IAM evaluates a request against, as an AccessDenied message names it (GT §1):
+        the unversioned image ARN for the instance operations (a MicroVM is authorized through its
+        image, [docs + aws-samples]) and for RunMicrovm even when given a versioned ARN
+        ([M 2026-10-02] Q119, the message [M 2026-09-30] Q90); the image ARN for the image
+        operations ([M 2026-10-02] UpdateMicrovmImage on the image ARN); ``*`` for the List*
+        operations ([docs]) and CreateMicrovmImage ([M 2026-10-02] Q114)."""
+        if operation in _ON_ANY_RESOURCE:
+            return "*"
+        if "Resource" in params:  # TagResource, UntagResource, ListTags
+            return str(params["Resource"])
+        if "microvmIdentifier" in params:
+            vm = self._vms.get(str(params["microvmIdentifier"]))
+            # An unknown VM has no image to name; what the service then says was not measured.
+            return vm.image.arn if vm is not None else "*"
+        identifier = params.get("imageIdentifier")
+        if isinstance(identifier, str) and ":microvm-image:" in identifier:
+            base, _, rest = identifier.partition(":microvm-image:")
+            return f"{base}:microvm-image:{rest.split(':')[0]}"
+        return str(identifier or "*")
 
     def _log(self, operation: str, params: Mapping[str, Any], caller: Optional[str],
              outcome: Optional[Mapping[str, Any]], error: Optional[WireError], held: float) -> None:
@@ -665,6 +697,11 @@ class MicrovmsBackend:
         identifier = params["imageIdentifier"]
         if not identifier.startswith("arn:") or ":microvm-image:" not in identifier:
             raise validation("Invalid ARN format")  # [M 2026-09-15]
+        idle = params.get("idlePolicy") or {}
+        max_idle = idle.get("maxIdleDurationSeconds")
+        if isinstance(max_idle, int) and max_idle > measured.MAX_IDLE_SECONDS:  # [docs] (GT §5)
+            raise _wire.constraint("idlePolicy.maxIdleDurationSeconds",
+                                   f"Member must have value less than or equal to {measured.MAX_IDLE_SECONDS}", max_idle)
         logging_ = params.get("logging") or {}
         if logging_.get("cloudWatch") and not params.get("executionRoleArn"):
             raise validation("Logging cannot be enabled without providing executionRoleArn")  # [M 2026-10-02] Q108
@@ -687,6 +724,14 @@ class MicrovmsBackend:
                     advance(vm, now, self.timings)
                     return self._describe(vm, now)
         image = self._image_or_inactive(identifier, now)
+        busy = image.state(now)
+        if busy in ("CREATING", "UPDATING") and not self.profile.run_while_image_busy:
+            # [docs] the image must be CREATED|UPDATED to launch (GT §7; not measured: the measured
+            # profile launches, see measured.RUN_WHILE_IMAGE_BUSY). ConflictException: of the errors
+            # the model gives RunMicrovm, the one for a resource in a state that forbids the call,
+            # with the wording the service uses for the image being busy ([M 2026-09-15]). Not
+            # ResourceNotFound: the image and an ACTIVE version exist.
+            raise conflict(f"MicroVM Image is already in state: {busy}", "MicrovmImage", image.arn)
         version = image.runnable_version(params.get("imageVersion"), now)
         if "runHookPayload" in params and ((version.request.get("hooks") or {}).get("microvmHooks") or {}).get("run") != "ENABLED":
             raise validation("The run hook must be enabled in the MicroVM image to pass the run hook payload")
@@ -815,8 +860,9 @@ class MicrovmsBackend:
 
     def _op_CreateMicrovmAuthToken(self, params: dict[str, Any], now: float, caller: Optional[str]) -> dict[str, Any]:  # noqa: N802
         vm = self._vm(params["microvmIdentifier"], now)
-        if params["expirationInMinutes"] > 60:
-            raise validation("expirationInMinutes: the maximum is 60 minutes")
+        minutes = params["expirationInMinutes"]
+        if minutes > 60:  # [M 2026-09-15] Notes §0/§3: 61 -> this message, word for word
+            raise validation(f"ExpirationMinutes {minutes} exceeded max allowed of 60.")
         if vm.state in ENDED:
             raise self._conflict(vm, f"MicroVM {vm.id} is {vm.state}")
         for port in params["allowedPorts"]:
@@ -949,6 +995,37 @@ class MicrovmsBackend:
         keyed = [((version_number(v.version), v.version), v.view(image, now, full=False)) for v in image.live_versions(now)]
         items, last = page(keyed, after, params.get("maxResults") or 50)
         return {"items": items, "nextToken": page_token("versions", filters, last) if last else None}
+
+    # ================================================================== managed (AWS) images
+
+    def _managed_arn(self, name: str) -> str:
+        return f"arn:aws:lambda:{self.region}:aws:microvm-image:{name}"
+
+    def _op_ListManagedMicrovmImages(self, params: dict[str, Any], now: float, caller: Optional[str]) -> dict[str, Any]:  # noqa: N802
+        after = read_page_token(params.get("nextToken"), "managed-images", {}, (str,))
+        at = _ts(measured.MANAGED_IMAGES_CREATED_AT)
+        keyed = [((arn,), {"imageArn": arn, "createdAt": at, "updatedAt": at})
+                 for arn in sorted(self._managed_arn(name) for name in measured.MANAGED_IMAGES)]
+        items, last = page(keyed, after, params.get("maxResults") or 50)
+        return {"items": items, "nextToken": page_token("managed-images", {}, last) if last else None}
+
+    def _op_ListManagedMicrovmImageVersions(self, params: dict[str, Any], now: float, caller: Optional[str]) -> dict[str, Any]:  # noqa: N802
+        """[M 2026-09-15/16] lists versions ``0`` and ``1`` of ``al2023-1`` (GT §7)."""
+        identifier = params["imageIdentifier"]
+        if not identifier.startswith("arn:") or ":microvm-image:" not in identifier:
+            raise validation("Invalid ARN format")  # [M 2026-09-15] an imageIdentifier is an ARN
+        name = identifier.rsplit(":microvm-image:", 1)[1]
+        versions = measured.MANAGED_IMAGES.get(name)
+        if versions is None or identifier != self._managed_arn(name):
+            raise not_found(f"Managed MicroVM image {identifier} not found", "MicrovmImage", identifier)
+        filters = {"image": identifier}
+        after = read_page_token(params.get("nextToken"), "managed-versions", filters, (float, str))
+        at = _ts(measured.MANAGED_IMAGES_CREATED_AT)
+        keyed = [((version_number(version), version),
+                  {"imageArn": identifier, "imageVersion": version, "status": status, "createdAt": at, "updatedAt": at})
+                 for version, status in sorted(versions, key=lambda v: version_number(v[0]))]
+        items, last = page(keyed, after, params.get("maxResults") or 50)
+        return {"items": items, "nextToken": page_token("managed-versions", filters, last) if last else None}
 
     def _op_UpdateMicrovmImageVersion(self, params: dict[str, Any], now: float, caller: Optional[str]) -> dict[str, Any]:  # noqa: N802
         image = self._image(params["imageIdentifier"], now)

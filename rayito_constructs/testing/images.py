@@ -10,6 +10,8 @@
 * DeleteMicrovmImageVersion works on an ACTIVE version; the image is UPDATING for about 5.4 s;
   a second delete meanwhile is a ConflictException; deleting a deleted version succeeds (model:
   idempotent) [M 2026-09-16, Q49].
+* The last remaining version cannot be deleted on its own: ``ValidationException: This is the last
+  version. Please delete the entire image`` [3rd, microvms.md §1].
 * DeleteMicrovmImage: DELETING at once [M 2026-09-16].
 * The first launches of a freshly published version are slow (26-65 s) [M 2026-10-07, Q146].
 * ListMicrovmImageVersions items carry no ``environmentVariables``; GetMicrovmImageVersion does
@@ -23,7 +25,7 @@ import datetime as dt
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from .exceptions import conflict, not_found
+from .exceptions import conflict, not_found, validation
 
 #: Members of a version that come from the create/update request.
 VERSION_MEMBERS = (
@@ -197,6 +199,10 @@ class Image:
             raise not_found(f"MicroVM image version {name} of {self.arn} not found", "MicrovmImageVersion", f"{self.arn}:{name}")
         if found.deleting_at is not None:
             return found  # idempotent (model): already deleting or deleted
+        if not any(v is not found and v.deleting_at is None for v in self.versions.values()):
+            # [3rd] microvms.md §1: the last remaining version cannot be deleted on its own (GT §7
+            # only measured deleting a version of an image that kept others).
+            raise validation("This is the last version. Please delete the entire image")
         self.ensure_idle(now)
         found.deleting_at, found.deleted_at = now, now + seconds
         self.busy_until, self.busy_since_create, self.updated_at = now + seconds, False, now

@@ -99,6 +99,19 @@ MAX_VERSIONS_PER_IMAGE = 50
 MAX_CONCURRENT_BUILDS = 10
 LARGE_REGIONS = ("us-east-1", "us-east-2", "us-west-2", "ap-northeast-1")
 
+#: The AWS-managed base images (ListManagedMicrovmImages/ListManagedMicrovmImageVersions), by name
+#: (the ARN is ``arn:aws:lambda:<region>:aws:microvm-image:<name>``), each with its versions and
+#: their status. [M 2026-09-15/16] ``list-managed-microvm-image-versions`` lists ``0`` and ``1``
+#: for ``al2023-1`` (GT §7, Q52/Q115; the versions as the notes write them). Their status was not
+#: recorded: AVAILABLE is assumed (the model's statuses: AVAILABLE, DEPRECATED, RECALLED). No other
+#: managed image is known. ``supportedCpuConfigurations`` was not recorded and is left out.
+MANAGED_IMAGES: dict[str, tuple[tuple[str, str], ...]] = {
+    "al2023-1": (("0", "AVAILABLE"), ("1", "AVAILABLE")),
+}
+#: When the managed images were created: not measured; the first regions opened on 2026-06-22
+#: [docs] (GT §8).
+MANAGED_IMAGES_CREATED_AT = 1_782_086_400.0  # 2026-06-22T00:00:00Z
+
 # --------------------------------------------------------------------------------- quotas
 
 #: [docs] default TPS (burst = rate); [M 2026-09-15] the same values applied in the test account
@@ -126,20 +139,44 @@ QUOTA_CODES = {
     "CreateMicrovmShellAuthToken": "L-B78D2ECC",
 }
 MEMORY_QUOTA_CODE = "L-CD1C0CC4"
-#: [docs] 1,024 GB in the large regions (applied value measured, GT §2), 400 GB elsewhere.
+#: [docs] the memory quota over RUNNING + SUSPENDED VMs: 1,024 GB in the large regions
+#: (us-east-1, us-east-2, us-west-2, ap-northeast-1; the applied value measured in us-east-1,
+#: GT §2), 400 GB elsewhere. Counted in MiB, as the emulator counts VM memory.
 MEMORY_QUOTA_MIB = 1024 * 1024
+MEMORY_QUOTA_MIB_OTHER_REGIONS = 400 * 1024
+
+
+def memory_quota_mib(region: str) -> int:
+    """The default memory quota of a region ([docs], GT §2)."""
+    return MEMORY_QUOTA_MIB if region in LARGE_REGIONS else MEMORY_QUOTA_MIB_OTHER_REGIONS
 MAX_DURATION_SECONDS = 28_800
+#: [docs] ``idlePolicy.maxIdleDurationSeconds`` at most 28,800 (8 h); botocore's model has only the
+#: minimum (60), so the emulator enforces the documented maximum itself (GT §5, Notes §2).
+MAX_IDLE_SECONDS = 28_800
 
 #: Above the documented rate the service slows down instead of refusing. [M 2026-09-15/16] 20
-#: simultaneous RunMicrovm: 20/20 OK, 0 ThrottlingException; bursts of 5, 10 and 20: 70/70 OK;
-#: the raw-20 latencies split into ten at 0.20-0.25 s and ten at 1.16-1.20 s (GT §2, Q3/Q43).
-#: So a request above the documented quota is held about a second ...
+#: simultaneous RunMicrovm: 20/20 OK, 0 ThrottlingException; raw bursts of 5, 10 and 20 (single
+#: attempt, no client bucket): 70/70 OK, 0 ThrottlingException; the raw-20 latencies split into
+#: ten at 0.20-0.25 s and ten at 1.16-1.20 s (GT §2, Q3/Q43). So twice the documented burst is
+#: answered at once (ten of twenty, against RunMicrovm's documented burst of 5) ...
+UNHELD_BURSTS = 2.0
+#: ... the requests past that are held about a second (1.16-1.20 s less the 0.20-0.25 s of an
+#: answer at once) ...
 HOLD_SECONDS = 1.0
 #: ... and up to this many times the documented burst can be held at once (refilled at the
-#: documented rate): with RunMicrovm's 5/5, a burst of 20 is 5 answered at once and 15 held, none
-#: refused, as measured. Past that, 429 with ``retryAfterSeconds``. What the service does under a
+#: documented rate): with RunMicrovm's 5/5, a burst of 20 is 10 answered at once and 10 held, none
+#: refused, as measured. Past that, 429 with ``retryAfterSeconds`` (a burst of 40 at one instant:
+#: 20 served, 20 refused, as before this split was measured). What the service does under a
 #: sustained overload was not measured; this is the smallest surge that fits the measurement.
-SURGE_BURSTS = 3.0
+#:
+#: Only RunMicrovm's bursts were measured. Both allowances apply to every held operation alike,
+#: as the hold itself does; that is also what the one other measurement supports: [M 2026-09-16]
+#: three SuspendMicrovm in a row on a SUSPENDED VM were answered in 0.15-0.17 s each (GT §3, Q38),
+#: which SuspendMicrovm's 2/s burst would hold but twice it (4) does not. The alternative, not
+#: charging no-op suspends/resumes to the quota at all, is not what was measured (nothing says the
+#: quota skips them; a service's rate limit counts requests before it reads any state), so they
+#: are charged like any other request.
+SURGE_BURSTS = 2.0
 #: Only ListMicrovms was ever seen answering 429 (Q57): it is not held.
 NOT_HELD = ("ListMicrovms",)
 
@@ -148,9 +185,11 @@ NOT_HELD = ("ListMicrovms",)
 class Profile:
     """A set of behaviours where the documentation and the measurements disagree.
 
-    ``measured`` (the default) behaves as the service was measured to; ``documented`` follows
-    the AWS documentation strictly: every request above the quota is answered 429 at once, and
-    SuspendMicrovm/ResumeMicrovm answer 409 unless the VM is RUNNING/SUSPENDED.
+    ``measured`` (the default) behaves as the service was measured to (twice the documented
+    burst answered at once, then held, then 429); ``documented`` follows the AWS documentation
+    strictly: every request above the quota is answered 429 at once,
+    SuspendMicrovm/ResumeMicrovm answer 409 unless the VM is RUNNING/SUSPENDED, and RunMicrovm
+    answers 409 while the image is CREATING/UPDATING.
     """
 
     name: str
@@ -161,14 +200,29 @@ class Profile:
     idempotent_suspend_resume: bool
     """Suspend on SUSPENDED and resume on RUNNING answer 200 ([M] Q38) instead of 409 ([docs])."""
     not_held: tuple[str, ...] = field(default=NOT_HELD)
+    unheld_bursts: float = 1.0
+    """How many documented bursts are answered at once, unheld ([M] Q43: 2; [docs]: 1)."""
+    run_while_image_busy: bool = True
+    """RunMicrovm launches the latest ACTIVE version while the image is CREATING/UPDATING (a
+    version building or being deleted). [docs] say it must be CREATED|UPDATED to launch (GT §7);
+    ``documented`` refuses it (409). Not measured either way: see ``RUN_WHILE_IMAGE_BUSY``."""
 
     def but(self, **changes: object) -> "Profile":
         return replace(self, **changes)  # type: ignore[arg-type]
 
 
+#: [docs/model] "To launch, all three must hold: image CREATED|UPDATED, version SUCCESSFUL, status
+#: ACTIVE" (GT §7): documented, never measured. The measured profile keeps launching the latest
+#: ACTIVE version while the image is UPDATING: nothing measured says the service refuses it, and
+#: refusing would change every fleet's behaviour during every deploy (each UpdateMicrovmImage
+#: leaves the image UPDATING for its 135-320 s build, each version delete for 5.4 s), on the
+#: strength of a sentence alone. ``profile="documented"`` refuses it, to test a client against it.
+RUN_WHILE_IMAGE_BUSY = True
+
 PROFILES: dict[str, Profile] = {
-    "measured": Profile("measured", HOLD_SECONDS, SURGE_BURSTS, True),
-    "documented": Profile("documented", 0.0, 0.0, False),
+    "measured": Profile("measured", HOLD_SECONDS, SURGE_BURSTS, True, unheld_bursts=UNHELD_BURSTS,
+                        run_while_image_busy=RUN_WHILE_IMAGE_BUSY),
+    "documented": Profile("documented", 0.0, 0.0, False, run_while_image_busy=False),
 }
 
 

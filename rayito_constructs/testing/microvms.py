@@ -212,7 +212,8 @@ def main(argv: Optional[list[str]] = None) -> None:
     parser.add_argument("--terminating-seconds", type=float, default=measured.TERMINATING_SECONDS)
     parser.add_argument("--terminated-linger-seconds", type=float, default=measured.TERMINATED_LINGER_SECONDS)
     parser.add_argument("--consistency-seconds", type=float, default=measured.CONSISTENCY_SECONDS)
-    parser.add_argument("--memory-quota-mib", type=int, default=DEFAULT_MEMORY_QUOTA_MIB)
+    parser.add_argument("--memory-quota-mib", type=int, default=None,
+                        help=f"default: the region's ({DEFAULT_MEMORY_QUOTA_MIB} MiB in us-east-1)")
     parser.add_argument("--no-rate-limits", action="store_true")
     parser.add_argument("--image", action="append", default=[], metavar="NAME[:MEMORY_MIB]", help="create an image at start")
     args = parser.parse_args(argv)

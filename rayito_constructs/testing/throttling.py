@@ -1,8 +1,9 @@
 """Per-operation rate limits as measured: held (slowed) bursts first, 429 past a bounded wait.
 
 Each operation has its documented quota, a token bucket (``rate`` per second up to ``burst``).
-A request that finds a token is served at once. With the ``measured`` profile a request that finds
-none is *held*: it waits ``hold_seconds`` and is then served, as long as the operation's surge
+A request that finds a token is served at once. With the ``measured`` profile the bucket holds
+``unheld_bursts`` times the burst (twice it: the service answered ten of a raw burst of twenty
+RunMicrovm at once, against a documented burst of 5), and a request that finds none is *held*: it waits ``hold_seconds`` and is then served, as long as the operation's surge
 allowance (``surge_bursts`` times the burst, refilled at the documented rate) has room; past that
 it is answered 429 ``ThrottlingException`` with ``retryAfterSeconds``. With the ``documented``
 profile there is no surge: every request above the quota is a 429 at once. See ``measured.py``
@@ -55,6 +56,10 @@ class Limit:
     rate: float
     burst: float
     surge: float  # how many requests may be held at once (0: none)
+    unheld: float = 0.0  # how many are answered at once (the bucket's size; 0: the burst)
+
+    def __post_init__(self) -> None:
+        self.unheld = self.unheld or self.burst
 
 
 def _checked(operation: str, rate: float, burst: float) -> tuple[float, float]:
@@ -86,13 +91,20 @@ class RateLimiter:
         self._buckets: dict[str, tuple[TokenBucket, Optional[TokenBucket]]] = {}
 
     def _limit(self, operation: str, rate: float, burst: float, surge: Optional[float] = None) -> Limit:
+        """The profile's slack around a quota: ``unheld_bursts`` times the burst answered at once,
+        ``surge_bursts`` times it held. An explicit ``surge`` (a test's storm) is the whole slack:
+        then exactly ``burst`` is answered at once."""
         rate, burst = _checked(operation, rate, burst)
+        unheld = burst
         if surge is None:
-            held = self.profile.hold_seconds > 0 and operation not in self.profile.not_held
+            slack = operation not in self.profile.not_held
+            held = slack and self.profile.hold_seconds > 0
             surge = burst * self.profile.surge_bursts if held else 0.0
+            if slack:
+                unheld = burst * self.profile.unheld_bursts
         elif surge < 0 or surge != surge or math.isinf(surge):
             raise ValueError(f"{operation} surge: {surge!r} is not a finite number >= 0")
-        return Limit(rate, burst, float(surge))
+        return Limit(rate, burst, float(surge), unheld)
 
     def limit(self, operation: str) -> Optional[Limit]:
         if not self.enabled:
@@ -119,7 +131,7 @@ class RateLimiter:
         buckets = self._buckets.get(operation)
         if buckets is None:
             surge = TokenBucket(limit.rate, limit.surge, now) if limit.surge >= 1 else None
-            buckets = self._buckets[operation] = (TokenBucket(limit.rate, limit.burst, now), surge)
+            buckets = self._buckets[operation] = (TokenBucket(limit.rate, limit.unheld, now), surge)
         quota, surge = buckets
         wait = quota.take(now)
         if wait == 0:

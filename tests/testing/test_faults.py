@@ -46,6 +46,26 @@ def test_access_denied_says_what_iam_says(emulator, client, image) -> None:
     assert "is not authorized to perform: lambda:RunMicrovm on resource: " + image in message
 
 
+def test_access_denied_names_star_only_where_the_action_is_authorized_on_star(emulator, client, image) -> None:
+    """GT section 1: List* and CreateMicrovmImage ([M 2026-10-02] Q114) on ``*``; the image
+    operations and UpdateMicrovmImage on the (unversioned) image ARN."""
+    for operation, call in (
+        ("ListMicrovms", lambda: client.list_microvms(imageIdentifier=image)),
+        ("ListMicrovmImages", lambda: client.list_microvm_images()),
+        ("CreateMicrovmImage", lambda: client.create_microvm_image(
+            name="otra", baseImageArn="arn:aws:lambda:us-east-1:aws:microvm-image:al2023-1",
+            buildRoleArn="arn:aws:iam::123456789012:role/build", codeArtifact={"uri": "s3://bucket/key.zip"})),
+    ):
+        emulator.inject(operation, "AccessDenied")
+        assert error(call)["Error"]["Message"].endswith(f"lambda:{operation} on resource: *"), operation
+    for operation, call in (
+        ("GetMicrovmImageVersion", lambda: client.get_microvm_image_version(imageIdentifier=image, imageVersion="1.0")),
+        ("ListTags", lambda: client.list_tags(Resource=image)),
+    ):
+        emulator.inject(operation, "AccessDenied")
+        assert error(call)["Error"]["Message"].endswith(f"lambda:{operation} on resource: {image}"), operation
+
+
 def test_a_message_replaces_the_default(emulator, client, image) -> None:
     emulator.inject("RunMicrovm", "Validation", message="Value at 'memory' failed to satisfy constraint")
     assert error(lambda: run(client, image))["Error"]["Message"] == "Value at 'memory' failed to satisfy constraint"

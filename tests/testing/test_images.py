@@ -178,3 +178,58 @@ def test_image_client_tokens(client) -> None:
     again = create(client, name="idem", clientToken="c-1")
     assert again["imageArn"] == first["imageArn"]
     assert error(lambda: create(client, name="otro", clientToken="c-1"))["Error"]["Code"] == "ConflictException"
+
+
+def test_a_version_being_deleted_does_not_count_as_a_remaining_one() -> None:
+    """[3rd] microvms.md §1: the last remaining version cannot be deleted alone; one already being
+    deleted does not remain."""
+    from rayito_constructs.testing import MicrovmsEmulator, VirtualClock
+
+    from ..emulator_helpers import microvms_client
+
+    clock = VirtualClock()
+    with MicrovmsEmulator(clock=clock, seed=5, consistency_seconds=0) as emu:
+        client = microvms_client(emu.endpoint_url)
+        image = emu.create_image("dos")
+        emu.publish_version("dos")
+        client.delete_microvm_image_version(imageIdentifier=image, imageVersion="1.0")
+        for _ in range(2):  # while 1.0 is DELETING, and after it is gone
+            try:
+                client.delete_microvm_image_version(imageIdentifier=image, imageVersion="2.0")
+            except client.exceptions.ValidationException as exc:
+                assert "This is the last version. Please delete the entire image" in str(exc)
+            else:
+                raise AssertionError("the last version was deleted")
+            clock.advance(6)
+        assert client.get_microvm_image_version(imageIdentifier=image, imageVersion="2.0")["state"] == "SUCCESSFUL"
+
+
+def test_managed_base_images_and_their_versions_page_by_cursor() -> None:
+    """[M 2026-09-15/16] ``list-managed-microvm-image-versions`` lists ``0`` and ``1`` (GT §7); the
+    shapes are botocore's, the pages cursors as in the other lists."""
+    from rayito_constructs.testing import MicrovmsEmulator, VirtualClock
+
+    from ..emulator_helpers import microvms_client
+
+    with MicrovmsEmulator(clock=VirtualClock(), seed=5, region="eu-west-1") as emu:
+        client = microvms_client(emu.endpoint_url)  # signed for us-east-1: the emulator's region is its own
+        base = "arn:aws:lambda:eu-west-1:aws:microvm-image:al2023-1"
+        images = client.list_managed_microvm_images()
+        assert [i["imageArn"] for i in images["items"]] == [base] and "nextToken" not in images
+        assert_fits_model("ListManagedMicrovmImages", images)
+        first = client.list_managed_microvm_image_versions(imageIdentifier=base, maxResults=1)
+        assert_fits_model("ListManagedMicrovmImageVersions", first)
+        second = client.list_managed_microvm_image_versions(imageIdentifier=base, maxResults=1, nextToken=first["nextToken"])
+        assert [i["imageVersion"] for i in first["items"] + second["items"]] == ["0", "1"]
+        assert all(i["status"] == "AVAILABLE" and i["imageArn"] == base for i in first["items"] + second["items"])
+        assert "nextToken" not in second
+        paginated = client.get_paginator("list_managed_microvm_image_versions").paginate(
+            imageIdentifier=base, PaginationConfig={"PageSize": 1})
+        assert [i["imageVersion"] for p in paginated for i in p["items"]] == ["0", "1"]
+        other = "arn:aws:lambda:eu-west-1:aws:microvm-image:al2023-9"
+        assert error(lambda: client.list_managed_microvm_image_versions(imageIdentifier=other))["Error"]["Code"] == \
+            "ResourceNotFoundException"
+        assert error(lambda: client.list_managed_microvm_image_versions(imageIdentifier="al2023-1"))["Error"]["Message"] == \
+            "Invalid ARN format"
+        forged = error(lambda: client.list_managed_microvm_image_versions(imageIdentifier=base, nextToken="bm9wZQ"))
+        assert forged["Error"]["Code"] == "ValidationException"

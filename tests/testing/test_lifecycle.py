@@ -317,3 +317,14 @@ def test_options_are_checked() -> None:
         emulator.inject("RunMicrovm", "meteor")
     with pytest.raises(ValueError):
         emulator.inject("RunMicrovm", "InternalServer", probability=2)
+
+
+@pytest.mark.parametrize("region,quota", [("us-east-1", 1024 * 1024), ("us-east-2", 1024 * 1024),
+                                          ("us-west-2", 1024 * 1024), ("ap-northeast-1", 1024 * 1024),
+                                          ("eu-west-1", 400 * 1024), ("ap-south-1", 400 * 1024)])
+def test_the_default_memory_quota_depends_on_the_region(region: str, quota: int) -> None:
+    """[docs] 1,024 GB in the four large regions, 400 GB elsewhere (GT §2); an explicit value wins."""
+    with MicrovmsEmulator(clock=VirtualClock(), region=region) as emu:
+        assert emu.memory_quota_mib == quota
+    with MicrovmsEmulator(clock=VirtualClock(), region=region, memory_quota_mib=8192) as emu:
+        assert emu.memory_quota_mib == 8192
