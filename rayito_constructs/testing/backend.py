@@ -99,7 +99,9 @@ class MicrovmsBackend:
         version, drawn from this range. Default: (26, 65) (measured).
     :param fresh_launches: how many first launches of a fresh version are slow. Default: 5.
     :param suspending_seconds: SUSPENDING -> SUSPENDED. Default: 1.4 (measured).
-    :param resume_seconds: ResumeMicrovm -> RUNNING (SUSPENDED meanwhile). Default: 1.2 (measured).
+    :param resume_seconds: ResumeMicrovm -> the VM serves (SUSPENDED meanwhile). Default: 1.2 (measured).
+    :param resume_pending_seconds: then PENDING (serving) until RUNNING. Default: 0.5 (measured:
+        GetMicrovm said PENDING 0.1-0.5 s after the ``/resume`` hook returned).
     :param terminating_seconds: TERMINATING -> TERMINATED. Default: 3.
     :param terminated_linger_seconds: how long TERMINATED VMs stay listed. Default: 1200 (measured
         "at least about 20 minutes").
@@ -135,6 +137,7 @@ class MicrovmsBackend:
         fresh_launches: int = measured.FRESH_VERSION_LAUNCHES,
         suspending_seconds: float = measured.SUSPENDING_SECONDS,
         resume_seconds: float = measured.RESUME_SECONDS,
+        resume_pending_seconds: float = measured.RESUME_PENDING_SECONDS,
         terminating_seconds: float = measured.TERMINATING_SECONDS,
         terminated_linger_seconds: float = measured.TERMINATED_LINGER_SECONDS,
         app_exit_report_seconds: float = measured.APP_EXIT_REPORT_SECONDS,
@@ -166,6 +169,7 @@ class MicrovmsBackend:
             fresh_launches=fresh_launches,
             suspending=suspending_seconds,
             resume=resume_seconds,
+            resume_pending=resume_pending_seconds,
             terminating=terminating_seconds,
             linger=terminated_linger_seconds,
             app_exit_report=app_exit_report_seconds,
@@ -395,9 +399,9 @@ class MicrovmsBackend:
                 return 504
             if vm.exit_at is not None and vm.exit_at <= now:
                 return 502
-            if vm.state == "PENDING":
+            if vm.state == "PENDING" and not vm.resumed:
                 return 502
-            if vm.state == "RUNNING":
+            if vm.state == "RUNNING" or (vm.state == "PENDING" and vm.resumed):
                 vm.last_activity = now
                 return 200
             if not (vm.idle and vm.idle.get("autoResumeEnabled")):
@@ -411,7 +415,7 @@ class MicrovmsBackend:
         with self._lock:
             now = self.clock.now()
             advance(vm, now, self.timings)
-            if vm.state == "RUNNING":
+            if vm.state == "RUNNING" or (vm.state == "PENDING" and vm.resumed):
                 vm.last_activity = now
                 return 200
             return 502
@@ -843,12 +847,12 @@ class MicrovmsBackend:
 
     def _op_ResumeMicrovm(self, params: dict[str, Any], now: float, caller: Optional[str]) -> dict[str, Any]:  # noqa: N802
         vm = self._vm(params["microvmIdentifier"], now)
-        if vm.state == "RUNNING" and self.profile.idempotent_suspend_resume:
-            return {}  # [M 2026-09-16] resume on a RUNNING VM: 200, no new generation (Q38)
+        if (vm.state == "RUNNING" or vm.resumed) and self.profile.idempotent_suspend_resume:
+            return {}  # [M 2026-09-16] resume on a RUNNING VM: 200, no new generation (Q38); so on one resumed
         if vm.state != "SUSPENDED":
             raise self._conflict(vm, f"MicroVM {vm.id} is {vm.state}; only a SUSPENDED MicroVM can be resumed")
         if vm.resume_at is None:
-            # SUSPENDED until the /resume hook returns, then RUNNING (Q4/Q40).
+            # SUSPENDED until the /resume hook returns (Q4/Q40), then PENDING a moment, serving (GT §3).
             vm.resume_at = now + self.timings.resume
         return {}
 

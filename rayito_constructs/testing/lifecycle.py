@@ -1,7 +1,8 @@
 """One MicroVM's lifecycle: its states, what moves it, and when (timings in ``measured.py``).
 
     RunMicrovm -> PENDING -> RUNNING <-> (SuspendMicrovm or idle) SUSPENDING -> SUSPENDED
-    SUSPENDED -> (ResumeMicrovm, or traffic with autoResumeEnabled) -> RUNNING once /resume returns
+    SUSPENDED -> (ResumeMicrovm, or traffic with autoResumeEnabled) -> PENDING once /resume returns
+              (serving already; measured: GetMicrovm still said PENDING 0.1-0.5 s later) -> RUNNING
     any live state -> (TerminateMicrovm, maximum duration, app exit, failed /suspend hook,
                        idle suspended too long) -> TERMINATING -> TERMINATED
 
@@ -43,6 +44,9 @@ class Microvm:
     terminated_at: Optional[float] = None
     last_activity: float = 0.0
     resume_at: Optional[float] = None
+    resumed: bool = False
+    """PENDING after a resume (its ``/resume`` hook returned): it serves already, and turns RUNNING
+    ``resume_pending`` later, not a launch later."""
     exit_at: Optional[float] = None
     exit_reason: Optional[str] = None
     suspend_hook_status: Optional[int] = None
@@ -67,8 +71,10 @@ class Microvm:
         if state == "TERMINATED":
             self.terminated_at = at
         if state == "RUNNING":
-            self.last_activity = at
+            if not self.resumed:  # a resumed VM's idle time counts from its hook's return (below)
+                self.last_activity = at
             self.resume_at = None
+            self.resumed = False
         self.history.append((at, state, self.reason))
 
     def seen_at(self, at: float) -> tuple[str, Optional[str], Optional[float]]:
@@ -96,7 +102,7 @@ def next_event(vm: Microvm, t: Timings) -> Optional[tuple[float, str, Optional[s
         # The app exited: RUNNING for about 15 s more, as measured (Q58/Q63).
         candidates.append((max(vm.exit_at + t.app_exit_report, vm.since), "TERMINATING", vm.exit_reason))
     if vm.state == "PENDING":
-        candidates.append((vm.since + vm.launch_seconds, "RUNNING", None))
+        candidates.append((vm.since + (t.resume_pending if vm.resumed else vm.launch_seconds), "RUNNING", None))
     elif vm.state == "RUNNING" and vm.idle:
         candidates.append((vm.last_activity + vm.idle["maxIdleDurationSeconds"], "SUSPENDING", None))
     elif vm.state == "SUSPENDING":
@@ -107,7 +113,7 @@ def next_event(vm: Microvm, t: Timings) -> Optional[tuple[float, str, Optional[s
             candidates.append((vm.since + t.suspending, "SUSPENDED", None))
     elif vm.state == "SUSPENDED":
         if vm.resume_at is not None:
-            candidates.append((max(vm.resume_at, vm.since), "RUNNING", None))
+            candidates.append((max(vm.resume_at, vm.since), "PENDING", None))
         elif vm.idle:
             candidates.append((vm.since + vm.idle["suspendedDurationSeconds"], "TERMINATING", measured.REASON_IDLE))
     return min(candidates, key=lambda c: c[0])
@@ -122,4 +128,7 @@ def advance(vm: Microvm, now: float, t: Timings) -> None:
         at, state, reason = event
         if state == "TERMINATING" and vm.state == "SUSPENDING":
             vm.suspend_hook_status = None
+        if state == "PENDING" and vm.state == "SUSPENDED":
+            vm.resumed = True  # the /resume hook returned: serving, the control plane says PENDING
+            vm.last_activity = at
         vm.record(at, state, reason)

@@ -34,6 +34,12 @@ SUSPENDING_SECONDS = 1.4
 #: (GT §3, Notes §5, Q4/Q40). Auto-resume through the endpoint: 1.1-1.6 s.
 RESUME_SECONDS = 1.2
 
+#: After the ``/resume`` hook returned: [M 2026-09-24] GetMicrovm read 0.1-0.5 s after ``/resume``
+#: returned 200 **still said PENDING** (GT §3, Notes §5), while the endpoint already answered 200
+#: (the first 200 at 1.2 s, above). So the control plane shows SUSPENDED -> PENDING -> RUNNING
+#: and the VM serves from the hook's return; PENDING lasts at least the 0.5 s of the latest read.
+RESUME_PENDING_SECONDS = 0.5
+
 #: TerminateMicrovm -> TERMINATED. [3rd] TERMINATING at +1 s, TERMINATED at +3 s
 #: (microvms.md §1.1); [M 2026-09-15] TERMINATING at 0.14 s, then TERMINATED (GT §3).
 TERMINATING_SECONDS = 3.0
@@ -244,6 +250,7 @@ class Timings:
     fresh_launches: int = FRESH_VERSION_LAUNCHES
     suspending: float = SUSPENDING_SECONDS
     resume: float = RESUME_SECONDS
+    resume_pending: float = RESUME_PENDING_SECONDS
     terminating: float = TERMINATING_SECONDS
     linger: float = TERMINATED_LINGER_SECONDS
     app_exit_report: float = APP_EXIT_REPORT_SECONDS

@@ -68,7 +68,9 @@ def test_first_launches_of_a_fresh_version_are_slow(emulator, client, image, clo
 def test_suspend_and_resume_as_measured(emulator, client, image, clock) -> None:
     """[M 2026-09-15/16] SUSPENDED in about 1.4 s; suspend on a SUSPENDED VM answers 200 (three in a
     row); the VM stays SUSPENDED while its /resume hook runs and is RUNNING when it returns, the
-    first 200 1.2 s after the call; resume on a RUNNING VM answers 200 (GT §3, Q4/Q38/Q40)."""
+    first 200 1.2 s after the call; GetMicrovm then still says PENDING (0.1-0.5 s after the hook
+    returned, measured 2026-09-24), then RUNNING; resume on a RUNNING VM answers 200 (GT §3,
+    Q4/Q38/Q40)."""
     vm_id = run(client, image)["microvmId"]
     clock.advance(2)
     assert client.suspend_microvm(microvmIdentifier=vm_id)["ResponseMetadata"]["HTTPStatusCode"] == 200
@@ -87,9 +89,11 @@ def test_suspend_and_resume_as_measured(emulator, client, image, clock) -> None:
     clock.advance(1.1)
     assert state(client, vm_id) == "SUSPENDED"
     clock.advance(0.2)
+    assert state(client, vm_id) == "PENDING"  # the hook returned: serving, the control plane says PENDING
+    clock.advance(0.5)
     assert state(client, vm_id) == "RUNNING"
     history = _history(emulator, vm_id)
-    assert history == ["PENDING", "RUNNING", "SUSPENDING", "SUSPENDED", "RUNNING"]
+    assert history == ["PENDING", "RUNNING", "SUSPENDING", "SUSPENDED", "PENDING", "RUNNING"]
     assert client.resume_microvm(microvmIdentifier=vm_id)["ResponseMetadata"]["HTTPStatusCode"] == 200
     assert _history(emulator, vm_id) == history  # no new generation from a resume on RUNNING
 
@@ -242,7 +246,9 @@ def test_idle_policy_suspends_and_ends(emulator, client, image, clock) -> None:
     assert state(client, vm_id) == "SUSPENDED"
     before = clock.now()
     assert emulator.traffic(vm_id) == 200  # auto-resume: the proxy holds the request until /resume returns
-    assert clock.now() == pytest.approx(before + 1.2) and state(client, vm_id) == "RUNNING"
+    assert clock.now() == pytest.approx(before + 1.2) and state(client, vm_id) == "PENDING"  # serving (GT §3)
+    clock.advance(0.5)
+    assert state(client, vm_id) == "RUNNING"
     clock.advance(60 + 1.4 + 300)
     got = get(client, vm_id)
     assert got["state"] == "TERMINATING" and got["stateReason"] == measured.REASON_IDLE
