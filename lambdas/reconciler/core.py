@@ -80,8 +80,16 @@ LATE_END_POLL_SECONDS = 0.5
 RETRY_BASE_SECONDS = 2.0
 RETRY_CAP_SECONDS = 900.0
 #: A dead-lettered slot whose failures were the service's (500s, capacity, quota) is probed
-#: once per this long; failures of the request or of the app wait for redrive or a new spec.
+#: DEAD_PROBE_FIRST_SECONDS after, then twice as long after each failed probe, at most once per
+#: DEAD_PROBE_SECONDS; failures of the request or of the app wait for redrive or a new spec. At a
+#: fixed 900 s, a minute of 500s on every RunMicrovm (three attempts in 42 s) left a fleet empty
+#: for 15 minutes after the service was back (audit 12); probes double, so a two-hour outage
+#: costs a slot about 14 calls.
 DEAD_PROBE_SECONDS = 900.0
+DEAD_PROBE_FIRST_SECONDS = 60.0
+#: The refusals that say the account has no room for another VM now (the memory quota's 402,
+#: InsufficientCapacity): no new VM for any slot of ours until VMs end or capacity returns.
+REFUSED_FOR_ROOM = ("ServiceQuotaExceededException", "InsufficientCapacityException")
 #: Words of the ``stateReason`` of ends that are no crash: a TerminateMicrovm (measured:
 #: "Success."), the end of the lifetime ("MicroVM exceeded maximum lifetime.") or of an idle
 #: policy's suspended duration ("MicroVM exceeded suspended duration.").
@@ -681,6 +689,23 @@ def plan(spec: FleetSpec, ledger: Mapping[str, Slot], observed: Iterable[Observe
     frees.sort()
     urgent = [i for i in successors if i.role == BASE and i.reason == "expiring"
               and i.expires - now <= HANDOVER_LEAD_SECONDS]
+    # The account refused a base slot's run for room (the memory quota, or no capacity): parked
+    # VMs go to the base slots so refused, and no parked slot is refilled meanwhile (a new parked
+    # VM would take the room a base slot needs). Before, a parked VM sat SUSPENDED while base
+    # slots stayed without a VM for as long as the refusals lasted (audit 12: min 1 / warm 1 /
+    # max 2 under a one-VM quota, 0 RUNNING for 15 minutes).
+    full = [r for r in runs if not r.retry and r.role == BASE and refused_for_room(slots[r.slot_id])]
+    if full:
+        for intent in [r for r in runs if not r.retry and r.role != BASE]:
+            runs.remove(intent)
+        for intent in full:
+            if not donors:
+                break
+            donor = max(donors, key=lambda d: (d.vm_started_at or 0) + (d.lifetime or spec.max_lifetime_seconds))
+            donors.remove(donor)
+            runs.remove(intent)
+            handovers.append(Intent("resume", intent.slot_id, donor.microvm_id, role=BASE, reason="handover",
+                                    donor=donor.slot_id))
     new_runs = [r for r in runs if not r.retry]
     # Parked slots to refill wait while a base VM near its end has no room for its successor.
     base_runs = [r for r in new_runs if r.role == BASE]
@@ -888,6 +913,19 @@ def admit_run(spec: FleetSpec, slot: Slot, intent: Intent, now: float) -> Slot:
 def retry_delay(errors: int) -> float:
     """Backoff of a slot after ``errors`` failed RunMicrovm calls in a row."""
     return min(RETRY_CAP_SECONDS, RETRY_BASE_SECONDS * 4 ** max(0, errors - 1))
+
+
+def dead_probe_delay(probes_failed: int) -> float:
+    """When a slot dead-lettered for the service's failures is tried again: 60 s after it was
+    dead-lettered, then twice as long after each failed probe, at most DEAD_PROBE_SECONDS."""
+    return min(DEAD_PROBE_SECONDS, DEAD_PROBE_FIRST_SECONDS * 2 ** max(0, min(probes_failed, 16)))
+
+
+def refused_for_room(slot: Slot) -> bool:
+    """A slot waiting for a VM whose last RunMicrovm the account refused for room (402 or
+    InsufficientCapacity): a run now would most likely be refused too."""
+    return (slot.microvm_id is None and slot.phase == QUEUED
+            and (slot.reason or "").split(":", 1)[0] in REFUSED_FOR_ROOM)
 
 
 def _since(start: Optional[float], now: float) -> Optional[float]:

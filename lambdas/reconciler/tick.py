@@ -889,7 +889,8 @@ class Reconciler:
         outcome = "in_doubt" if slot.in_doubt_since is not None else "retry_later"
         if counted and slot.errors >= self.spec.max_start_attempts:
             slot.phase, slot.dead_kind = core.DEAD, kind
-            slot.retry_at = now + core.DEAD_PROBE_SECONDS if kind == "service" else None
+            probes_failed = slot.errors - self.spec.max_start_attempts
+            slot.retry_at = now + core.dead_probe_delay(probes_failed) if kind == "service" else None
             event = core._event("slot_dead_lettered", slot, reason=slot.reason, kind=kind, errors=slot.errors,
                                 in_doubt=slot.in_doubt_since is not None or None)
             self._emit(event)
