@@ -694,18 +694,20 @@ def plan(spec: FleetSpec, ledger: Mapping[str, Slot], observed: Iterable[Observe
     # VM would take the room a base slot needs). Before, a parked VM sat SUSPENDED while base
     # slots stayed without a VM for as long as the refusals lasted (audit 12: min 1 / warm 1 /
     # max 2 under a one-VM quota, 0 RUNNING for 15 minutes).
+    def take_parked(intent: Intent) -> None:
+        """The base slot of a run takes the parked VM that lasts longest, instead of the run."""
+        donor = max(donors, key=lambda d: (d.vm_started_at or 0) + (d.lifetime or spec.max_lifetime_seconds))
+        donors.remove(donor)
+        runs.remove(intent)
+        handovers.append(Intent("resume", intent.slot_id, donor.microvm_id, role=BASE, reason="handover",
+                                donor=donor.slot_id))
+
     full = [r for r in runs if not r.retry and r.role == BASE and refused_for_room(slots[r.slot_id])]
     if full:
         for intent in [r for r in runs if not r.retry and r.role != BASE]:
             runs.remove(intent)
-        for intent in full:
-            if not donors:
-                break
-            donor = max(donors, key=lambda d: (d.vm_started_at or 0) + (d.lifetime or spec.max_lifetime_seconds))
-            donors.remove(donor)
-            runs.remove(intent)
-            handovers.append(Intent("resume", intent.slot_id, donor.microvm_id, role=BASE, reason="handover",
-                                    donor=donor.slot_id))
+        for intent in full[:len(donors)]:
+            take_parked(intent)
     new_runs = [r for r in runs if not r.retry]
     # Parked slots to refill wait while a base VM near its end has no room for its successor.
     base_runs = [r for r in new_runs if r.role == BASE]
@@ -720,11 +722,7 @@ def plan(spec: FleetSpec, ledger: Mapping[str, Slot], observed: Iterable[Observe
             # uncovered: a base slot without a VM, no headroom under max_vms and a parked VM to take (a base VM lost at max_vms); the handovers tested are successors
             if not donors or slot.phase == STARTING:
                 break
-            donor = max(donors, key=lambda d: (d.vm_started_at or 0) + (d.lifetime or spec.max_lifetime_seconds))
-            donors.remove(donor)
-            runs.remove(intent)
-            handovers.append(Intent("resume", slot.slot_id, donor.microvm_id, role=BASE, reason="handover",
-                                    donor=donor.slot_id))
+            take_parked(intent)
     headroom -= len([r for r in runs if not r.retry])
     for intent in list(successors):
         if headroom > 0:
