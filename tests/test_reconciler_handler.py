@@ -468,6 +468,10 @@ def test_thirty_minutes_of_internal_errors_are_bounded_and_visible(aws, monkeypa
         assert calls <= 3 * (3 + 5)
         letters = fleet.dead_letters()
         assert {d["slot"] for d in letters} == {"base-0", "base-1", "warm-0"}
+        # One message a slot: its failed probes are in the timeline only (1, 2, 4, 8 minutes apart).
+        assert len(letters) == 3
+        probes = [e for r in runs for e in r.events("slot_dead_lettered") if e.get("probe")]
+        assert len(probes) >= 3 * 3 and {e["slot"] for e in probes} == {"base-0", "base-1", "warm-0"}
         assert all("InternalServerException" in d["reason"] and d["kind"] == "service" for d in letters)
         amplification = [v for r in runs for v, _ in r.metrics("RetryAmplification")]
         assert amplification and max(amplification) >= calls / 3

@@ -892,9 +892,12 @@ class Reconciler:
             probes_failed = slot.errors - self.spec.max_start_attempts
             slot.retry_at = now + core.dead_probe_delay(probes_failed) if kind == "service" else None
             event = core._event("slot_dead_lettered", slot, reason=slot.reason, kind=kind, errors=slot.errors,
-                                in_doubt=slot.in_doubt_since is not None or None)
+                                in_doubt=slot.in_doubt_since is not None or None, probe=probes_failed or None)
             self._emit(event)
-            self._dead_letter(event)
+            if not probes_failed:
+                # One message a dead-lettering: a failed probe of a slot already dead-lettered says
+                # so in the timeline only (probes come 1, 2, 4, 8 minutes apart, then every 15).
+                self._dead_letter(event)
             outcome = "dead"
         elif counted:
             slot.retry_at = now + core.retry_delay(slot.errors)
