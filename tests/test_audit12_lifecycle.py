@@ -9,18 +9,9 @@ from typing import Any
 
 import pytest
 
-from rayito_constructs import AgentProject
-
 from . import verify_world as vw
+from .test_verify_own_stack import _project
 from .verify_world import statuses
-
-
-def _project(root: Any, name: str, toml: str) -> AgentProject:
-    folder = root / name
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "Dockerfile").write_text("FROM scratch\n")
-    (folder / "rayito-agent.toml").write_text(toml)
-    return AgentProject.load(folder)
 
 
 # --------------------------------------------------------------------------- verify: fleets in one stack
