@@ -24,7 +24,8 @@ duplicate, nothing leaked, healed by the next tick); the write before a SuspendM
 its answer lost (the documented "unknown" cost: one member VM more, never above max_vms); garbage
 MIN_VMS/MAX_VMS/WARM_VMS/TICK_SECONDS/BUDGETS/SCHEDULE_SECONDS/SUCCESSOR_LEAD_SECONDS values (a
 safe default, ``budgets_rejected``, or a ValueError in every invocation that starts nothing);
-MicroVMs Dates missing, garbage, 250 or 400 s off; clock jumps of -60 to +60 s between steps; a
+MicroVMs Dates missing, garbage, 250 or 400 s off; clock jumps of -60 to +60 s at set times (the
+fleet had mostly converged by then: a weak probe); a
 redrive taking the lease from a tick that was parking (documented: the next tick parks).
 """
 
