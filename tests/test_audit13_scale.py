@@ -73,14 +73,14 @@ def _reused_tokens(fleet, since: float) -> list[tuple[float, int, str]]:
 # --------------------------------------------------------------------------- spec changes: slots asked for again
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "found: min 1 / warm 2 / max 4; a client resumes warm-1's parked VM at 120 s (a member from then on); "
-    "warm_vms 2 -> 0 at 240 s (both parked slots drained, deleted), 0 -> 2 at 420 s: warm-1 comes back at "
-    "generation 0, its RunMicrovm at 420.0 s reuses the token of 0 s and the service returns the client's "
-    "RUNNING VM, which the reconciler suspends at 422.6 s (SUSPENDED at 424.0 s), held by warm-1 and its "
-    "member slot at once; warm-0's run returns its own TERMINATED predecessor. core.plan step 3 "
-    "(core.py:554) makes a new Slot(generation=0) for an id a drained slot left, and client_token "
-    "(core.py:253) depends on the slot id and generation only"))
+# Found (a strict xfail until fixed): "min 1 / warm 2 / max 4; a client resumes warm-1's parked VM at 120 s (a member from then on); "
+# warm_vms 2 -> 0 at 240 s (both parked slots drained, deleted), 0 -> 2 at 420 s: warm-1 comes back at
+# generation 0, its RunMicrovm at 420.0 s reuses the token of 0 s and the service returns the client's
+# RUNNING VM, which the reconciler suspends at 422.6 s (SUSPENDED at 424.0 s), held by warm-1 and its
+# member slot at once; warm-0's run returns its own TERMINATED predecessor. core.plan step 3
+# (core.py:554) makes a new Slot(generation=0) for an id a drained slot left, and client_token
+# (core.py:253) depends on the slot id and generation only". Fixed: a slot id the spec drops leaves its next
+# generation in the ledger (#stats ``retired``, core.retired_generations); asked for again, it starts there.
 def test_a_warm_slot_asked_for_again_never_takes_back_a_clients_session(aws, monkeypatch) -> None:
     """warm_vms lowered to 0 and raised again after a client took a parked slot: the recreated
     slots must start new VMs; the client's session (a member) is never suspended."""
@@ -103,11 +103,10 @@ def test_a_warm_slot_asked_for_again_never_takes_back_a_clients_session(aws, mon
         assert found == {"session_suspended_at": [], "held_twice": [], "reused": [], "errors": 0}, found
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "found: min 3 / max 6; min_vms 3 -> 1 at 120 s (base-1 and base-2's VMs become members), 1 -> 3 at 240 s: "
-    "base-1 and base-2 come back at generation 0 and their RunMicrovm calls (240.0 s) reuse the first "
-    "tokens: the service returns the two members' RUNNING VMs, each then held by a base slot and a "
-    "member slot, and no new VM is made (core.py:554, core.py:253)"))
+# Found (a strict xfail until fixed): "min 3 / max 6; min_vms 3 -> 1 at 120 s (base-1 and base-2's VMs become members), 1 -> 3 at 240 s: "
+# base-1 and base-2 come back at generation 0 and their RunMicrovm calls (240.0 s) reuse the first
+# tokens: the service returns the two members' RUNNING VMs, each then held by a base slot and a
+# member slot, and no new VM is made (core.py:554, core.py:253)". Fixed as above.
 def test_a_base_slot_asked_for_again_starts_a_vm_of_its_own(aws, monkeypatch) -> None:
     """min_vms lowered and raised back: the members (base VMs above the lowered min) are never
     touched again, so the new base slots must run VMs of their own."""
@@ -121,6 +120,30 @@ def test_a_base_slot_asked_for_again_starts_a_vm_of_its_own(aws, monkeypatch) ->
         found = {"held_twice": len(_held_twice(fleet)), "reused": _reused_tokens(fleet, raised),
                  "ours_running": _ours(fleet)["RUNNING"]}
         assert found == {"held_twice": 0, "reused": [], "ours_running": 5}, found
+
+
+def test_an_old_token_answered_with_a_vm_another_slot_holds_is_never_attached_twice(aws, monkeypatch) -> None:
+    """A ledger written before slots kept their generations (no ``retired`` in ``#stats``): base
+    slots asked for again send their generation-0 tokens, and the service answers with the VMs the
+    members hold. Never held twice: each such slot moves to a new token (``token_collision``) and
+    runs a VM of its own; the members are never touched."""
+    with deployed_fleet(aws, env=_shape(3, 0, 6), pending_seconds=2, client_token_ttl_seconds=3600) as fleet:
+        fleet.every_minute(monkeypatch, 2)
+        fleet.env["MIN_VMS"] = "1"
+        fleet.every_minute(monkeypatch, 2)
+        members = {s["microvm_id"] for s in fleet.ledger_slots().values() if s["role"] == "member"}
+        fleet.ddb.update_item(TableName=fleet.env["LEDGER_TABLE"], Key={"fleet": {"S": fleet.fleet}, "key": {"S": "#stats"}},
+                              UpdateExpression="REMOVE retired")
+        raised = fleet.clock.now()
+        fleet.env["MIN_VMS"] = "3"
+        fleet.every_minute(monkeypatch, 2)
+        collisions = [r for i in fleet.invocations for r in i.events("token_collision")]
+        touched = [r for r in fleet.emulator.requests if r.microvm_id in members and r.time >= raised
+                   and r.operation in ("SuspendMicrovm", "TerminateMicrovm", "ResumeMicrovm")]
+        found = {"members": len(members), "collisions": len(collisions), "held_twice": len(_held_twice(fleet)),
+                 "ours_running": _ours(fleet)["RUNNING"], "touched": len(touched), "errors": len(_errors(fleet))}
+        assert found == {"members": 2, "collisions": 2, "held_twice": 0, "ours_running": 5, "touched": 0,
+                         "errors": 0}, found
 
 
 # --------------------------------------------------------------------------- the account's room: base slots first

@@ -183,6 +183,7 @@ class Slot:
     park_doubt_since: Optional[float] = None  # a SuspendMicrovm sent then, its answer lost
     retiring_ends_at: Optional[float] = None  # the retiring VM's expected end (its start + lifetime)
     room_asked_at: Optional[float] = None  # when a plan last asked to end this parked VM for room
+    first_generation: int = 0  # the generation this slot id (asked for again) started at
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -248,6 +249,23 @@ def short_slot_due(slots: dict[str, Slot], now: float) -> Optional[float]:
     dues = [max(now, s.retry_at or now) for s in slots.values()
             if s.role in (BASE, WARM) and s.microvm_id is None and s.phase != DEAD and not s.draining]
     return min(dues) if dues else None
+
+
+def retired_generations(before: Mapping[str, "Slot"], after: Mapping[str, "Slot"],
+                        retired: Optional[Mapping[str, int]] = None) -> Optional[dict[str, int]]:
+    """The ledger's ``retired`` map once the slots of ``before`` missing from ``after`` are gone:
+    each slot id's next generation (None: nothing dropped, nothing to write). A slot id the spec
+    drops (``warm_vms`` or ``min_vms`` lowered) and asks for again (raised back) must not start
+    at generation 0 again: its first run would send the token of its first VM, and the service
+    answers that VM (audit 13: a client's session, a parked VM a client had resumed, suspended by
+    the new parked slot; two base slots holding the members they had left)."""
+    dropped = [s for k, s in before.items() if k not in after and s.role != MEMBER]
+    if not dropped:
+        return None
+    out = {k: int(v) for k, v in (retired or {}).items()}
+    for slot in dropped:
+        out[slot.slot_id] = max(out.get(slot.slot_id, 0), slot.generation + 1)
+    return out
 
 
 def client_token(epoch: str, fleet: str, slot_id: str, generation: int) -> str:
@@ -396,7 +414,7 @@ def stray_is_idle(entry: Mapping[str, Any], vm: Observed, now: float, grace: flo
 
 def plan(spec: FleetSpec, ledger: Mapping[str, Slot], observed: Iterable[Observed], now: float, *,
          others: Iterable[str] = (), strays: Optional[Mapping[str, Mapping[str, Any]]] = None,
-         redrive: bool = False) -> Plan:
+         redrive: bool = False, retired: Optional[Mapping[str, int]] = None) -> Plan:
     """Reconcile the ledger with what the service shows; return the new ledger and the intents.
 
     :param observed: ListMicrovms items of the image, and GetMicrovm answers for VMs of ours the
@@ -404,6 +422,10 @@ def plan(spec: FleetSpec, ledger: Mapping[str, Slot], observed: Iterable[Observe
     :param others: VM IDs the ledgers of other fleets sharing the image hold.
     :param strays: what the ledger remembers of foreign VMs (``first_seen``, ``suspended_since``).
     :param redrive: the spec changed since the last step: dead-lettered slots are tried again.
+    :param retired: the next generation of each slot id an earlier spec dropped
+        (:func:`retired_generations`): a slot asked for again starts there, never at 0, so its
+        client tokens are not those of its earlier VMs (the service would answer one of them: a
+        client's session a parked VM became, a member, a VM long ended).
     """
     slots = {k: copy.copy(v) for k, v in ledger.items()}
     seen = {o.microvm_id: o for o in observed}
@@ -551,7 +573,8 @@ def plan(spec: FleetSpec, ledger: Mapping[str, Slot], observed: Iterable[Observe
     wanted = dict(desired_slot_ids(spec))
     for slot_id, role in wanted.items():
         if slot_id not in slots:
-            slots[slot_id] = Slot(slot_id, role, queued_at=now)
+            generation = int((retired or {}).get(slot_id, 0))
+            slots[slot_id] = Slot(slot_id, role, generation=generation, first_generation=generation, queued_at=now)
             events.append(_event("slot_queued", slots[slot_id]))
         # uncovered: the spec grows back (warm_vms raised again) before a draining parked slot's VM ended
         elif slots[slot_id].draining:
@@ -894,7 +917,9 @@ def admit_run(spec: FleetSpec, slot: Slot, intent: Intent, now: float) -> Slot:
     if slot.request is None:
         # Pinned for the generation: a retry with the token must send the same parameters, or the
         # service answers Conflict and the VM the first call made belongs to nobody.
-        first = slot.generation == 0 and not intent.successor
+        # A slot's first VM (its id asked for again starts where it left off: retired_generations)
+        # gets the staggered lifetime: slots started together must not all end together.
+        first = slot.generation == slot.first_generation and not intent.successor
         lifetime = first_lifetime(spec, slot.slot_id, slot.role) if first else spec.max_lifetime_seconds
         slot.request = spec.run_parameters(slot.role, lifetime)
     slot.lifetime = int(slot.request.get("maximumDurationInSeconds") or spec.max_lifetime_seconds)

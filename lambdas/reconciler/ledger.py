@@ -11,7 +11,9 @@ DynamoDB layout (partition key ``fleet``, sort key ``key``):
   RunMicrovm, resume or terminate (each is written down first). No clock is compared.
 * ``#stats``: ``epoch`` (part of every client token, so a re-created ledger never reuses a token
   of an earlier one), ``run_attempts`` and ``slots_filled`` (retry amplification), ``spec`` (the
-  fingerprint of the spec the last tick ran) and ``strays`` (foreign VMs seen, as JSON).
+  fingerprint of the spec the last tick ran), ``strays`` (foreign VMs seen, as JSON) and
+  ``retired`` (the next generation of each slot id the spec dropped, as JSON: a slot asked for
+  again later starts there, so its client tokens are never those of its earlier VMs).
 
 **Off.** The fleet's teardown (``teardown.py``, when the fleet is deleted) sets ``off`` on the
 ``#tick`` item in the same update that increments the fence: a tick already running fails its next
@@ -39,7 +41,8 @@ class FleetOff(Exception):
 
 
 def _new_stats() -> dict[str, Any]:
-    return {"epoch": secrets.token_hex(4), "run_attempts": 0, "slots_filled": 0, "spec": None, "strays": {}}
+    return {"epoch": secrets.token_hex(4), "run_attempts": 0, "slots_filled": 0, "spec": None, "strays": {},
+            "retired": {}}
 
 
 class MemoryLedger:
@@ -278,6 +281,7 @@ class DynamoDBLedger:
                     "slots_filled": int(item.get("slots_filled", {}).get("N", 0)),
                     "spec": item.get("spec", {}).get("S"),
                     "strays": json.loads(item.get("strays", {}).get("S", "{}")),
+                    "retired": json.loads(item.get("retired", {}).get("S", "{}")),
                 }
         return slots, stats
 
@@ -318,18 +322,20 @@ class DynamoDBLedger:
               meta: Optional[dict[str, Any]] = None) -> None:
         """Slots and metadata in one transaction, conditioned on the tick's fence."""
         actions: list[dict[str, Any]] = []
-        for slot in puts:
-            actions.append({"Put": {"TableName": self._table, "Item": {
-                **self._key(fleet, f"slot#{slot.slot_id}"), "doc": {"S": json.dumps(slot.to_dict(), sort_keys=True)}}}})
-        for slot_id in deletes:
-            actions.append({"Delete": {"TableName": self._table, "Key": self._key(fleet, f"slot#{slot_id}")}})
         if meta:
+            # First: split over several transactions (over 99 items), the stats (the generations
+            # of the slots deleted below) land no later than the deletes.
             names = {f"#m{i}": k for i, k in enumerate(meta)}
             values = {f":m{i}": {"S": v if isinstance(v, str) else json.dumps(v, sort_keys=True)}
                       for i, v in enumerate(meta.values())}
             actions.append({"Update": {"TableName": self._table, "Key": self._key(fleet, "#stats"),
                                        "UpdateExpression": "SET " + ", ".join(f"#m{i} = :m{i}" for i in range(len(meta))),
                                        "ExpressionAttributeNames": names, "ExpressionAttributeValues": values}})
+        for slot in puts:
+            actions.append({"Put": {"TableName": self._table, "Item": {
+                **self._key(fleet, f"slot#{slot.slot_id}"), "doc": {"S": json.dumps(slot.to_dict(), sort_keys=True)}}}})
+        for slot_id in deletes:
+            actions.append({"Delete": {"TableName": self._table, "Key": self._key(fleet, f"slot#{slot_id}")}})
         if not actions:
             return
         if fence is None:

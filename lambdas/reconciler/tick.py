@@ -406,8 +406,11 @@ class Reconciler:
         others = self.ledger.load_vm_ids(self.siblings) if self.siblings else set()
         fingerprint = self.spec.fingerprint()
         plan = core.plan(self.spec, slots, observed, now, others=others, strays=stats.get("strays") or {},
-                         redrive=stats.get("spec") not in (None, fingerprint))
+                         redrive=stats.get("spec") not in (None, fingerprint), retired=stats.get("retired") or {})
         meta: dict[str, Any] = {}
+        retired = core.retired_generations(slots, plan.slots, stats.get("retired"))
+        if retired is not None:
+            meta["retired"] = retired  # in the same fenced write as the deletes
         if stats.get("spec") != fingerprint:
             meta["spec"] = fingerprint
         if _stray_keys(plan.strays) != _stray_keys(stats.get("strays") or {}):
@@ -812,6 +815,8 @@ class Reconciler:
             vm = self._api("run_microvm", clientToken=token, **(slot.request or {}))
         except (ClientError, BotoCoreError) as exc:
             return self._run_failed(slot, intent, exc, now, slots)
+        if self._held_elsewhere(slot, vm["microvmId"], slots):
+            return "retry_later"
         slot.microvm_id = vm["microvmId"]
         slot.vm_started_at = _epoch(vm["startedAt"])
         self._run_answers[slot.microvm_id] = (self._now(), slot.vm_started_at, vm.get("imageVersion"))
@@ -823,6 +828,24 @@ class Reconciler:
         self._save(slot, slots)
         self._emit(core._event("run_accepted", slot, state=vm["state"]))
         return "started"
+
+    def _held_elsewhere(self, slot: core.Slot, vm_id: str, slots: dict[str, core.Slot]) -> bool:
+        """Whether the VM a run's answer names is another slot's (a member, a retiring VM): a
+        token that was sent before, for a VM the ledger already holds. Never attached to a second
+        slot (it may serve a client's session): the slot moves to a new generation, a new token,
+        and the VM stays with its holder. Unreachable while every slot id's generations go on
+        where the last left off (``core.retired_generations``); a ledger from before that, or one
+        restored by hand, could still send an old token."""
+        holder = next((s for s in slots.values() if s.slot_id != slot.slot_id
+                       and vm_id in (s.microvm_id, s.retiring_id)), None)
+        if holder is None:
+            return False
+        self._emit(core._event("token_collision", slot, taken_id=vm_id, holder=holder.slot_id,
+                               reason="the answer names a VM another slot holds: a new token"))
+        slot.generation += 1
+        slot.request, slot.phase, slot.in_doubt_since = None, core.QUEUED, None
+        self._save(slot, slots)
+        return True
 
     def _run_failed(self, slot: core.Slot, intent: core.Intent, exc: Exception, now: float,
                     slots: dict[str, core.Slot]) -> str | Deferral:
@@ -850,6 +873,8 @@ class Reconciler:
             return deferral  # type: ignore[return-value]
         if code == "ConflictException" and exc.response.get("resourceType") == "Microvm" and exc.response.get("resourceId"):
             # The token already made a VM (with other parameters): the service names it, it is ours.
+            if self._held_elsewhere(slot, str(exc.response["resourceId"]), slots):
+                return "retry_later"
             slot.microvm_id = str(exc.response["resourceId"])
             slot.in_doubt_since, slot.errors, slot.retry_at = None, 0, None
             self._save(slot, slots)
