@@ -145,11 +145,11 @@ def fail_sqs(monkeypatch, code: str = "KMS.AccessDeniedException", status: int =
     return state
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "found: every one of 6 ticks crashed on SendMessage (KMS.AccessDeniedException); the slot stayed "
-    "'starting' (never 'dead'), 8 RunMicrovm in 6 minutes, one each tick (documented: 3, then probes "
-    "1 and 3 minutes later: 5); tick.py _run_failed sends the dead letter (line 900) before it saves "
-    "the DEAD slot (904)"))
+# Found (a strict xfail until fixed): found: every one of 6 ticks crashed on SendMessage (KMS.AccessDeniedException); the slot stayed
+# 'starting' (never 'dead'), 8 RunMicrovm in 6 minutes, one each tick (documented: 3, then probes
+# 1 and 3 minutes later: 5); tick.py _run_failed sends the dead letter (line 900) before it saves
+# the DEAD slot (904)
+# Fixed: the letter is written with the DEAD slot (Slot.letter) and sent after; a refused one stays for the next tick.
 def test_a_refused_dead_letter_neither_crashes_the_tick_nor_is_lost(aws, monkeypatch) -> None:
     """Every RunMicrovm is answered 500 for 6 minutes while SQS refuses every SendMessage (the
     queue's key, a policy). The slot must still be dead-lettered (its ledger item DEAD, the
@@ -165,10 +165,10 @@ def test_a_refused_dead_letter_neither_crashes_the_tick_nor_is_lost(aws, monkeyp
         assert not crashes and calls <= 5 and phase == "dead", found
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "found: the tick that dead-lettered the crash-looping slot crashed on SendMessage (1 crash); the slot "
-    "was already written DEAD, so no later tick sends it: 0 messages in the queue 3 minutes after SQS was "
-    "back (tick.py step: _persist at line 415, then _dead_letter at 423)"))
+# Found (a strict xfail until fixed): found: the tick that dead-lettered the crash-looping slot crashed on SendMessage (1 crash); the slot
+# was already written DEAD, so no later tick sends it: 0 messages in the queue 3 minutes after SQS was
+# back (tick.py step: _persist at line 415, then _dead_letter at 423)
+# Fixed: the letter is written with the DEAD slot (Slot.letter) and sent after; a refused one stays for the next tick.
 def test_a_crash_loop_dead_lettered_while_sqs_refuses_is_still_told_once_sqs_is_back(aws, monkeypatch) -> None:
     """The app of every VM exits 20 s after its start (a crash loop) while SQS refuses every
     SendMessage; SQS is back after 5 minutes. The dead letter of the crash-looping slot must reach
@@ -311,15 +311,16 @@ def dates_on_the_virtual_clock(fleet, monkeypatch) -> None:
 # --------------------------------------------------------------------------- DynamoDB faults
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "found: in each case the invocation ended with the store's exception (ProvisionedThroughputExceeded"
-    "Exception, InternalServerError, TransactionCanceledException [None, ThrottlingError], "
-    "ReadTimeoutError) and no timeline line names it; 0 of 2 VMs started in that minute (1 of 2 when "
-    "the write after the first run's answer failed); 62 s below min_vms in the first 2 minutes against "
-    "2 s with no fault and 4 s with a RunMicrovm 500 at the same place. Seen at every position tried "
-    "(lease, Query, budget UpdateItems, the writes around RunMicrovm and SuspendMicrovm, add_stats, the "
-    "release): tick.py tick() catches FencedOut only (line 195); the function's on_failure then puts the "
-    "event in the dead-letter queue"))
+# Found (a strict xfail until fixed): found: in each case the invocation ended with the store's exception (ProvisionedThroughputExceeded
+# Exception, InternalServerError, TransactionCanceledException [None, ThrottlingError],
+# ReadTimeoutError) and no timeline line names it; 0 of 2 VMs started in that minute (1 of 2 when
+# the write after the first run's answer failed); 62 s below min_vms in the first 2 minutes against
+# 2 s with no fault and 4 s with a RunMicrovm 500 at the same place. Seen at every position tried
+# (lease, Query, budget UpdateItems, the writes around RunMicrovm and SuspendMicrovm, add_stats, the
+# release): tick.py tick() catches FencedOut only (line 195); the function's on_failure then puts the
+# event in the dead-letter queue
+# Fixed: Reconciler.tick tells such an error (step_failed), reads the ledger again and takes the step again
+# after 1, 2, 4 s (MAX_STEP_FAILURES a tick); begin_tick and the release likewise.
 @pytest.mark.parametrize("position,kind", [
     ("lease_acquire", "throttle"), ("query", "500"), ("budget:RunMicrovm", "throttle"),
     ("write_before_run", "cancelled"), ("write_after_run", "lost"),

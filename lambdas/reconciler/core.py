@@ -184,6 +184,7 @@ class Slot:
     retiring_ends_at: Optional[float] = None  # the retiring VM's expected end (its start + lifetime)
     room_asked_at: Optional[float] = None  # when a plan last asked to end this parked VM for room
     first_generation: int = 0  # the generation this slot id (asked for again) started at
+    letter: Optional[dict[str, Any]] = None  # its dead letter, until the queue took it (sent again)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -505,6 +506,7 @@ def plan(spec: FleetSpec, ledger: Mapping[str, Slot], observed: Iterable[Observe
                 slot.reason = f"ended early {slot.crashes} times in a row (last: {vm.reason or vm.state})"
                 events.append(_event("slot_dead_lettered", slot, reason=slot.reason, kind="crash",
                                      errors=slot.crashes, last_vm=vm_id))
+                slot.letter = dict(events[-1])  # written with the DEAD slot; sent after the write
             else:
                 requeue(slot, "replaced_after_early_end")
             continue

@@ -50,6 +50,14 @@ HOLDER_SKEW_SECONDS = 35.0
 #: A step waiting for our own suspend or resume to show looks again after this long.
 TRANSITION_POLL_SECONDS = 5.0
 MIN_WAIT_SECONDS = 0.05
+#: An AWS error a step's call site does not handle (a DynamoDB throttle or 500 after the client's
+#: own attempts, a timeout, a transaction cancelled for another reason than the fence): told
+#: (``step_failed``), the ledger read again and the step taken again after 1, 2, 4 s, at most
+#: this many times a tick. Before, any one of them ended the invocation (the fleet waited a
+#: minute: 62 s below min_vms from empty; audit 13). Every write is fenced and every call written
+#: down first, so a step taken again finds what the failed one did (a run by its token).
+MAX_STEP_FAILURES = 3
+STEP_RETRY_SECONDS = 1.0
 #: Steps a tick may take past its deadline for a slot left without a VM that list (ListMicrovms
 #: is shared by every fleet: a list that still shows an ended VM, a refused run), and their spacing.
 MAX_OVERTIME_STEPS = 3
@@ -136,6 +144,7 @@ class Reconciler:
     _held: dict[str, list[float]] = field(default_factory=dict)  # operation -> [ready_at, tokens]
     _confirmed: dict[str, tuple[float, Optional[core.Observed]]] = field(default_factory=dict)
     _told: set = field(default_factory=set)  # strays told in this tick
+    _letters_due: bool = False  # the first step of a tick sends the dead letters the queue refused before
     _offset: float = 0.0  # the service's clock minus ours, from the Date of its answers
     _peek_ids: list = field(default_factory=list)  # VMs the next step asks GetMicrovm about
     _park_at: Optional[float] = None  # when a parked slot's PENDING VM is worth a look (to park it)
@@ -169,16 +178,41 @@ class Reconciler:
         if not self._wait_for_holder(start, deadline_seconds, sleep):
             self.telemetry.flush()
             return {"fleet": self.spec.fleet, "skipped": "holder_covers_fleet"}
-        if not self.begin_tick(lease_seconds, start + deadline_seconds - self.clock()):
+        failures = 0
+        while True:
+            try:
+                began = self.begin_tick(lease_seconds, start + deadline_seconds - self.clock())
+                break
+            except (ClientError, BotoCoreError) as exc:  # the lease's store, after its own attempts
+                failures += 1
+                wait = STEP_RETRY_SECONDS * 2 ** (failures - 1)
+                code = self._step_failed(exc, "begin_tick")
+                if failures >= MAX_STEP_FAILURES or self.clock() + wait >= start + deadline_seconds:
+                    self.telemetry.flush()
+                    return {"fleet": self.spec.fleet, "skipped": "store_error", "code": code}
+                sleep(wait)
+        if not began:
             return {"fleet": self.spec.fleet, "skipped": "tick_in_progress"}  # pragma: no cover - both ledgers' acquire_tick always takes the lease (a fenced takeover)
         steps = overtime_steps = overtime_quiet = 0
         calls = self.api_calls
         outcome: dict[str, Any] = {}
+        demand = True
         try:
-            self._demand_from_ledger()
             while True:
                 lists = self.list_calls
-                result = self.step()
+                try:
+                    if demand:
+                        self._demand_from_ledger()
+                        demand = False
+                    result = self.step()
+                except (ClientError, BotoCoreError) as exc:
+                    failures += 1
+                    outcome["step_failures"] = failures
+                    self._step_failed(exc, "step")
+                    self._loaded = None  # read the ledger again: the failed write may have landed
+                    if failures >= MAX_STEP_FAILURES:
+                        break
+                    result = StepResult(STEP_RETRY_SECONDS * 2 ** (failures - 1))
                 steps += 1
                 if self._deadline > start + deadline_seconds and self.list_calls == lists:
                     overtime_steps, overtime_quiet = overtime_steps - 1, overtime_quiet + 1  # it did not list
@@ -291,6 +325,7 @@ class Reconciler:
             self._deadline = self.clock() + deadline_seconds
             self._told = set()
             self._confirmed = {}
+            self._letters_due = True  # the ledger's unsent dead letters: sent by the first step
             return True
         # A ledger that refuses the lease (both ledgers here always take it over: fence, not clock).
         self._emit({"event": "tick_skipped", "reason": "another tick holds the lease"})  # pragma: no cover - both ledgers' acquire_tick always takes the lease (a fenced takeover)
@@ -312,8 +347,19 @@ class Reconciler:
         self._loaded = None
         self._short_at_start = False
         self._deadline = float("inf")
-        self.ledger.release_tick(self.spec.fleet, self.holder)
+        try:
+            self.ledger.release_tick(self.spec.fleet, self.holder)
+        except (ClientError, BotoCoreError) as exc:
+            # Not released: the lease ends at its recorded end, and the next tick takes it then.
+            self._step_failed(exc, "end_tick")
         self.telemetry.flush()
+
+    def _step_failed(self, exc: Exception, where: str) -> str:
+        """Tell an AWS error no call site handled (``step_failed``); its code."""
+        code = _code(exc) if isinstance(exc, ClientError) else type(exc).__name__
+        self._emit({"event": "step_failed", "where": where, "code": code,
+                    "operation": getattr(exc, "operation_name", None), "error_message": str(exc)[:300]})
+        return code
 
     def step(self) -> StepResult:
         """Observe, plan, act. Returns when the next step is worth taking (None: not this tick)."""
@@ -422,8 +468,11 @@ class Reconciler:
             self._emit(event)
             if event.get("claim_to_complete") is not None:
                 self.telemetry.metric(fleet, "ClaimToComplete", event["claim_to_complete"])
-            if event["event"] == "slot_dead_lettered":
-                self._dead_letter(event)
+        if self._letters_due:  # once a tick, every letter the queue refused before
+            self._letters_due = False
+            self._send_letters(plan.slots)
+        else:
+            self._send_letters(plan.slots, [e["slot"] for e in plan.events if e["event"] == "slot_dead_lettered"])
         for vm_id, entry in sorted(plan.strays.items()):
             if vm_id not in self._told:  # once per tick per stray: its id and age
                 self._told.add(vm_id)
@@ -922,11 +971,14 @@ class Reconciler:
             if not probes_failed:
                 # One message a dead-lettering: a failed probe of a slot already dead-lettered says
                 # so in the timeline only (probes come 1, 2, 4, 8 minutes apart, then every 15).
-                self._dead_letter(event)
+                # Written with the DEAD slot, sent once that write landed (_send_letters).
+                slot.letter = dict(event)
             outcome = "dead"
         elif counted:
             slot.retry_at = now + core.retry_delay(slot.errors)
         self._save(slot, slots)
+        if slot.letter is not None:
+            self._send_letters(slots, [slot.slot_id])
         if deferral is not None and code in BACKOFF_CODES:
             return deferral
         return outcome
@@ -1111,10 +1163,34 @@ class Reconciler:
         if puts or deletes or meta:
             self.ledger.write(self.spec.fleet, self.fence, puts=puts, deletes=deletes, meta=meta or None)
 
-    def _dead_letter(self, event: dict[str, Any]) -> None:
+    def _send_letters(self, slots: dict[str, core.Slot], only: Optional[list[str]] = None) -> None:
+        """Send the dead letters the ledger holds (``Slot.letter``, written with the DEAD slot) and
+        forget each one the queue took. One the queue refuses stays for the next tick's first step
+        (``letters_due``): before, the letter was sent before the DEAD slot was written, and a
+        refused SendMessage (the queue's key, a policy) crashed every tick, the slot never reached
+        DEAD and was asked again each minute; a crash loop's letter refused once was never sent
+        (audit 13)."""
+        for slot_id in sorted(only if only is not None else slots):
+            slot = slots.get(slot_id)
+            if slot is None or slot.letter is None:
+                continue
+            if self._dead_letter(slot.letter):
+                slot.letter = None
+                self._save(slot, slots)
+
+    def _dead_letter(self, event: dict[str, Any]) -> bool:
+        """Whether the dead-letter queue took ``event`` (True without a queue to send to)."""
         # uncovered: 725->exit, every Reconciler that dead-letters in the tests has a sink (the handler always passes one)
-        if self.dead_letters:
+        if not self.dead_letters:
+            return True
+        try:
             self.dead_letters({"fleet": self.spec.fleet, **{k: v for k, v in event.items() if k != "time"}})
+        except Exception as exc:  # noqa: BLE001 - any failure of the queue: told, kept, sent again
+            code = exc.response.get("Error", {}).get("Code") if isinstance(exc, ClientError) else type(exc).__name__
+            self._emit({"event": "dead_letter_failed", "slot": event.get("slot"), "code": code,
+                        "error_message": str(exc)[:300], "reason": "kept in the ledger; sent again by the next tick"})
+            return False
+        return True
 
     def _deferred(self, deferral: Deferral) -> None:
         self.telemetry.metric(self.spec.fleet, "Deferrals", 1, operation=deferral.operation)
