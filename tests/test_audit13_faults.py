@@ -9,7 +9,8 @@ A crashed invocation is caught here (``catch_crashes``) so that the schedule goe
 does: the execution environment stays warm after a handler exception, and the next minute's
 invocation runs in it (``cold=True`` where a new environment is the point).
 
-Breaks found (strict xfails, with their numbers): a refused SQS SendMessage crashes the tick and
+Breaks found (each was a strict xfail with its numbers until fixed; the numbers stay beside each
+test): a refused SQS SendMessage crashes the tick and
 loses the dead-lettering (the slot is retried every tick, or the message of a crash loop is never
 sent); one DynamoDB error after botocore's retries ends the invocation at any position;
 ``max_starts_per_step=0`` is accepted and busy-loops every tick without a word; a Lambda clock more
@@ -145,7 +146,7 @@ def fail_sqs(monkeypatch, code: str = "KMS.AccessDeniedException", status: int =
     return state
 
 
-# Found (a strict xfail until fixed): found: every one of 6 ticks crashed on SendMessage (KMS.AccessDeniedException); the slot stayed
+# Found (a strict xfail until fixed): every one of 6 ticks crashed on SendMessage (KMS.AccessDeniedException); the slot stayed
 # 'starting' (never 'dead'), 8 RunMicrovm in 6 minutes, one each tick (documented: 3, then probes
 # 1 and 3 minutes later: 5); tick.py _run_failed sends the dead letter (line 900) before it saves
 # the DEAD slot (904)
@@ -165,7 +166,7 @@ def test_a_refused_dead_letter_neither_crashes_the_tick_nor_is_lost(aws, monkeyp
         assert not crashes and calls <= 5 and phase == "dead", found
 
 
-# Found (a strict xfail until fixed): found: the tick that dead-lettered the crash-looping slot crashed on SendMessage (1 crash); the slot
+# Found (a strict xfail until fixed): the tick that dead-lettered the crash-looping slot crashed on SendMessage (1 crash); the slot
 # was already written DEAD, so no later tick sends it: 0 messages in the queue 3 minutes after SQS was
 # back (tick.py step: _persist at line 415, then _dead_letter at 423)
 # Fixed: the letter is written with the DEAD slot (Slot.letter) and sent after; a refused one stays for the next tick.
@@ -311,7 +312,7 @@ def dates_on_the_virtual_clock(fleet, monkeypatch) -> None:
 # --------------------------------------------------------------------------- DynamoDB faults
 
 
-# Found (a strict xfail until fixed): found: in each case the invocation ended with the store's exception (ProvisionedThroughputExceeded
+# Found (a strict xfail until fixed): in each case the invocation ended with the store's exception (ProvisionedThroughputExceeded
 # Exception, InternalServerError, TransactionCanceledException [None, ThrottlingError],
 # ReadTimeoutError) and no timeline line names it; 0 of 2 VMs started in that minute (1 of 2 when
 # the write after the first run's answer failed); 62 s below min_vms in the first 2 minutes against
@@ -374,11 +375,11 @@ def test_a_run_not_written_down_is_found_by_its_token_in_a_new_environment(aws, 
 # --------------------------------------------------------------------------- a garbage environment
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "found: FleetReconciler(max_starts_per_step=0) is accepted (no check, rayito_constructs/reconciler.py "
-    "265/354); with MAX_STARTS_PER_STEP=0 one 17 s tick made no RunMicrovm and logged no error, in 325 "
-    "steps, 32 ListMicrovms and 356 DynamoDB requests (two 50 s ticks: 958 steps each, 102 lists, 1,986 "
-    "requests); tick.py step: a run with 'runs >= width' adds a 0 s wait, so the tick steps every 50 ms"))
+# Found (a strict xfail until fixed): FleetReconciler(max_starts_per_step=0) is accepted (no check, rayito_constructs/reconciler.py
+# 265/354); with MAX_STARTS_PER_STEP=0 one 17 s tick made no RunMicrovm and logged no error, in 325
+# steps, 32 ListMicrovms and 356 DynamoDB requests (two 50 s ticks: 958 steps each, 102 lists, 1,986
+# requests); tick.py step: a run with 'runs >= width' adds a 0 s wait, so the tick steps every 50 ms
+# Fixed: refused at synth (1 to 1000), and the Lambda reads less than 1 as 1.
 def test_max_starts_per_step_zero_is_refused_or_told(aws, monkeypatch) -> None:
     """MAX_STARTS_PER_STEP=0 (and negative) leaves a fleet that can never start a VM: refused at
     synth, or one clear logged error and a bounded tick, never a silent busy loop."""
@@ -405,12 +406,13 @@ def test_max_starts_per_step_zero_is_refused_or_told(aws, monkeypatch) -> None:
 # --------------------------------------------------------------------------- the clock
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "found: fleet A's clock 400 s ahead (beyond MAX_CLOCK_OFFSET_SECONDS, so no Date corrects it); one "
-    "InsufficientCapacity on its run wrote backoff_until 405 s ahead of true time in the shared budget "
-    "table, and fleet B (right clock) made its first RunMicrovm 400 s later (documented: 5 s); at 250 s "
-    "ahead (corrected by the Dates) B ran 0.5 s later. budget.py _acquire (line 384) believes any backoff_until "
-    "(the tat has its 'implausible' check)"))
+# Found (a strict xfail until fixed): fleet A's clock 400 s ahead (beyond MAX_CLOCK_OFFSET_SECONDS, so no Date corrects it); one
+# InsufficientCapacity on its run wrote backoff_until 405 s ahead of true time in the shared budget
+# table, and fleet B (right clock) made its first RunMicrovm 400 s later (documented: 5 s); at 250 s
+# ahead (corrected by the Dates) B ran 0.5 s later. budget.py _acquire (line 384) believes any backoff_until
+# (the tat has its 'implausible' check)
+# Fixed: a backoff_until further ahead than the longest backoff a reconciler writes (60 s) and the
+# skew slack is not believed (budget.backoff_believed), in both stores.
 def test_one_clock_far_ahead_does_not_hold_every_fleet_back(aws, monkeypatch) -> None:
     """Two fleets share the stack's budget table. Fleet A's Lambda clock runs 400 s ahead; its first
     RunMicrovm is refused InsufficientCapacity (a shared back off of 5 s, documented). Fleet B's

@@ -4,7 +4,8 @@ emulator over HTTP on a virtual clock, moto), at fleet sizes, quotas and spec ch
 test tried. Every number comes from the emulator's VM histories and request log, moto's items or
 stdout, never from the reconciler's own counters.
 
-Breaks found (strict xfails, with the numbers measured):
+Breaks found (strict xfails with the numbers measured, until each was fixed: then a comment
+beside its test):
 
 * a slot the spec drops and later asks for again starts at generation 0, so its first run reuses
   the client token of the slot's earlier generation-0 VM: a warm slot takes back a client's

@@ -51,6 +51,19 @@ NEXT_IN_LINE_GRACE_SECONDS = 3.0
 MAX_HORIZON_SECONDS = 2.0 + NEXT_IN_LINE_BONUS_SECONDS
 
 
+#: The longest backoff a reconciler writes (a 429's ``retryAfterSeconds`` is capped at 60 s, the
+#: memory quota's 402 backs off 60 s, InsufficientCapacity 5 s). A stored ``backoff_until``
+#: further ahead than this and SKEW_SLACK_SECONDS was written by a clock that runs ahead (past the
+#: 300 s the service's Date corrects) and is not believed: one fleet whose clock ran 400 s ahead
+#: held every fleet's runs back 400 s after one InsufficientCapacity (audit 13).
+MAX_BACKOFF_SECONDS = 60.0
+
+
+def backoff_believed(until: float, now: float) -> bool:
+    """Whether a stored backoff still holds at ``now``: ahead, and not implausibly far ahead."""
+    return now < until <= now + MAX_BACKOFF_SECONDS + SKEW_SLACK_SECONDS
+
+
 def implausible(now: float, interval: float, burst: float) -> float:
     """The arrival time past which the bucket's state comes from a skewed clock: past what an ask
     admitted on the furthest line (horizon, bonus and ``burst - 1`` tokens) of up to ``burst``
@@ -189,7 +202,7 @@ class MemoryBudget(_Gcra):
         queued = asker is not None and horizon > 0
         with self._lock:
             until, why = self._backoff.get(operation, (0.0, ""))
-            if until > now:
+            if backoff_believed(until, now):
                 return Deferral(operation, until - now, f"backoff:{why}")
             tat = max(self._tat.get(operation, now), now)
             if tat > implausible(now, interval, burst):
@@ -209,7 +222,8 @@ class MemoryBudget(_Gcra):
 
     def backoff(self, operation: str, until: float, reason: str) -> None:
         with self._lock:
-            if self._backoff.get(operation, (0.0, ""))[0] < until:
+            held = self._backoff.get(operation, (0.0, ""))[0]
+            if held < until or held > until + MAX_BACKOFF_SECONDS + SKEW_SLACK_SECONDS:
                 self._backoff[operation] = (until, reason)
 
     def remaining(self, operation: str, now: float) -> float:
@@ -274,9 +288,9 @@ class DynamoDBBudget(_Gcra):
                 Key={"operation": {"S": operation}},
                 UpdateExpression="SET tat = tat + :step REMOVE next_asker, next_until",
                 ConditionExpression=("tat > :now AND tat <= :limit AND next_asker = :me AND "
-                                     "(attribute_not_exists(backoff_until) OR backoff_until <= :now)"),
+                                     "(attribute_not_exists(backoff_until) OR backoff_until <= :now OR backoff_until > :far)"),
                 ExpressionAttributeValues={":now": _n(now), ":step": _n(cost * interval), ":limit": _n(limit),
-                                           ":me": {"S": asker}},
+                                           ":me": {"S": asker}, ":far": _n(now + MAX_BACKOFF_SECONDS + SKEW_SLACK_SECONDS)},
                 ReturnValues="UPDATED_NEW",
                 ReturnValuesOnConditionCheckFailure="ALL_OLD",
             )
@@ -284,10 +298,11 @@ class DynamoDBBudget(_Gcra):
             old = exc.response.get("Item") or {}
             until = float(old.get("backoff_until", {}).get("N", 0))
             tat = float(old.get("tat", {}).get("N", now))
-            if (old.get("next_asker", {}).get("S") == asker and until <= now
+            backed_off = backoff_believed(until, now)
+            if (old.get("next_asker", {}).get("S") == asker and not backed_off
                     and (tat <= now or tat > implausible(now, interval, burst))):
                 return self._as_first_reset(operation, now, cost, interval, burst, asker)
-            if old.get("next_asker", {}).get("S") != asker or until > now:
+            if old.get("next_asker", {}).get("S") != asker or backed_off:
                 self._in_line.discard((operation, asker))
                 return None  # another asker's place now, or a backoff: the plain ask says
             self._last_tat[operation] = tat
@@ -314,9 +329,10 @@ class DynamoDBBudget(_Gcra):
                 Key={"operation": {"S": operation}},
                 UpdateExpression="SET tat = :new REMOVE next_asker, next_until",
                 ConditionExpression=("(tat <= :now OR tat > :skewed) AND next_asker = :me AND "
-                                     "(attribute_not_exists(backoff_until) OR backoff_until <= :now)"),
+                                     "(attribute_not_exists(backoff_until) OR backoff_until <= :now OR backoff_until > :far)"),
                 ExpressionAttributeValues={":now": _n(now), ":new": _n(now + cost * interval), ":me": {"S": asker},
-                                           ":skewed": _n(implausible(now, interval, burst))},
+                                           ":skewed": _n(implausible(now, interval, burst)),
+                                           ":far": _n(now + MAX_BACKOFF_SECONDS + SKEW_SLACK_SECONDS)},
             )
         # uncovered: the bucket moved between the refused ask of the place's holder and this write (another process's grant); no single-process test makes that race
         except self._ddb.exceptions.ConditionalCheckFailedException:
@@ -348,12 +364,12 @@ class DynamoDBBudget(_Gcra):
                  horizon: float) -> tuple[Decision, Optional[dict[str, Any]]]:
         """The plain ask (no place in line), and the item a refused write returned."""
         key = {"operation": {"S": operation}}
-        not_in_backoff = "(attribute_not_exists(backoff_until) OR backoff_until <= :now)"
+        not_in_backoff = "(attribute_not_exists(backoff_until) OR backoff_until <= :now OR backoff_until > :far)"
         idle_first = self._last_tat.get(operation, 0.0) <= now
         attempts = ("idle", "busy") if idle_first else ("busy", "idle")
         old: Optional[dict[str, Any]] = None
         for attempt in attempts:
-            values = {":now": _n(now)}
+            values = {":now": _n(now), ":far": _n(now + MAX_BACKOFF_SECONDS + SKEW_SLACK_SECONDS)}
             if attempt == "idle":
                 update = "SET tat = :new"
                 condition = f"(attribute_not_exists(tat) OR tat <= :now OR tat > :skewed) AND {not_in_backoff}"
@@ -381,7 +397,7 @@ class DynamoDBBudget(_Gcra):
                 if old is None:
                     continue
                 until = float(old.get("backoff_until", {}).get("N", 0))
-                if until > now:
+                if backoff_believed(until, now):
                     return Deferral(operation, until - now, f"backoff:{old.get('backoff_reason', {}).get('S', '')}"), old
                 tat = float(old.get("tat", {}).get("N", now))
                 self._last_tat[operation] = tat
@@ -401,8 +417,10 @@ class DynamoDBBudget(_Gcra):
                 TableName=self._table,
                 Key={"operation": {"S": operation}},
                 UpdateExpression="SET backoff_until = :until, backoff_reason = :why",
-                ConditionExpression="attribute_not_exists(backoff_until) OR backoff_until < :until",
-                ExpressionAttributeValues={":until": _n(until), ":why": {"S": reason}},
+                # A longer backoff in force stays, unless a clock far ahead wrote it (not believed).
+                ConditionExpression="attribute_not_exists(backoff_until) OR backoff_until < :until OR backoff_until > :far",
+                ExpressionAttributeValues={":until": _n(until), ":why": {"S": reason},
+                                           ":far": _n(until + MAX_BACKOFF_SECONDS + SKEW_SLACK_SECONDS)},
             )
         except self._ddb.exceptions.ConditionalCheckFailedException:
             pass  # a longer backoff is already in force

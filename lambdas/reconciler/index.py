@@ -78,8 +78,10 @@ def spec_from_env(env: Optional[dict[str, str]] = None) -> FleetSpec:
         idle_seconds=int(idle) if idle else None,
         execution_role_arn=env.get("EXECUTION_ROLE_ARN") or None,
         successor_lead_seconds=number("SUCCESSOR_LEAD_SECONDS", 900.0),
-        max_start_attempts=int(number("MAX_START_ATTEMPTS", 3)),
-        max_starts_per_step=int(number("MAX_STARTS_PER_STEP", 10)),
+        # At least 1 each (the construct refuses less): a width of 0 never started a VM and
+        # stepped every 50 ms; 0 attempts dead-lettered a slot on its first error.
+        max_start_attempts=max(1, int(number("MAX_START_ATTEMPTS", 3))),
+        max_starts_per_step=max(1, int(number("MAX_STARTS_PER_STEP", 10))),
         image_version=env.get("IMAGE_VERSION") or None,
         base_rollout=env.get("BASE_ROLLOUT") or "on_expiry",
         shared_image=bool(json.loads(env.get("SHARED_WITH") or "[]")),
