@@ -541,3 +541,48 @@ def test_a_successor_without_room_looks_again_before_the_end_when_others_hold_th
     # Too close to the end for a look to help: only the end's.
     late = core.plan(FleetSpec("f", "arn", 1, 2), {"base-0": slot}, [mine, client], end - 5)
     assert late.wake_at == end + core.EXPIRY_WAKE_SECONDS
+
+
+def test_a_slot_id_asked_for_again_goes_on_from_its_next_generation() -> None:
+    """``core.retired_generations``: the slots a plan dropped (members aside: they never run) leave
+    their next generation; a later spec that asks for the id again starts there, and that slot's
+    first VM still gets its staggered lifetime (``first_generation``). Its client token is never
+    one of its earlier VMs'."""
+    from lambdas.reconciler import core
+
+    spec = FleetSpec("f", "arn", 1, 4, warm_vms=2)
+    before = {"base-0": core.Slot("base-0", core.BASE, generation=3), "warm-0": core.Slot("warm-0", core.WARM, generation=2),
+              "warm-1": core.Slot("warm-1", core.WARM, generation=0), "member-x": core.Slot("member-x", core.MEMBER)}
+    after = {"base-0": before["base-0"]}
+    assert core.retired_generations(before, before) is None
+    assert core.retired_generations(before, after, {"warm-0": 7, "base-9": 1}) == {"warm-0": 7, "warm-1": 1, "base-9": 1}
+    plan = core.plan(spec, after, [], 100.0, retired={"warm-0": 7, "warm-1": 1})
+    warm0, warm1 = plan.slots["warm-0"], plan.slots["warm-1"]
+    assert (warm0.generation, warm0.first_generation, warm1.generation) == (7, 7, 1)
+    admitted = core.admit_run(spec, warm0, core.Intent("run", "warm-0", role=core.WARM), 100.0)
+    assert admitted.lifetime == core.first_lifetime(spec, "warm-0", core.WARM)
+    tokens = {core.client_token("e", "f", "warm-0", g) for g in range(7)}
+    assert core.client_token("e", "f", "warm-0", admitted.generation) not in tokens
+
+
+def test_without_room_for_new_vms_base_slots_take_parked_vms_first() -> None:
+    """``no_room`` (the account's shared backoff for the memory quota or capacity, whichever fleet
+    met it) or a parked slot's run refused for room in the last minute: a base slot without a VM
+    takes a parked VM, and no parked slot is refilled; a parked slot's refusal older than
+    ROOM_REFUSED_SECONDS no longer holds its refill back."""
+    from lambdas.reconciler import core
+
+    spec = FleetSpec("f", "arn", 2, 4, warm_vms=2)
+    parked = core.Slot("warm-0", core.WARM, phase=core.PARKED, microvm_id="vm-p", vm_started_at=50.0, lifetime=28_800)
+    slots = {"base-0": core.Slot("base-0", core.BASE, phase=core.RUNNING, microvm_id="vm-b", vm_started_at=50.0),
+             "base-1": core.Slot("base-1", core.BASE), "warm-0": parked,
+             "warm-1": core.Slot("warm-1", core.WARM, reason="ServiceQuotaExceededException: no room", requested_at=90.0)}
+    seen = [core.Observed("vm-b", "RUNNING", 50.0), core.Observed("vm-p", "SUSPENDED", 50.0)]
+
+    def kinds(plan: core.Plan) -> list[tuple[str, str]]:
+        return [(i.kind, i.slot_id) for i in plan.intents if i.kind in ("run", "resume")]
+
+    assert kinds(core.plan(spec, slots, seen, 100.0)) == [("resume", "base-1")]  # warm-1 refused 10 s ago
+    assert sorted(kinds(core.plan(spec, slots, seen, 100.0 + core.ROOM_REFUSED_SECONDS))) == [("run", "base-1"),
+                                                                                             ("run", "warm-1")]
+    assert kinds(core.plan(spec, slots, seen, 200.0, no_room=True)) == [("resume", "base-1")]

@@ -73,7 +73,7 @@ def lease_story(ledger: Any) -> list[Any]:
     ledger.save(fleet, Slot("member-0", "member", microvm_id="vm-3"))
     ledger.delete(fleet, "warm-0")
     ledger.write(fleet, None, puts=[Slot("member-1", "member", microvm_id="vm-4")], deletes=["member-0"],
-                 meta={"spec": "def"})
+                 meta={"spec": "def", "retired": {"warm-0": 1}})
     slots, stats = ledger.peek(fleet)
     seen.append(("slots", sorted((s.slot_id, s.microvm_id, s.retiring_id) for s in slots.values())))
     seen.append(("stats", {k: v for k, v in stats.items() if k != "epoch"}))
@@ -112,7 +112,8 @@ EXPECTED = [
     ("still_held_by_b", "ok"),
     ("released", None),
     ("slots", [("base-0", "vm-1", None), ("member-1", "vm-4", None)]),
-    ("stats", {"run_attempts": 3, "slots_filled": 2, "spec": "def", "strays": {"vm-9": "RUNNING"}}),
+    ("stats", {"run_attempts": 3, "slots_filled": 2, "spec": "def", "strays": {"vm-9": "RUNNING"},
+               "retired": {"warm-0": 1}}),
     ("vm_ids", ["vm-1", "vm-4"]),
     ("off_fence", 1),
     ("is_off", True),

@@ -90,6 +90,9 @@ DEAD_PROBE_FIRST_SECONDS = 60.0
 #: The refusals that say the account has no room for another VM now (the memory quota's 402,
 #: InsufficientCapacity): no new VM for any slot of ours until VMs end or capacity returns.
 REFUSED_FOR_ROOM = ("ServiceQuotaExceededException", "InsufficientCapacityException")
+#: How long a parked slot's run refused for room keeps base slots first (their runs take parked
+#: VMs, parked slots wait): the memory quota's shared backoff (60 s).
+ROOM_REFUSED_SECONDS = 60.0
 #: Words of the ``stateReason`` of ends that are no crash: a TerminateMicrovm (measured:
 #: "Success."), the end of the lifetime ("MicroVM exceeded maximum lifetime.") or of an idle
 #: policy's suspended duration ("MicroVM exceeded suspended duration.").
@@ -415,7 +418,7 @@ def stray_is_idle(entry: Mapping[str, Any], vm: Observed, now: float, grace: flo
 
 def plan(spec: FleetSpec, ledger: Mapping[str, Slot], observed: Iterable[Observed], now: float, *,
          others: Iterable[str] = (), strays: Optional[Mapping[str, Mapping[str, Any]]] = None,
-         redrive: bool = False, retired: Optional[Mapping[str, int]] = None) -> Plan:
+         redrive: bool = False, retired: Optional[Mapping[str, int]] = None, no_room: bool = False) -> Plan:
     """Reconcile the ledger with what the service shows; return the new ledger and the intents.
 
     :param observed: ListMicrovms items of the image, and GetMicrovm answers for VMs of ours the
@@ -427,6 +430,8 @@ def plan(spec: FleetSpec, ledger: Mapping[str, Slot], observed: Iterable[Observe
         (:func:`retired_generations`): a slot asked for again starts there, never at 0, so its
         client tokens are not those of its earlier VMs (the service would answer one of them: a
         client's session a parked VM became, a member, a VM long ended).
+    :param no_room: the account refuses new VMs for room now (a shared backoff for the memory
+        quota or capacity, whichever fleet met it): base slots take parked VMs, parked slots wait.
     """
     slots = {k: copy.copy(v) for k, v in ledger.items()}
     seen = {o.microvm_id: o for o in observed}
@@ -727,7 +732,15 @@ def plan(spec: FleetSpec, ledger: Mapping[str, Slot], observed: Iterable[Observe
         handovers.append(Intent("resume", intent.slot_id, donor.microvm_id, role=BASE, reason="handover",
                                 donor=donor.slot_id))
 
-    full = [r for r in runs if not r.retry and r.role == BASE and refused_for_room(slots[r.slot_id])]
+    # The account's refusal is the account's state, whichever slot met it: a parked slot's refill
+    # refused for room (it may come first in the start order) means a base slot's run would be
+    # refused too, and the shared backoff keeps it from even being tried. Before, warm-2 took the
+    # 402 every tick and base-2 was never refused, so it never took a parked VM (audit 13: min 3 /
+    # warm 3 / max 6 with room for 4, 2 RUNNING and 2 SUSPENDED for 8 minutes). A parked slot's
+    # refusal counts for ROOM_REFUSED_SECONDS (the quota's backoff), then its refill is tried again.
+    room_refused = no_room or any(refused_for_room(s) and (s.role == BASE or now - (s.requested_at or now) < ROOM_REFUSED_SECONDS)
+                       for s in slots.values() if s.role in (BASE, WARM) and not s.draining)
+    full = [r for r in runs if not r.retry and r.role == BASE and (room_refused or refused_for_room(slots[r.slot_id]))]
     if full:
         for intent in [r for r in runs if not r.retry and r.role != BASE]:
             runs.remove(intent)

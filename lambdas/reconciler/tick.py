@@ -103,6 +103,10 @@ MAX_CLOCK_OFFSET_SECONDS = 300.0
 #: InsufficientCapacity is not measured; it is retried soon, by every reconciler together.
 CAPACITY_BACKOFF_SECONDS = 5.0
 BACKOFF_CODES = {"ThrottlingException", "ServiceQuotaExceededException", "InsufficientCapacityException"}
+#: The shared backoffs that say the account has no room for a new VM (their reasons).
+ROOM_BACKOFFS = ("backoff:memory_quota", "backoff:insufficient_capacity")
+#: A step whose runs learned the account has no room plans again this soon (a handover).
+ROOM_REPLAN_SECONDS = 0.5
 REQUEST_FAILURES = {"ValidationException", "ResourceNotFoundException", "AccessDeniedException"}
 SERVICE_FAILURES = {"ServiceQuotaExceededException", "InsufficientCapacityException"}
 #: RunMicrovm refusals that come after the service weighed making a VM for the token: the only ones
@@ -145,6 +149,7 @@ class Reconciler:
     _confirmed: dict[str, tuple[float, Optional[core.Observed]]] = field(default_factory=dict)
     _told: set = field(default_factory=set)  # strays told in this tick
     _letters_due: bool = False  # the first step of a tick sends the dead letters the queue refused before
+    _no_room_until: float = float("-inf")  # the account refuses new VMs for room until then (shared clock)
     _offset: float = 0.0  # the service's clock minus ours, from the Date of its answers
     _peek_ids: list = field(default_factory=list)  # VMs the next step asks GetMicrovm about
     _park_at: Optional[float] = None  # when a parked slot's PENDING VM is worth a look (to park it)
@@ -372,6 +377,13 @@ class Reconciler:
             if operation in self._held:
                 continue
             decision = self._admit(operation, now, count)
+            if isinstance(decision, Deferral) and decision.reason in ROOM_BACKOFFS:
+                # The account has no room for a new VM (402, no capacity): not worth waiting for
+                # before a plan, which hands parked VMs to base slots without a RunMicrovm (with
+                # the quota's 60 s backoff every tick waited it out, and no base slot ever took
+                # a parked VM: audit 13).
+                del self._demand[operation]
+                continue
             if isinstance(decision, Deferral):
                 demand_waits.append(decision.retry_after_seconds)
                 continue
@@ -451,8 +463,10 @@ class Reconciler:
         observed = self._unread_doubts_hidden(observed, slots)
         others = self.ledger.load_vm_ids(self.siblings) if self.siblings else set()
         fingerprint = self.spec.fingerprint()
+        no_room = self._no_room_until > now
         plan = core.plan(self.spec, slots, observed, now, others=others, strays=stats.get("strays") or {},
-                         redrive=stats.get("spec") not in (None, fingerprint), retired=stats.get("retired") or {})
+                         redrive=stats.get("spec") not in (None, fingerprint), retired=stats.get("retired") or {},
+                         no_room=no_room)
         meta: dict[str, Any] = {}
         retired = core.retired_generations(slots, plan.slots, stats.get("retired"))
         if retired is not None:
@@ -549,6 +563,11 @@ class Reconciler:
                     # uncovered: Suspend/Terminate/Resume budget empty beyond the reserve horizon (2 s): dozens of fleets parking at once; the tests never exhaust those quotas
                     if decision.reason == "budget_empty" and intent.kind in ("suspend", "terminate", "resume"):
                         self._demand[operation] = want
+        if not no_room and self._no_room_until > now and _parked_for_base(slots):
+            # The account said "no room" during this step's runs: a plan soon hands parked VMs to
+            # the base slots still without one (left to the next tick, three base slots of 40
+            # waited a minute with 13 VMs parked).
+            waits.append(ROOM_REPLAN_SECONDS)
         # What a tick may work past its deadline for: a base VM that nothing replaces before its
         # end, wanted slots still without a VM after this step's runs (refused, or no token yet;
         # first fills too; not one that waits for room under max_vms: clients may hold it for
@@ -843,6 +862,8 @@ class Reconciler:
         decision = self.budget.acquire(operation, now, cost=cost, horizon=horizon, asker=self.spec.fleet,
                                        horizon_cap=reach)
         if isinstance(decision, Deferral):
+            if decision.reason in ROOM_BACKOFFS:  # another fleet (or an earlier tick) met the refusal
+                self._no_room_until = max(self._no_room_until, now + decision.retry_after_seconds)
             self._deferred(decision)
             return decision
         if decision.wait_seconds <= 1e-6:
@@ -1149,9 +1170,11 @@ class Reconciler:
         elif code == "ServiceQuotaExceededException":
             retry_after = QUOTA_BACKOFF_SECONDS
             self.budget.backoff(operation, now + retry_after, "memory_quota")
+            self._no_room_until = max(self._no_room_until, now + retry_after)
         elif code == "InsufficientCapacityException":
             retry_after = CAPACITY_BACKOFF_SECONDS
             self.budget.backoff(operation, now + retry_after, "insufficient_capacity")
+            self._no_room_until = max(self._no_room_until, now + retry_after)
         self._emit({"event": "api_error", "operation": operation, "code": code,
                     "error_message": exc.response.get("Error", {}).get("Message"), "retry_after": retry_after})
         return Deferral(operation, retry_after, f"error:{code}")
@@ -1275,6 +1298,13 @@ def _lost_answer(exc: Exception) -> bool:
         status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0)
         return status >= 500 or (status == 0 and _code(exc) not in REQUEST_FAILURES | BACKOFF_CODES | {"ConflictException"})
     return not isinstance(exc, (ConnectTimeoutError, EndpointConnectionError))
+
+
+def _parked_for_base(slots: dict[str, core.Slot]) -> bool:
+    """A base slot without a VM, and a parked VM it could take (``core.plan``'s handover)."""
+    short = any(s.role == core.BASE and s.microvm_id is None and s.phase != core.DEAD for s in slots.values())
+    return short and any(s.role == core.WARM and s.phase == core.PARKED and s.microvm_id and not s.draining
+                         and not s.ending for s in slots.values())
 
 
 def _code(exc: ClientError) -> str:
