@@ -348,6 +348,41 @@ def test_one_store_error_after_its_retries_does_not_end_the_invocation(aws, monk
         assert not crashes and started == 2 and told and below <= 4.0, found
 
 
+@pytest.mark.parametrize("position", ["lease_acquire", "query"])
+def test_a_store_that_keeps_failing_ends_the_tick_cleanly_and_calls_nothing(aws, monkeypatch, position) -> None:
+    """DynamoDB refuses the lease (or every ledger Query) for a whole tick: three tries (1 s and
+    2 s apart, MAX_STEP_FAILURES), each told (``step_failed``), then the invocation ends without an
+    exception and without a single MicroVMs call; the fault gone, the next tick fills the fleet."""
+    crashes = catch_crashes(monkeypatch)
+    faults = StoreFaults(monkeypatch)
+    faults.add(position, "500", times=None)
+    with deployed_fleet(aws, env={"MIN_VMS": "2", "WARM_VMS": "0", "MAX_VMS": "2"}, pending_seconds=2) as fleet:
+        first = fleet.invoke(monkeypatch)
+        told = first.events("step_failed")
+        found = dict(result=first.result, told=len(told), calls=dict(first.calls), crashes=len(crashes))
+        expected = {"skipped": "store_error", "code": "InternalServerError"} if position == "lease_acquire" else {"step_failures": 3}
+        assert {k: first.result.get(k) for k in expected} == expected and len(told) == 3, found
+        assert not crashes and not first.calls.get("RunMicrovm"), found
+        faults.rules.clear()
+        fleet.clock.advance(60)
+        fleet.every_minute(monkeypatch, 1)
+        assert len(fleet.ours()) == 2 and not crashes
+
+
+def test_a_lease_release_that_fails_is_told_and_the_next_tick_takes_the_lease(aws, monkeypatch) -> None:
+    """The release at a tick's end refused: told (``step_failed`` where ``end_tick``), no exception;
+    the next minute's tick takes the lease (its recorded end has passed) and goes on."""
+    crashes = catch_crashes(monkeypatch)
+    faults = StoreFaults(monkeypatch)
+    faults.add("lease_release", "throttle", times=1)
+    with deployed_fleet(aws, env={"MIN_VMS": "1", "WARM_VMS": "0", "MAX_VMS": "2"}, pending_seconds=2) as fleet:
+        first = fleet.invoke(monkeypatch)
+        assert [e["where"] for e in first.events("step_failed")] == ["end_tick"] and not crashes
+        fleet.clock.advance(60)
+        second = fleet.invoke(monkeypatch)
+        assert "skipped" not in second.result and not second.events("step_failed") and len(fleet.ours()) == 1
+
+
 @pytest.mark.parametrize("position,kind", [("write_after_run", "throttle"), ("write_after_run", "lost"),
                                            ("write_before_run", "lost")])
 def test_a_run_not_written_down_is_found_by_its_token_in_a_new_environment(aws, monkeypatch, position, kind) -> None:

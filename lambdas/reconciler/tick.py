@@ -952,6 +952,7 @@ class Reconciler:
             return deferral  # type: ignore[return-value]
         if code == "ConflictException" and exc.response.get("resourceType") == "Microvm" and exc.response.get("resourceId"):
             # The token already made a VM (with other parameters): the service names it, it is ours.
+            # uncovered: a 409 naming a VM another slot holds needs an old token sent with other parameters; the 200 path is tested (test_audit13_scale)
             if self._held_elsewhere(slot, str(exc.response["resourceId"]), slots):
                 return "retry_later"
             slot.microvm_id = str(exc.response["resourceId"])
