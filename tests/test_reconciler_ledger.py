@@ -112,7 +112,7 @@ EXPECTED = [
     ("still_held_by_b", "ok"),
     ("released", None),
     ("slots", [("base-0", "vm-1", None), ("member-1", "vm-4", None)]),
-    ("stats", {"run_attempts": 3, "slots_filled": 2, "spec": "def", "strays": {"vm-9": "RUNNING"},
+    ("stats", {"run_attempts": 3, "slots_filled": 2, "spec": "def", "strays": {"vm-9": "RUNNING"}, "letters": {},
                "retired": {"warm-0": 1}}),
     ("vm_ids", ["vm-1", "vm-4"]),
     ("off_fence", 1),

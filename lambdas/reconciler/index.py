@@ -46,6 +46,9 @@ MICROVMS_CONFIG = Config(retries={"total_max_attempts": 1, "mode": "standard"}, 
 #: The stores: a few quick attempts (throttling of the tables is rare and retrying it is safe:
 #: every write is conditional), and timeouts so a hung store cannot hold the tick.
 STORE_CONFIG = Config(retries={"total_max_attempts": 3, "mode": "standard"}, connect_timeout=3, read_timeout=5)
+#: The dead-letter queue: one quick attempt (a letter the queue does not take stays in the ledger
+#: and is sent again by the next tick), so a queue that hangs costs a tick at most 5 s.
+LETTER_CONFIG = Config(retries={"total_max_attempts": 1, "mode": "standard"}, connect_timeout=2, read_timeout=3)
 #: Seconds a tick leaves before the invocation's own timeout.
 DEADLINE_MARGIN_SECONDS = 8.0
 
@@ -123,7 +126,7 @@ def build(env: Optional[dict[str, str]] = None, telemetry: Any = None) -> Reconc
     spec = spec_from_env(env)
     telemetry = telemetry if telemetry is not None else telemetry_for(spec.fleet, env)
     queue_url = env.get("DEAD_LETTER_QUEUE_URL")
-    sqs = aws.client("sqs", config=STORE_CONFIG) if queue_url else None
+    sqs = aws.client("sqs", config=LETTER_CONFIG) if queue_url else None
 
     def dead_letter(record: dict[str, Any]) -> None:
         # uncovered: 120->exit, no DEAD_LETTER_QUEUE_URL: the construct always sets it; kept for running by hand

@@ -13,7 +13,8 @@ DynamoDB layout (partition key ``fleet``, sort key ``key``):
   of an earlier one), ``run_attempts`` and ``slots_filled`` (retry amplification), ``spec`` (the
   fingerprint of the spec the last tick ran), ``strays`` (foreign VMs seen, as JSON) and
   ``retired`` (the next generation of each slot id the spec dropped, as JSON: a slot asked for
-  again later starts there, so its client tokens are never those of its earlier VMs).
+  again later starts there, so its client tokens are never those of its earlier VMs) and
+  ``letters`` (dead letters of slots a spec dropped before the queue took them, as JSON).
 
 **Off.** The fleet's teardown (``teardown.py``, when the fleet is deleted) sets ``off`` on the
 ``#tick`` item in the same update that increments the fence: a tick already running fails its next
@@ -42,7 +43,7 @@ class FleetOff(Exception):
 
 def _new_stats() -> dict[str, Any]:
     return {"epoch": secrets.token_hex(4), "run_attempts": 0, "slots_filled": 0, "spec": None, "strays": {},
-            "retired": {}}
+            "retired": {}, "letters": {}}
 
 
 class MemoryLedger:
@@ -282,6 +283,7 @@ class DynamoDBLedger:
                     "spec": item.get("spec", {}).get("S"),
                     "strays": json.loads(item.get("strays", {}).get("S", "{}")),
                     "retired": json.loads(item.get("retired", {}).get("S", "{}")),
+                    "letters": json.loads(item.get("letters", {}).get("S", "{}")),
                 }
         return slots, stats
 

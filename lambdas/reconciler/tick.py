@@ -105,6 +105,9 @@ CAPACITY_BACKOFF_SECONDS = 5.0
 BACKOFF_CODES = {"ThrottlingException", "ServiceQuotaExceededException", "InsufficientCapacityException"}
 #: The shared backoffs that say the account has no room for a new VM (their reasons).
 ROOM_BACKOFFS = ("backoff:memory_quota", "backoff:insufficient_capacity")
+#: The longest a dead letter's SendMessage may take (index.LETTER_CONFIG: one attempt, 2 s to
+#: connect, 3 s to read, and a margin): one is sent only with that much of the invocation left.
+LETTER_SEND_SECONDS = 6.0
 #: A step whose runs learned the account has no room plans again this soon (a handover).
 ROOM_REPLAN_SECONDS = 0.5
 REQUEST_FAILURES = {"ValidationException", "ResourceNotFoundException", "AccessDeniedException"}
@@ -148,7 +151,9 @@ class Reconciler:
     _held: dict[str, list[float]] = field(default_factory=dict)  # operation -> [ready_at, tokens]
     _confirmed: dict[str, tuple[float, Optional[core.Observed]]] = field(default_factory=dict)
     _told: set = field(default_factory=set)  # strays told in this tick
-    _letters_due: bool = False  # the first step of a tick sends the dead letters the queue refused before
+    _letters_due: bool = False  # a step of the tick sends the dead letters the queue refused before
+    _letters_blocked: bool = False  # a send failed in this tick: the others wait for the next one
+    _hard_stop: float = float("inf")  # this clock's time past which the invocation makes no call
     _no_room_until: float = float("-inf")  # the account refuses new VMs for room until then (shared clock)
     _offset: float = 0.0  # the service's clock minus ours, from the Date of its answers
     _peek_ids: list = field(default_factory=list)  # VMs the next step asks GetMicrovm about
@@ -180,6 +185,9 @@ class Reconciler:
         during the overtime takes it over at once, and the fence stops this one at its next write."""
         sleep = self._sleep = sleep or self.sleep
         start = self.clock()
+        # No call starts past the deadline and the overtime (the invocation's time less its margin):
+        # a store answering 2.5 s late ran a tick's intents to 110 s, past the function's 65 s.
+        self._hard_stop = start + deadline_seconds + overtime_seconds
         if not self._wait_for_holder(start, deadline_seconds, sleep):
             self.telemetry.flush()
             return {"fleet": self.spec.fleet, "skipped": "holder_covers_fleet"}
@@ -205,6 +213,8 @@ class Reconciler:
         try:
             while True:
                 lists = self.list_calls
+                if self.clock() >= self._hard_stop:
+                    break
                 try:
                     if demand:
                         self._demand_from_ledger()
@@ -330,7 +340,8 @@ class Reconciler:
             self._deadline = self.clock() + deadline_seconds
             self._told = set()
             self._confirmed = {}
-            self._letters_due = True  # the ledger's unsent dead letters: sent by the first step
+            self._letters_due = True  # the ledger's unsent dead letters: sent by a step with time left
+            self._letters_blocked = False
             return True
         # A ledger that refuses the lease (both ledgers here always take it over: fence, not clock).
         self._emit({"event": "tick_skipped", "reason": "another tick holds the lease"})  # pragma: no cover - both ledgers' acquire_tick always takes the lease (a fenced takeover)
@@ -471,6 +482,12 @@ class Reconciler:
         retired = core.retired_generations(slots, plan.slots, stats.get("retired"))
         if retired is not None:
             meta["retired"] = retired  # in the same fenced write as the deletes
+        # A letter of a slot the plan drops (the spec lowered) moves to #stats, in the same write.
+        orphans = dict(stats.get("letters") or {})
+        dropped = {f"{s.slot_id}#{s.generation}": s.letter for k, s in slots.items() if k not in plan.slots and s.letter}
+        if dropped:
+            orphans.update(dropped)
+            meta["letters"] = orphans
         if stats.get("spec") != fingerprint:
             meta["spec"] = fingerprint
         if _stray_keys(plan.strays) != _stray_keys(stats.get("strays") or {}):
@@ -482,11 +499,7 @@ class Reconciler:
             self._emit(event)
             if event.get("claim_to_complete") is not None:
                 self.telemetry.metric(fleet, "ClaimToComplete", event["claim_to_complete"])
-        if self._letters_due:  # once a tick, every letter the queue refused before
-            self._letters_due = False
-            self._send_letters(plan.slots)
-        else:
-            self._send_letters(plan.slots, [e["slot"] for e in plan.events if e["event"] == "slot_dead_lettered"])
+        fresh_letters = [e["slot"] for e in plan.events if e["event"] == "slot_dead_lettered"]
         for vm_id, entry in sorted(plan.strays.items()):
             if vm_id not in self._told:  # once per tick per stray: its id and age
                 self._told.add(vm_id)
@@ -507,6 +520,8 @@ class Reconciler:
         at_max: set[str] = set()  # slots whose run waits for room under max_vms (clients' VMs, say)
         park_waits: list[float] = []  # when suspends the shared budget deferred come due
         for intent in plan.intents:
+            if self.clock() >= self._hard_stop:
+                break  # the invocation's time is up: the rest waits for the next tick
             if suspends_only and intent.kind in ("terminate", "resume"):
                 waits.append(0.0)  # a parked VM a client may have taken since: after a fresh list
                 continue
@@ -563,6 +578,13 @@ class Reconciler:
                     # uncovered: Suspend/Terminate/Resume budget empty beyond the reserve horizon (2 s): dozens of fleets parking at once; the tests never exhaust those quotas
                     if decision.reason == "budget_empty" and intent.kind in ("suspend", "terminate", "resume"):
                         self._demand[operation] = want
+        # Dead letters after the step's calls (a queue that hangs must not hold the runs back): the
+        # ones this plan made, and once a tick every one the queue refused before.
+        if self._letters_due:
+            self._letters_due = False
+            self._send_letters(slots, orphans=orphans)
+        else:
+            self._send_letters(slots, fresh_letters, orphans=orphans)
         if not no_room and self._no_room_until > now and _parked_for_base(slots):
             # The account said "no room" during this step's runs: a plan soon hands parked VMs to
             # the base slots still without one (left to the next tick, three base slots of 40
@@ -804,11 +826,21 @@ class Reconciler:
         ListMicrovms and no RunMicrovm (audit 13)."""
         observed: list[core.Observed] = []
         token: Optional[str] = None
+        pages = 0
         while True:
             decision = self._admit("ListMicrovms", self._now() if token else now)
             if isinstance(decision, Deferral):
                 wait = decision.retry_after_seconds
-                if not token or not wait < float("inf") or self.clock() + wait >= self._deadline:
+                if token and (not wait < float("inf") or self.clock() + wait >= self._deadline):
+                    # A list longer than the tick's share of the ListMicrovms budget allows: never
+                    # completes (a known limit: docs/reconciler.md, "Errors"); said, once a tick.
+                    if "list_incomplete" not in self._told:
+                        self._told.add("list_incomplete")
+                        self._emit({"event": "list_incomplete", "pages_read": pages,
+                                    "listed_so_far": len(observed), "reason": "the ListMicrovms budget "
+                                    "left no token for the next page before the tick's deadline"})
+                    return decision
+                if not token:
                     return decision
                 (self._sleep or self.sleep)(max(MIN_WAIT_SECONDS, wait))
                 continue
@@ -829,6 +861,7 @@ class Reconciler:
                 self._emit({"event": "api_error", "operation": "ListMicrovms", "code": type(exc).__name__})
                 return Deferral("ListMicrovms", 1.0, "error:" + type(exc).__name__)
             self._learn_offset(page)
+            pages += 1
             for item in page.get("items") or []:
                 self._read_at[item["microvmId"]] = now
                 observed.append(core.Observed(item["microvmId"], item["state"], _epoch(item["startedAt"]),
@@ -1196,7 +1229,8 @@ class Reconciler:
         if puts or deletes or meta:
             self.ledger.write(self.spec.fleet, self.fence, puts=puts, deletes=deletes, meta=meta or None)
 
-    def _send_letters(self, slots: dict[str, core.Slot], only: Optional[list[str]] = None) -> None:
+    def _send_letters(self, slots: dict[str, core.Slot], only: Optional[list[str]] = None,
+                      orphans: Optional[dict[str, Any]] = None) -> None:
         """Send the dead letters the ledger holds (``Slot.letter``, written with the DEAD slot) and
         forget each one the queue took. One the queue refuses stays for the next tick's first step
         (``letters_due``): before, the letter was sent before the DEAD slot was written, and a
@@ -1205,11 +1239,27 @@ class Reconciler:
         (audit 13)."""
         for slot_id in sorted(only if only is not None else slots):
             slot = slots.get(slot_id)
-            if slot is None or slot.letter is None:
+            if slot is None or slot.letter is None or not self._letter_time():
                 continue
             if self._dead_letter(slot.letter):
                 slot.letter = None
                 self._save(slot, slots)
+        # Letters of slots a spec dropped since (kept in #stats): sent with the others.
+        if orphans and only is None:
+            left = dict(orphans)
+            for key in sorted(orphans):
+                if self._letter_time() and self._dead_letter(orphans[key]):
+                    del left[key]
+            if left != orphans:
+                self.ledger.write(self.spec.fleet, self.fence, meta={"letters": left})
+                orphans.clear()
+                orphans.update(left)
+
+    def _letter_time(self) -> bool:
+        """Whether a dead letter may be sent now: none failed in this tick (a queue that hangs
+        costs one send a tick, not one a letter: five letters of 15 s each killed every tick), and
+        the invocation has the longest send left (the SQS client's attempts and timeouts)."""
+        return not self._letters_blocked and self._hard_stop - self.clock() >= LETTER_SEND_SECONDS
 
     def _dead_letter(self, event: dict[str, Any]) -> bool:
         """Whether the dead-letter queue took ``event`` (True without a queue to send to)."""
@@ -1217,8 +1267,13 @@ class Reconciler:
         if not self.dead_letters:
             return True
         try:
-            self.dead_letters({"fleet": self.spec.fleet, **{k: v for k, v in event.items() if k != "time"}})
+            # At least once: a letter whose clearing write fails is sent again by the next tick,
+            # with the same letter_id (one id a dead-lettering), so a reader can drop the repeat.
+            letter_id = ":".join(str(event.get(k)) for k in ("slot", "generation", "kind", "errors"))
+            self.dead_letters({"fleet": self.spec.fleet, "letter_id": f"{self.spec.fleet}:{letter_id}",
+                               **{k: v for k, v in event.items() if k != "time"}})
         except Exception as exc:  # noqa: BLE001 - any failure of the queue: told, kept, sent again
+            self._letters_blocked = True
             code = exc.response.get("Error", {}).get("Code") if isinstance(exc, ClientError) else type(exc).__name__
             self._emit({"event": "dead_letter_failed", "slot": event.get("slot"), "code": code,
                         "error_message": str(exc)[:300], "reason": "kept in the ledger; sent again by the next tick"})
