@@ -105,6 +105,8 @@ CAPACITY_BACKOFF_SECONDS = 5.0
 BACKOFF_CODES = {"ThrottlingException", "ServiceQuotaExceededException", "InsufficientCapacityException"}
 #: The shared backoffs that say the account has no room for a new VM (their reasons).
 ROOM_BACKOFFS = ("backoff:memory_quota", "backoff:insufficient_capacity")
+#: How far past its deadline and overtime a tick's last calls may start (its margin is 8 s).
+HARD_STOP_GRACE_SECONDS = 2.0
 #: The longest a dead letter's SendMessage may take (index.LETTER_CONFIG: one attempt, 2 s to
 #: connect, 3 s to read, and a margin): one is sent only with that much of the invocation left.
 LETTER_SEND_SECONDS = 6.0
@@ -154,6 +156,7 @@ class Reconciler:
     _letters_due: bool = False  # a step of the tick sends the dead letters the queue refused before
     _letters_blocked: bool = False  # a send failed in this tick: the others wait for the next one
     _hard_stop: float = float("inf")  # this clock's time past which the invocation makes no call
+    _slowest_intent: float = 0.0  # the longest a step's intent took in this tick (its calls and writes)
     _no_room_until: float = float("-inf")  # the account refuses new VMs for room until then (shared clock)
     _offset: float = 0.0  # the service's clock minus ours, from the Date of its answers
     _peek_ids: list = field(default_factory=list)  # VMs the next step asks GetMicrovm about
@@ -185,9 +188,12 @@ class Reconciler:
         during the overtime takes it over at once, and the fence stops this one at its next write."""
         sleep = self._sleep = sleep or self.sleep
         start = self.clock()
-        # No call starts past the deadline and the overtime (the invocation's time less its margin):
-        # a store answering 2.5 s late ran a tick's intents to 110 s, past the function's 65 s.
-        self._hard_stop = start + deadline_seconds + overtime_seconds
+        # No call starts past the deadline and the overtime (and a little more: a step the overtime
+        # wakes at its very end still acts), nor an intent that would not end before it, judged by
+        # the slowest one so far: a store answering 2.5 s late ran a tick's intents to 110 s, past
+        # the function's 65 s.
+        self._hard_stop = start + deadline_seconds + overtime_seconds + HARD_STOP_GRACE_SECONDS
+        self._slowest_intent = 0.0
         if not self._wait_for_holder(start, deadline_seconds, sleep):
             self.telemetry.flush()
             return {"fleet": self.spec.fleet, "skipped": "holder_covers_fleet"}
@@ -213,7 +219,7 @@ class Reconciler:
         try:
             while True:
                 lists = self.list_calls
-                if self.clock() >= self._hard_stop:
+                if steps and self.clock() + self._slowest_intent >= self._hard_stop:
                     break
                 try:
                     if demand:
@@ -362,7 +368,7 @@ class Reconciler:
         self._read_at, self._suspend_failed = {}, set()
         self._loaded = None
         self._short_at_start = False
-        self._deadline = float("inf")
+        self._deadline = self._hard_stop = float("inf")
         try:
             self.ledger.release_tick(self.spec.fleet, self.holder)
         except (ClientError, BotoCoreError) as exc:
@@ -519,9 +525,13 @@ class Reconciler:
         started_warm: list[str] = []
         at_max: set[str] = set()  # slots whose run waits for room under max_vms (clients' VMs, say)
         park_waits: list[float] = []  # when suspends the shared budget deferred come due
+        began_at: Optional[float] = None
         for intent in plan.intents:
-            if self.clock() >= self._hard_stop:
+            if began_at is not None:  # the intent before this one: how long its calls took
+                self._slowest_intent = max(self._slowest_intent, self.clock() - began_at)
+            if self.clock() + self._slowest_intent >= self._hard_stop:
                 break  # the invocation's time is up: the rest waits for the next tick
+            began_at = self.clock()
             if suspends_only and intent.kind in ("terminate", "resume"):
                 waits.append(0.0)  # a parked VM a client may have taken since: after a fresh list
                 continue
@@ -578,6 +588,8 @@ class Reconciler:
                     # uncovered: Suspend/Terminate/Resume budget empty beyond the reserve horizon (2 s): dozens of fleets parking at once; the tests never exhaust those quotas
                     if decision.reason == "budget_empty" and intent.kind in ("suspend", "terminate", "resume"):
                         self._demand[operation] = want
+        if began_at is not None:
+            self._slowest_intent = max(self._slowest_intent, self.clock() - began_at)
         # Dead letters after the step's calls (a queue that hangs must not hold the runs back): the
         # ones this plan made, and once a tick every one the queue refused before.
         if self._letters_due:
