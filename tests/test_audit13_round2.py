@@ -45,6 +45,7 @@ import pytest
 from lambdas.reconciler import index
 
 from .moto_server import moto_server
+from .test_audit13_scale import _ended_sessions, _errors, _held_twice, _ours, _requests, _reused_tokens, _shape
 from .reconciler_harness import (
     RECONCILER_CALLER,
     deployed_fleet,
@@ -69,41 +70,8 @@ def aws() -> Iterator[str]:
 # --------------------------------------------------------------------------- helpers
 
 
-def _shape(min_vms: int, warm_vms: int, max_vms: int, **more: Any) -> dict[str, str]:
-    env = {"MIN_VMS": str(min_vms), "WARM_VMS": str(warm_vms), "MAX_VMS": str(max_vms), "IDLE_SECONDS": ""}
-    env.update({k: str(v) for k, v in more.items()})
-    return env
-
-
-def _requests(fleet, operation: str, caller: Optional[str] = RECONCILER_CALLER, since: float = float("-inf")) -> list[Any]:
-    return [r for r in fleet.emulator.requests if r.operation == operation and r.time >= since
-            and (caller is None or r.caller == caller)]
-
-
-def _errors(fleet) -> list[dict]:
-    return [r for i in fleet.invocations for r in i.events() if r.get("level") in ("ERROR", "CRITICAL")]
-
-
 def _events(fleet, kind: str) -> list[dict]:
     return [e for i in fleet.invocations for e in i.events(kind)]
-
-
-def _ours(fleet) -> Counter:
-    return Counter(vm["state"] for vm in fleet.ours())
-
-
-def _held_twice(fleet) -> list[str]:
-    held = [i for s in fleet.ledger_slots().values() for i in (s["microvm_id"], s["retiring_id"]) if i]
-    return [i for i, n in Counter(held).items() if n > 1]
-
-
-def _reused_tokens(fleet, since: float) -> list[tuple[float, int, str]]:
-    """Our RunMicrovm calls after ``since`` whose token had made a VM before the call."""
-    made = {}
-    for vm in fleet.emulator.microvms_ever():
-        made.setdefault(vm["clientToken"], (vm["history"][0][0], vm["state"]))
-    return [(round(r.time - since, 1), r.status, made[r.client_token][1]) for r in _requests(fleet, "RunMicrovm")
-            if r.time >= since and r.client_token in made and made[r.client_token][0] < r.time - 1e-6]
 
 
 def _drain_queue(fleet) -> list[dict]:
@@ -515,14 +483,7 @@ def test_a_list_of_many_pages_on_a_shared_list_budget_completes(aws, monkeypatch
     rate = round(9.0 / share, 3)
     env = _shape(2, 1, 5, BUDGETS=json.dumps({"ListMicrovms": [rate, 1]}))
     with deployed_fleet(aws, env=env, pending_seconds=2, memory_quota_mib=1 << 30) as fleet:
-        client = fleet.emulator.direct_client(caller="client")
-        fleet.emulator.set_rate_limit("RunMicrovm", 100000, 100000)
-        fleet.emulator.set_rate_limit("TerminateMicrovm", 100000, 100000)
-        for i in range(listed):
-            vm = client.run_microvm(imageIdentifier=fleet.image, clientToken=f"session-{i}")["microvmId"]
-            client.terminate_microvm(microvmIdentifier=vm)
-        fleet.emulator.set_rate_limit("RunMicrovm", 5, 5)
-        fleet.emulator.set_rate_limit("TerminateMicrovm", 10, 10)
+        _ended_sessions(fleet, listed)
         fleet.clock.advance(10)
         ticks = fleet.every_minute(monkeypatch, 4)
         states = _ours(fleet)
@@ -566,12 +527,7 @@ def test_a_list_the_tick_cannot_finish_is_told(aws, monkeypatch) -> None:
     catch_crashes(monkeypatch)
     env = _shape(1, 0, 2, BUDGETS=json.dumps({"ListMicrovms": [0.1, 1]}))
     with deployed_fleet(aws, env=env, pending_seconds=2, memory_quota_mib=1 << 30) as fleet:
-        client = fleet.emulator.direct_client(caller="client")
-        fleet.emulator.set_rate_limit("RunMicrovm", 100000, 100000)
-        fleet.emulator.set_rate_limit("TerminateMicrovm", 100000, 100000)
-        for i in range(380):
-            client.terminate_microvm(microvmIdentifier=client.run_microvm(
-                imageIdentifier=fleet.image, clientToken=f"session-{i}")["microvmId"])
+        _ended_sessions(fleet, 380)
         fleet.clock.advance(10)
         tick = fleet.invoke(monkeypatch)
         told = tick.events("list_incomplete")

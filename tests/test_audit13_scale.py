@@ -43,8 +43,9 @@ def _shape(min_vms: int, warm_vms: int, max_vms: int, **more: Any) -> dict[str, 
     return env
 
 
-def _requests(fleet, operation: str, caller: Optional[str] = RECONCILER_CALLER) -> list[Any]:
-    return [r for r in fleet.emulator.requests if r.operation == operation and (caller is None or r.caller == caller)]
+def _requests(fleet, operation: str, caller: Optional[str] = RECONCILER_CALLER, since: float = float("-inf")) -> list[Any]:
+    return [r for r in fleet.emulator.requests if r.operation == operation and r.time >= since
+            and (caller is None or r.caller == caller)]
 
 
 def _errors(fleet) -> list[dict]:
@@ -59,6 +60,19 @@ def _held_twice(fleet) -> list[str]:
 
 def _ours(fleet) -> Counter:
     return Counter(vm["state"] for vm in fleet.ours())
+
+
+def _ended_sessions(fleet, count: int) -> None:
+    """``count`` client sessions of the image started and ended (TERMINATED VMs stay listed 20
+    minutes), with the service's rate limits lifted meanwhile and put back after."""
+    client = fleet.emulator.direct_client(caller="client")
+    fleet.emulator.set_rate_limit("RunMicrovm", 100000, 100000)
+    fleet.emulator.set_rate_limit("TerminateMicrovm", 100000, 100000)
+    for i in range(count):
+        vm = client.run_microvm(imageIdentifier=fleet.image, clientToken=f"session-{i}")["microvmId"]
+        client.terminate_microvm(microvmIdentifier=vm)
+    fleet.emulator.set_rate_limit("RunMicrovm", 5, 5)
+    fleet.emulator.set_rate_limit("TerminateMicrovm", 10, 10)
 
 
 def _reused_tokens(fleet, since: float) -> list[tuple[float, int, str]]:
@@ -221,14 +235,7 @@ def test_under_room_refusals_base_slots_come_before_parked_ones(aws, monkeypatch
 ])
 def test_a_fleet_reconciles_with_many_ended_vms_listed(aws, monkeypatch, listed) -> None:
     with deployed_fleet(aws, env=_shape(2, 1, 5), pending_seconds=2, memory_quota_mib=1 << 30) as fleet:
-        client = fleet.emulator.direct_client(caller="client")
-        fleet.emulator.set_rate_limit("RunMicrovm", 100000, 100000)
-        fleet.emulator.set_rate_limit("TerminateMicrovm", 100000, 100000)
-        for i in range(listed):
-            vm = client.run_microvm(imageIdentifier=fleet.image, clientToken=f"session-{i}")["microvmId"]
-            client.terminate_microvm(microvmIdentifier=vm)
-        fleet.emulator.set_rate_limit("RunMicrovm", 5, 5)
-        fleet.emulator.set_rate_limit("TerminateMicrovm", 10, 10)
+        _ended_sessions(fleet, listed)
         fleet.clock.advance(10)
         tick = fleet.invoke(monkeypatch, cold=True)  # converges in one tick with nine pages
         fleet.clock.advance(10)
