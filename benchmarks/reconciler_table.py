@@ -2,6 +2,7 @@
 
     .venv/bin/python -m benchmarks.reconciler_table [--fleets 1 10 37 100 300] [--seeds 1 2 3 4 5]
         [--jobs 2] [--results results.jsonl] [--markdown]
+    .venv/bin/python -m benchmarks.reconciler_table --pairs 33/1452575 1/5059040 --sides ours --hours 0.15
 
 Each (fleets, seed, side) is ``python -m benchmarks.reconciler --fleets N --seed S --side SIDE
 --json`` in a process of its own; results are appended to ``--results`` as they come (a run that
@@ -71,6 +72,8 @@ def main() -> None:
     parser.add_argument("--fleets", type=int, nargs="+", default=[1, 10, 37, 100, 300])
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3, 4, 5])
     parser.add_argument("--sides", nargs="+", default=["ours", "naive"])
+    parser.add_argument("--pairs", nargs="+", default=[], metavar="FLEETS/SEED",
+                        help="these (fleets, seed) pairs instead of every fleet count with every seed")
     parser.add_argument("--hours", type=float, default=24.0)
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--results", type=Path, default=Path("reconciler-table.jsonl"))
@@ -80,9 +83,16 @@ def main() -> None:
     if args.results.exists():
         done = [json.loads(line) for line in args.results.read_text().splitlines() if line.strip()]
     have = {(r["fleets"], r["seed"], r["side"]) for r in done if "error" not in r}
+    try:
+        pairs = [tuple(int(x) for x in pair.split("/")) for pair in args.pairs]
+    except ValueError:
+        parser.error("--pairs: FLEETS/SEED, two whole numbers")
+    if any(len(pair) != 2 or pair[0] < 1 for pair in pairs):
+        parser.error("--pairs: FLEETS/SEED with at least 1 fleet")
+    if not pairs:
+        pairs = [(f, s) for f in sorted(args.fleets, reverse=True) for s in args.seeds]
     if not args.markdown:
-        todo = [(f, s, side) for f in sorted(args.fleets, reverse=True) for s in args.seeds for side in args.sides
-                if (f, s, side) not in have]
+        todo = [(f, s, side) for f, s in pairs for side in args.sides if (f, s, side) not in have]
         with ThreadPoolExecutor(max_workers=args.jobs) as pool, args.results.open("a") as out:
             futures = [pool.submit(run, *job, args.hours) for job in todo]
             for future in as_completed(futures):
@@ -92,7 +102,7 @@ def main() -> None:
                 done.append(row)
                 print(f"{row['fleets']:>4} fleets seed {row['seed']} {row['side']:>5}: "
                       + ("error" if "error" in row else f"{row['wall_seconds']} s, {row['peak_memory_mb']} MB"), flush=True)
-    wanted = [r for r in done if r["fleets"] in args.fleets and r["seed"] in args.seeds and r["side"] in args.sides]
+    wanted = [r for r in done if (r["fleets"], r["seed"]) in set(pairs) and r["side"] in args.sides]
     print(markdown(wanted))
 
 
