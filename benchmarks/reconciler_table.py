@@ -102,7 +102,8 @@ def main() -> None:
                 done.append(row)
                 print(f"{row['fleets']:>4} fleets seed {row['seed']} {row['side']:>5}: "
                       + ("error" if "error" in row else f"{row['wall_seconds']} s, {row['peak_memory_mb']} MB"), flush=True)
-    wanted = [r for r in done if (r["fleets"], r["seed"]) in set(pairs) and r["side"] in args.sides]
+    asked = set(pairs)
+    wanted = [r for r in done if (r["fleets"], r["seed"]) in asked and r["side"] in args.sides]
     print(markdown(wanted))
 
 

@@ -43,6 +43,7 @@ import pytest
 from .moto_server import moto_server
 from .reconciler_harness import RECONCILER_CALLER, deployed_fleet, list_lag, peak_live, seconds_below
 from .test_audit13_faults import catch_crashes, on_every_build, sqs_client_of
+from .test_reconciler_attack_looks import ours
 from .test_reconciler_handler import assert_no_duplicates
 
 
@@ -85,11 +86,6 @@ class Calls:
         return [(op, a, b) for op, a, b in self.log if a > t + 1e-6 or b > t + 1e-6]
 
 
-def ours(fleet, operation: str, since: float = 0.0) -> list[Any]:
-    return [r for r in fleet.emulator.requests
-            if r.operation == operation and r.caller == RECONCILER_CALLER and r.time >= since]
-
-
 def running_at(fleet, vm_id: str) -> float:
     vm = next(v for v in fleet.emulator.microvms_ever() if v["microvmId"] == vm_id)
     return next(at for at, state, _ in vm["history"] if state == "RUNNING")
@@ -118,11 +114,11 @@ def _late_step(aws, monkeypatch, ref: dict, slow: Callable[[str, float], float])
 @pytest.mark.xfail(strict=True, reason=(
     "broken (7852f4c): min 2 / max 3, RunMicrovm budget one per 56.5 s: the overtime step at 56.5 s "
     "(deadline 50 + overtime 7 = 57) lists in 2.2 s, then its RunMicrovm starts at 58.7 s (past 57, under "
-    "the hard stop 59: _slowest_intent is 0.0, every intent before was instant) and answers 6.5 s late "
+    "the hard stop 59: _intent_estimate is 0.0, every intent before was instant) and answers 6.5 s late "
     "(under the 15 s read timeout): the write after the run, the budget's UpdateItems and the lease "
     "release are started at 65.2 s, after the function's 65 s timeout (Lambda kills the invocation "
     "there). tick.py: _hard_stop = start + deadline + overtime + HARD_STOP_GRACE_SECONDS (line 195) "
-    "leaves 6 s of the 8 s margin, and step()'s 'clock + _slowest_intent >= _hard_stop' (line 532) "
+    "leaves 6 s of the 8 s margin, and step()'s 'clock + _intent_estimate >= _hard_stop' (its intents loop) "
     "cannot see the first slow intent coming; with the hard stop at 57 s this run is not started "
     "(58.7 >= 57); docs/reconciler.md still says no intent is carried out past the deadline and overtime"))
 def test_a_late_step_slow_once_makes_no_call_past_the_lambda_timeout(aws, monkeypatch) -> None:

@@ -191,8 +191,8 @@ class Reconciler:
         start = self.clock()
         # No call starts past the deadline and the overtime (and a little more: a step the overtime
         # wakes at its very end still acts), nor an intent that would not end before it, judged by
-        # the slowest one so far: a store answering 2.5 s late ran a tick's intents to 110 s, past
-        # the function's 65 s.
+        # the tick's second slowest so far (_intent_took): a store answering 2.5 s late ran a
+        # tick's intents to 110 s, past the function's 65 s.
         self._hard_stop = start + deadline_seconds + overtime_seconds + HARD_STOP_GRACE_SECONDS
         self._intent_estimate = self._slowest_intent = 0.0
         if not self._wait_for_holder(start, deadline_seconds, sleep):
