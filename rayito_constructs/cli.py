@@ -13,6 +13,7 @@ without ``rayito-agent.toml`` is planned with a warning on stderr. Output into a
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import signal
@@ -26,7 +27,7 @@ from .options import max_concurrency_limit
 from .overrides import name_what_was_typed, read_overrides
 from .project import AgentProject
 from .recipe import plan_recipe
-from .verify import cli as verify_cli
+from .verify.parser import add_parser as add_verify_parser
 
 EXIT_INVALID = 2
 
@@ -73,7 +74,7 @@ def _parser() -> argparse.ArgumentParser:
     assembly = commands.add_parser("assembly", help="summarize a synthesized cloud assembly")
     assembly.add_argument("outdir", nargs="?", default="cdk.out")
     assembly.add_argument("--json", action="store_true")
-    verify_cli.add_parser(commands)
+    add_verify_parser(commands)
     return parser
 
 
@@ -250,6 +251,21 @@ def _assembly(args: argparse.Namespace, out: TextIO) -> int:
     return 0
 
 
+def _verify(args: argparse.Namespace, out: TextIO) -> int:
+    # verify's checks need boto3 and AWS credentials; plan and assembly never load them.
+    try:
+        verify_cli = importlib.import_module(".verify.cli", __package__)
+    except ModuleNotFoundError as exc:
+        if exc.name not in {"boto3", "botocore"}:
+            raise
+        sys.stderr.write(
+            f"verify: needs {exc.name}, which this environment lacks: pip install 'boto3>=1.44' "
+            "(installed with rayito-constructs; `make synth` alone installs only what a synth needs)\n"
+        )
+        return EXIT_INVALID
+    return int(verify_cli.run(args, out))
+
+
 def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     """Run the command line; returns the exit status."""
     out = out or sys.stdout
@@ -258,7 +274,7 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
         if args.command == "plan":
             return _plan(args, out)
         if args.command == "verify":
-            return verify_cli.run(args, out)
+            return _verify(args, out)
         return _assembly(args, out)
     except ProjectError as exc:
         for problem in exc.problems:

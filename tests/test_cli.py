@@ -272,3 +272,30 @@ def test_assembly_without_a_synth(capsys, tmp_path) -> None:
     code, text = run("assembly", str(tmp_path))
     assert code == 2 and text == ""
     assert capsys.readouterr().err == f"assembly: {str(tmp_path)!r} has no manifest.json; run the synth first\n"
+
+
+def test_plan_and_assembly_never_load_verify(tmp_path) -> None:
+    """`make synth`'s environment has no boto3 (issue #36): plan and assembly must not import
+    verify's checks, and verify without boto3 is one line and exit status 2, not a traceback."""
+    script = f"""
+import builtins, io, sys
+real_import = builtins.__import__
+def no_aws(name, *args, **kwargs):
+    if name.split(".")[0] in {{"boto3", "botocore"}}:
+        raise ModuleNotFoundError(f"No module named {{name!r}}", name=name.split(".")[0])
+    return real_import(name, *args, **kwargs)
+builtins.__import__ = no_aws
+from rayito_constructs.cli import main
+assert main(["plan", {str(EXAMPLE)!r}, "--json"], out=io.StringIO()) == 0
+assert main(["assembly", {str(tmp_path)!r}], out=io.StringIO()) == 2
+assert not [m for m in sys.modules if m.startswith("rayito_constructs.verify.") and m != "rayito_constructs.verify.parser"]
+sys.exit(main(["verify", "mi-agente"], out=io.StringIO()))
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode == 2, done.stderr
+    lines = [line for line in done.stderr.splitlines() if line.startswith("verify:")]
+    assert lines == [
+        "verify: needs boto3, which this environment lacks: pip install 'boto3>=1.44' "
+        "(installed with rayito-constructs; `make synth` alone installs only what a synth needs)"
+    ], done.stderr
+    assert "Traceback" not in done.stderr
