@@ -14,6 +14,11 @@ export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 export PYTHONDONTWRITEBYTECODE := 1
 export CDK_DISABLE_VERSION_CHECK := 1
+# The product layer of the library's functions (rayito_constructs/wheels.py): its Linux wheels are
+# fetched when the environment is set up, so a synth reaches no package index; layers are cached
+# per clone.
+export RAYITO_CONSTRUCTS_WHEELHOUSE := $(CURDIR)/$(STAMP)/wheels
+export RAYITO_CONSTRUCTS_CACHE := $(CURDIR)/$(STAMP)/cache
 
 .PHONY: synth test lint bench clean
 
@@ -52,12 +57,14 @@ $(STAMP)/synth: requirements-synth.txt pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -r requirements-synth.txt
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps -e .
+	$(BIN)/python -m rayito_constructs fetch-wheels $(STAMP)/wheels
 	mkdir -p $(STAMP) && touch $@
 
 $(STAMP)/python: $(STAMP)/synth requirements.txt requirements-dev.txt requirements-lambda-runtime.txt
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -r requirements-dev.txt
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps --upgrade \
 		--target $(STAMP)/lambda-runtime -r requirements-lambda-runtime.txt
+	$(BIN)/python -m rayito_constructs fetch-wheels --host $(STAMP)/wheels
 	mkdir -p $(STAMP) && touch $@
 
 $(STAMP)/node: package.json package-lock.json

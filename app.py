@@ -2,8 +2,9 @@
 """Synthesize the fleet of one agent folder.
 
     npx cdk synth                                   # examples/mi-agente
-    npx cdk synth -c project=path/to/agent          # another agent folder
-    npx cdk synth -c min_vms=2 -c max_vms=4         # the same overrides as `plan`
+    npx cdk synth -c project=path/to/agent          # another Rayito agent folder
+    npx cdk synth -c min_vms=2 -c max_vms=4         # rayito agent deploy's flags, as `plan` takes them
+    npx cdk synth -c max_sessions=4 -c warm=2 -c memory=8192 -c save_recipe=false
     npx cdk synth -c image_arn=arn:aws:lambda:...   # a MicroVM image published elsewhere
     npx cdk synth -c metadata_index=true            # with the session index
     npx cdk synth -c env.URL=https://a,b            # one env variable per key (or env=A=1,B=2, or JSON)
@@ -14,9 +15,11 @@
     npx cdk synth -c keep_image_versions=10         # image versions kept (none: never prune; docs/image.md)
     npx cdk synth -c retain_vms_on_delete=true      # cdk destroy leaves the VMs running (docs/teardown.md)
 
-Every option of ``rayito-constructs plan`` is accepted as context under its library name
-(``min_vms``, ``memory_mib``, ``idle``, ``env``, ``save_recipe=false``...), checked like a key of
-``rayito-agent.toml``: an unknown key is an error that names the nearest known one. The stack is
+Every flag of ``rayito agent deploy`` that ``rayito-constructs plan`` takes is accepted as context
+under its name with ``_`` (``min_vms``, ``warm``, ``max_sessions``, ``memory``, ``idle``, ``env``,
+``save_recipe=false``...), over the folder's ``rayito-agent.toml`` as the flags are; the stack's
+switches override ``[stack]`` of ``rayito-constructs.toml``. An unknown key is an error that names
+the nearest known one. The stack is
 ``RayitoFleet-<name>`` (made a valid stack name: ``my_agent`` gives ``RayitoFleet-my-agent-<hash>``,
 as ``plan`` shows). A mistake prints one line per problem, no traceback, and exits with status 2.
 """
@@ -58,6 +61,7 @@ def main(app: "Optional[object]" = None) -> int:
                 problems.append(Problem("project", f"-c project: {problem.message.split(': ', 1)[1]}") if typed else problem)
         if problems:
             raise ProjectError(problems)
+        options = {**stack_options(project), **options}
         FleetStack(
             app,
             project.stack_name,
@@ -89,6 +93,13 @@ def main(app: "Optional[object]" = None) -> int:
         print(f"-c {lines[0]}" if typed else lines[0], file=sys.stderr)
         return EXIT_INVALID
     return 0
+
+
+def stack_options(project: "object") -> dict:
+    """The ``[stack]`` switches of the folder's ``rayito-constructs.toml`` (context wins)."""
+    stack = project.fleet.stack  # type: ignore[attr-defined]
+    given = stack.model_fields_set
+    return {key: getattr(stack, key) for key in given}
 
 
 if __name__ == "__main__":

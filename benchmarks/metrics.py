@@ -139,11 +139,12 @@ def reconciler(hours: float, metrics: bool) -> dict[str, Any]:
 def egress(minutes: int, throttled_at: int = 600) -> dict[str, Any]:
     """Custom metrics of an egress client over ``minutes`` of three targets, one of them told a
     429 at second ``throttled_at`` (so its deferral reasons appear too)."""
-    from rayito_constructs import AgentProject, build_recipe
+    from rayito_constructs import AgentProject
     from rayito_constructs.egress import BudgetClient, EmfRecorder
+    from rayito_constructs.options import egress_declaration
     from tests.egress_support import Clock, counting_store, ddb, virtual_store_time
 
-    recipe = build_recipe(AgentProject.load("examples/mi-agente"))
+    recipe = {"name": "mi-agente", "egress": egress_declaration(AgentProject.load("examples/mi-agente").egress)}
     identities: set[tuple] = set()
     out = io.StringIO()
     with counting_store() as store:
@@ -153,7 +154,7 @@ def egress(minutes: int, throttled_at: int = 600) -> dict[str, Any]:
         client = ddb(store.endpoint)
         virtual_store_time(client, clock)
         recorder = EmfRecorder(recipe["name"], out=out, clock=clock, background=False, metrics=True)
-        budget = BudgetClient.from_recipe(recipe, table_name=table, dynamodb=client, clock=clock, on_decision=recorder,
+        budget = BudgetClient.from_declaration(recipe["egress"], table_name=table, dynamodb=client, clock=clock, on_decision=recorder,
                                           calibrate=False)
         budget.sync_clock()
         for second in range(0, minutes * 60, 2):

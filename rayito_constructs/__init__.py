@@ -1,7 +1,7 @@
 """rayito_constructs: AWS CDK v2 constructs for fleets of AI-agent Lambda MicroVMs.
 
-The project model, the recipe and the ``plan`` command are plain Python and load fast. The
-constructs import aws-cdk-lib (which starts a Node.js process through jsii), so they are loaded on
+The project model (the product's, ``rayito``, after the deploy flags), the recipe and the ``plan``
+command are plain Python. The constructs import aws-cdk-lib (which starts a Node.js process through jsii), so they are loaded on
 first use: ``from rayito_constructs import AgentFleet`` works as usual.
 """
 
@@ -18,9 +18,11 @@ from typing import Any
 os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
 
 from .errors import FleetWarning, Problem, ProjectError
-from .options import EgressOptions, GatewayOptions, ImageOptions, ScalingOptions, ServeOptions
+from .fleet_file import FleetFile, StackOptions
+from .options import EgressBudgetOptions, EgressOptions
+from .product import DeployFlags
 from .project import AgentProject
-from .recipe import build_recipe, decode_recipe, encode_recipe, plan_recipe
+from .recipe import RecipePlan, plan_recipe
 
 __version__ = "0.1.0"
 
@@ -50,17 +52,15 @@ _CONSTRUCTS = {
 
 __all__ = [
     "AgentProject",
+    "DeployFlags",
+    "EgressBudgetOptions",
     "EgressOptions",
+    "FleetFile",
     "FleetWarning",
-    "GatewayOptions",
-    "ImageOptions",
     "Problem",
     "ProjectError",
-    "ScalingOptions",
-    "ServeOptions",
-    "build_recipe",
-    "decode_recipe",
-    "encode_recipe",
+    "RecipePlan",
+    "StackOptions",
     "plan_recipe",
     *_CONSTRUCTS,
 ]

@@ -1,7 +1,9 @@
 """``rayito-constructs``: see what a fleet will be before deploying it.
 
-* ``plan <agent-folder> [overrides] [--json]``: every resolved option with its origin, the recipe
-  parameter (name, encoding, size), warnings with their codes and a monthly cost estimate.
+* ``plan <agent-folder> [flags of rayito agent deploy] [--json]``: the product's project after the
+  flags, every resolved option with its origin, the recipe (the product's document, its encoding
+  and size), warnings with their codes and a monthly cost estimate; ``plan --recipe FILE``: the
+  same for a recipe value as stored (one ``rayito agent deploy`` saved, say).
 * ``assembly [cdk.out]``: what a synth made: stacks, resources by type, outputs.
 
 Invalid input exits with status 2 and one line per problem on stderr, nothing on stdout; a
@@ -13,6 +15,7 @@ without ``rayito-agent.toml`` is planned with a warning on stderr. Output into a
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
 import json
 import os
@@ -22,14 +25,45 @@ from pathlib import Path
 from typing import Any, Optional, Sequence, TextIO
 
 from .cost import FLEET_PRICES_CHECKED, RECIPE_PRICES_CHECKED, REGION, estimate
-from .errors import ProjectError
-from .options import max_concurrency_limit
+from .errors import Problem, ProjectError
 from .overrides import name_what_was_typed, read_overrides
+from .product import PRODUCT_VERSION
 from .project import AgentProject
-from .recipe import plan_recipe
+from .recipe import default_builds_image, plan_recipe
 from .verify.parser import add_parser as add_verify_parser
 
 EXIT_INVALID = 2
+
+#: ``rayito agent deploy``'s flags that take one value, with the product's names.
+FLAGS = [
+    ("--min-vms", "min_vms", "VMs always alive"),
+    ("--max-vms", "max_vms", "VMs at most"),
+    ("--warm", "warm", "parked (suspended) slots"),
+    ("--sessions", "sessions", "shared or dedicated"),
+    ("--scale-in-after", "scale_in_after", "idle seconds before a VM above min_vms ends"),
+    ("--max-sessions", "max_sessions", "sessions at a time in one VM"),
+    ("--queue", "queue", "requests that wait when a VM is full"),
+    ("--queue-timeout", "queue_timeout", "seconds a request waits in the queue"),
+    ("--idle", "idle", "idle seconds before a VM is suspended"),
+    ("--timeout", "timeout", "seconds an invocation may run (the VMs' lifetime follows it)"),
+    ("--port", "port", "the agent host's port"),
+    ("--memory", "memory", "MiB per VM: 2048, 4096 or 8192"),
+    ("--framework", "framework", "detection: the agent framework"),
+    ("--language", "language", "detection: python or typescript"),
+    ("--entry", "entry", "detection: the entry point"),
+    ("--protocol", "protocol", "detection: the app's protocol"),
+    ("--model-id", "model_id", "detection: the model"),
+    ("--model-provider", "model_provider", "detection: the model gateway's preset"),
+    ("--model-base-url", "model_base_url", "detection: the LLM gateway's URL"),
+    ("--graph", "graph", "detection: the langgraph.json graph"),
+]
+#: The flags that may be given several times.
+REPEATED_FLAGS = [
+    ("--env", "env", "a plain env variable, NAME=VALUE"),
+    ("--secret-env", "secret_env", "a secret env variable, NAME=<Secrets Manager id>[#key]"),
+    ("--secret-env-from", "secret_env_from", "every key of a secret, <id>[,prefix=P][,keys=A|B]"),
+    ("--allow-out", "allow_out", "a host the agent may reach (replaces [network] allow_out)"),
+]
 
 
 class _Parser(argparse.ArgumentParser):
@@ -45,31 +79,24 @@ def _parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     plan = commands.add_parser("plan", help="show what the fleet of an agent folder will be")
-    plan.add_argument("folder", help="the agent folder (with its rayito-agent.toml)")
+    plan.add_argument("folder", nargs="?", help="the agent folder (with its rayito-agent.toml)")
     plan.add_argument("--json", action="store_true", help="print one JSON object")
-    flags = [
-        ("--name", "name", "fleet name (default: the folder's name)"),
-        ("--target", "target", "microvm (default) or agentcore"),
-        ("--memory", "memory_mib", "MiB per VM: 512, 1024, 2048, 4096 or 8192"),
-        ("--max-sessions", "max_concurrency", "sessions at a time in one VM"),
-        ("--queue", "queue_max", "requests that wait when a VM is full"),
-        ("--queue-timeout", "queue_timeout_seconds", "how long a request waits (seconds, or 1m)"),
-        ("--min-vms", "min_vms", "VMs always alive"),
-        ("--max-vms", "max_vms", "VMs at most"),
-        ("--warm", "warm_vms", "parked (suspended) slots"),
-        ("--sessions", "sessions", "shared or dedicated"),
-        ("--scale-in-after", "scale_in_after_seconds", "idle seconds before a VM above min_vms ends"),
-        ("--idle", "idle", "idle time before a VM is suspended (seconds, 10m, or none)"),
-    ]
-    for flag, dest, text in flags:
+    plan.add_argument("--recipe", metavar="FILE",
+                      help="plan the fleet a stored recipe value describes (as rayito agent deploy saved it; - for stdin)")
+    plan.add_argument("--region", help="the region detection names a model gateway for (rayito's --region)")
+    # The flags of `rayito agent deploy`, with its names (FLAGS: how each is read).
+    for flag, dest, text in FLAGS:
         plan.add_argument(flag, dest=dest, metavar=dest.upper().split("_")[0], help=text)
-    plan.add_argument("--env", action="append", metavar="NAME=VALUE", help="a plain env variable")
-    plan.add_argument(
-        "--secret-env", action="append", metavar="NAME=SECRET", help="a secret env variable (only its name is kept)"
-    )
-    plan.add_argument("--allow-out", action="append", metavar="HOST", help="a host the agent may reach")
+    for flag, dest, text in REPEATED_FLAGS:
+        plan.add_argument(flag, dest=dest, action="append", metavar=dest.upper(), help=text)
     plan.add_argument("--no-save-recipe", dest="save_recipe", action="store_false", default=None,
                       help="save no recipe")
+    plan.add_argument("--renew-gateway-keys", dest="renew_gateway_keys", action="store_true", default=None,
+                      help="the recipe asks connecting clients to renew the Bedrock gateway keys")
+
+    fetch = commands.add_parser("fetch-wheels", help="download the Lambda functions' product layer wheels (offline synths)")
+    fetch.add_argument("dest", help="the folder to download into (then: RAYITO_CONSTRUCTS_WHEELHOUSE=<it>)")
+    fetch.add_argument("--host", action="store_true", help="also this machine's wheels (to run the functions in tests)")
 
     assembly = commands.add_parser("assembly", help="summarize a synthesized cloud assembly")
     assembly.add_argument("outdir", nargs="?", default="cdk.out")
@@ -80,74 +107,69 @@ def _parser() -> argparse.ArgumentParser:
 
 def plan_document(project: AgentProject) -> dict[str, Any]:
     """The ``plan --json`` object of a project."""
-    recipe = plan_recipe(project)
+    recipe = plan_recipe(project, builds_image=default_builds_image(project))
     cost = estimate(project, has_recipe=recipe.encoded is not None)
-    warnings = [w.to_dict() for w in (*project.warnings, *recipe.warnings)]
+    serve = dataclasses.asdict(project.serve)
+    serve["idle_seconds"] = serve.pop("idle")
+    scaling = dataclasses.asdict(project.scaling)
+    scaling.pop("idle")
     return {
         "name": project.name,
         "stack_name": project.stack_name,
-        "target": project.target,
-        "serve": project.serve.model_dump(mode="json") if project.has_fleet else None,
-        "scaling": _scaling(project) if project.has_fleet else None,
+        "product": {"package": "rayito", "version": PRODUCT_VERSION, "runtime": project.runtime},
+        "serve": {**serve, "max_concurrency_limit": project.max_concurrency_limit},
+        "scaling": scaling,
         "scaling_source": project.scaling_source,
-        "image": {
-            "memory_mib": project.image.memory_mib,
-            "architecture": project.image.architecture,
-            "version": project.image.version,
-            "max_concurrency_limit": max_concurrency_limit(project.image.memory_mib),
-        },
+        "image": dataclasses.asdict(project.image),
         "env": sorted(project.env),
-        "secret_env": list(project.secret_env),
-        "egress_allow": list(project.egress.allow),
+        "secret_env": dict(sorted(project.secret_env.items())),
+        "allow_out": list(project.allow_out),
         "egress_budgets": [
             {"target": b.target, "rate_per_second": round(b.rate_per_second, 6), "burst": b.burst}
             for b in project.egress.budgets
         ],
-        "gateways": [g.name for g in project.gateways],
+        "gateways": list(project.gateways),
         "sources": dict(sorted(project.sources.items())),
         "recipe": recipe.to_dict(),
-        "warnings": warnings,
+        "warnings": [w.to_dict() for w in (*project.warnings, *recipe.warnings)],
         "cost": cost.to_dict(),
     }
-
-
-def _scaling(project: AgentProject) -> dict[str, Any]:
-    scaling = project.scaling.model_dump(mode="json")
-    scaling["idle_seconds"] = scaling.pop("idle")
-    return scaling
 
 
 def _render(doc: dict[str, Any], out: TextIO) -> None:
     sources = doc["sources"]
     rows: list[tuple[str, Any, str]] = [("name", doc["name"], sources.get("name", "default"))]
-    rows.append(("target", doc["target"], sources.get("target", "default")))
     for section in ("serve", "scaling"):
-        for key, value in (doc[section] or {}).items():
-            rows.append((key, "none" if value is None else value, sources.get(key.replace("idle_seconds", "idle"), "default")))
+        for key, value in doc[section].items():
+            if key != "max_concurrency_limit":
+                rows.append((key, "none" if value is None else value, sources.get(key, "default")))
     rows.append(("memory_mib", doc["image"]["memory_mib"], sources.get("memory_mib", "default")))
-    rows.append(("architecture", doc["image"]["architecture"], sources.get("architecture", "default")))
     rows.append(("env", ", ".join(doc["env"]) or "-", sources.get("env", "default")))
-    rows.append(("secret_env", ", ".join(doc["secret_env"]) or "-", sources.get("secret_env", "default")))
-    rows.append(("egress allow", ", ".join(doc["egress_allow"]) or "-", sources.get("allow_out", "default")))
+    secrets = ", ".join(f"{k} <- {v}" for k, v in doc["secret_env"].items())
+    rows.append(("secret_env", secrets or "-", sources.get("secret_env", "default")))
+    rows.append(("allow_out", ", ".join(doc["allow_out"]) or "-", sources.get("allow_out", "default")))
     for budget in doc["egress_budgets"]:
         rate = f"{budget['rate_per_second'] * 60:g}/minute, burst {budget['burst']}"
-        rows.append((f"budget {budget['target']}", rate, sources.get("budgets", "default")))
-    rows.append(("gateways", ", ".join(doc["gateways"]) or "-", sources.get("gateways", "default")))
+        rows.append((f"budget {budget['target']}", rate, "rayito-constructs.toml"))
+    rows.append(("gateways", ", ".join(doc["gateways"]) or "-", "project"))
     width = max(len(r[0]) for r in rows)
     vwidth = min(48, max(len(str(r[1])) for r in rows))
-    out.write(f"Fleet {doc['name']} ({doc['target']}), scaling from: {doc['scaling_source']}\n")
+    product = doc["product"]
+    out.write(f"Fleet {doc['name']} ({product['runtime']} runtime, rayito {product['version']}), "
+              f"scaling from: {doc['scaling_source']}\n")
     out.write(f"Stack {doc['stack_name']} (app.py)\n\n")
     out.write(f"  {'option'.ljust(width)}  {'value'.ljust(vwidth)}  from\n")
     for key, value, origin in rows:
         out.write(f"  {key.ljust(width)}  {str(value).ljust(vwidth)}  {origin}\n")
     recipe = doc["recipe"]
     out.write("\nRecipe\n")
-    if recipe is None:
-        out.write("  none is saved (see warnings)\n")
+    if not recipe["saved"]:
+        out.write(f"  none is saved: {recipe['reason']}\n")
     else:
+        version = recipe["image_version"] or "none"
         out.write(
-            f"  {recipe['parameter_name']}  SecureString, standard tier, {recipe['encoding']}, "
-            f"{recipe['bytes']} of 4096 bytes\n"
+            f"  {recipe['parameter_name']}  SecureString, standard tier, {recipe['schema']}, {recipe['encoding']}, "
+            f"{recipe['bytes']} of 4096 bytes ({recipe['json_bytes']} as JSON), image version {version}\n"
         )
     out.write("\nWarnings\n")
     for warning in doc["warnings"] or [{"code": "-", "message": "none"}]:
@@ -191,24 +213,42 @@ def _render_cost(cost: dict[str, Any], out: TextIO) -> None:
 
 
 def _plan(args: argparse.Namespace, out: TextIO) -> int:
-    raw = {
-        key: value
-        for key, value in vars(args).items()
-        if key not in {"command", "folder", "json"} and value is not None
-    }
-    try:
-        project = AgentProject.load(args.folder, **read_overrides(raw))
-    except ProjectError as exc:
-        raise ProjectError(name_what_was_typed(exc.problems, set(raw), context=False)) from None
+    if args.recipe is not None:
+        project = _from_recipe(args)
+    else:
+        if args.folder is None:
+            raise ProjectError([Problem("folder", "plan: give the agent folder (or --recipe FILE)")])
+        raw = {
+            key: value
+            for key, value in vars(args).items()
+            if key not in {"command", "folder", "json", "recipe"} and value is not None
+        }
+        try:
+            project = AgentProject.load(args.folder, **read_overrides(raw))
+        except ProjectError as exc:
+            raise ProjectError(name_what_was_typed(exc.problems, set(raw), context=False)) from None
     for warning in project.warnings:
         if warning.code == "no_project_file":
             sys.stderr.write(f"rayito-constructs: warning: {warning.code}: {warning.message}\n")
     doc = plan_document(project)
     if args.json:
-        out.write(json.dumps(doc, indent=2, sort_keys=False) + "\n")
+        out.write(json.dumps(doc, indent=2, sort_keys=False, ensure_ascii=False) + "\n")
     else:
         _render(doc, out)
     return 0
+
+
+def _from_recipe(args: argparse.Namespace) -> AgentProject:
+    """The project a stored recipe value describes (the reverse of a deploy)."""
+    given = [k for k, v in vars(args).items() if k not in {"command", "json", "recipe"} and v is not None]
+    if given:
+        raise ProjectError([Problem("recipe", f"plan --recipe: it plans the recipe as stored; {', '.join(given)} "
+                                              "cannot be given with it")])
+    try:
+        value = sys.stdin.read() if args.recipe == "-" else Path(args.recipe).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ProjectError([Problem("recipe", f"plan --recipe: cannot read {args.recipe!r} ({exc.__class__.__name__})")]) from None
+    return AgentProject.from_recipe(value.strip())
 
 
 def assembly_summary(outdir: Path) -> dict[str, Any]:
@@ -252,18 +292,21 @@ def _assembly(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def _verify(args: argparse.Namespace, out: TextIO) -> int:
-    # verify's checks need boto3 and AWS credentials; plan and assembly never load them.
+    # verify's checks (their AWS clients, the IAM simulation) load only when verify runs.
+    return int(importlib.import_module(".verify.cli", __package__).run(args, out))
+
+
+def _fetch_wheels(args: argparse.Namespace, out: TextIO) -> int:
+    from .wheels import LAMBDA, LayerBuildError, fetch, host_platform
+
+    platforms = [LAMBDA, host_platform()] if args.host else [LAMBDA]
     try:
-        verify_cli = importlib.import_module(".verify.cli", __package__)
-    except ModuleNotFoundError as exc:
-        if exc.name not in {"boto3", "botocore"}:
-            raise
-        sys.stderr.write(
-            f"verify: needs {exc.name}, which this environment lacks: pip install 'boto3>=1.44' "
-            "(installed with rayito-constructs; `make synth` alone installs only what a synth needs)\n"
-        )
+        fetch(Path(args.dest), platforms)
+    except LayerBuildError as exc:
+        sys.stderr.write(f"fetch-wheels: {exc}\n")
         return EXIT_INVALID
-    return int(verify_cli.run(args, out))
+    out.write(f"fetch-wheels: the product layer's wheels for {', '.join(p.tag for p in platforms)} are in {args.dest}\n")
+    return 0
 
 
 def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
@@ -275,6 +318,8 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
             return _plan(args, out)
         if args.command == "verify":
             return _verify(args, out)
+        if args.command == "fetch-wheels":
+            return _fetch_wheels(args, out)
         return _assembly(args, out)
     except ProjectError as exc:
         for problem in exc.problems:

@@ -154,17 +154,12 @@ def estimate(
     memory = project.image.memory_mib
     hourly = vm_hour_usd(memory)
     suspended_day = SUSPENDED_DAY_USD if hourly is not None else None
-    if not project.has_fleet:
-        running = suspended = running_without_idle = 0.0
-        warm_days = 0.0
-        peak_hours = 0.0
-    else:
-        scaling = project.scaling
-        lifetimes = dict(vm_lifetime_seconds=vm_lifetime_seconds, successor_lead_seconds=successor_lead_seconds)
-        running, suspended = base_vm_seconds(scaling.min_vms, scaling.idle, **lifetimes)
-        running_without_idle, _ = base_vm_seconds(scaling.min_vms, None, **lifetimes)
-        warm_days = scaling.warm_vms * DAYS_PER_MONTH
-        peak_hours = running_without_idle / 3600 + (scaling.max_vms - scaling.min_vms) * HOURS_PER_MONTH
+    scaling = project.scaling
+    lifetimes = dict(vm_lifetime_seconds=vm_lifetime_seconds, successor_lead_seconds=successor_lead_seconds)
+    running, suspended = base_vm_seconds(scaling.min_vms, scaling.idle, **lifetimes)
+    running_without_idle, _ = base_vm_seconds(scaling.min_vms, None, **lifetimes)
+    warm_days = scaling.warm_vms * DAYS_PER_MONTH
+    peak_hours = running_without_idle / 3600 + (scaling.max_vms - scaling.min_vms) * HOURS_PER_MONTH
     base_running = _money(running / 3600, hourly)
     base_parked = _money(suspended / 86400, suspended_day)
     base = None if base_running is None or base_parked is None else round(base_running + base_parked, 2)
@@ -185,7 +180,7 @@ def estimate(
             "hours_per_month": HOURS_PER_MONTH,
             "vm_lifetime_seconds": vm_lifetime_seconds,
             "successor_lead_seconds": successor_lead_seconds,
-            "idle_seconds": project.scaling.idle if project.has_fleet else None,
+            "idle_seconds": project.scaling.idle,
             "recipe_reads_per_day": recipe_reads_per_day if has_recipe else 0,
             "traffic": "none for the idle fleet; every VM busy all month for the peak",
         },

@@ -14,6 +14,7 @@ log group the library makes.
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Mapping, Optional, Sequence, Union
 
@@ -27,6 +28,7 @@ from constructs import Construct
 
 from .agent_image import DEFAULT_LOG_RETENTION, AgentImage, _usable_log_key
 from .dashboard import FleetDashboard
+from .egress.client import ENVELOPES_ENV, TABLE_ENV
 from .egress_budget import EgressBudget
 from .execution_role import LOG_GROUP_PREFIX, MicrovmExecutionRole
 from .fleet_teardown import FleetTeardown
@@ -41,6 +43,7 @@ from .monitoring import (
     retention_days,
 )
 from .names import claim
+from .options import egress_declaration
 from .permissions import (
     FleetAccess,
     caller_statements,
@@ -284,11 +287,6 @@ class AgentFleet(_FleetGrants):
         saved_queries: bool = True,
         log_retention: logs.RetentionDays = DEFAULT_FUNCTION_LOG_RETENTION,
     ) -> None:
-        if not project.has_fleet:
-            raise ValueError(
-                f"target: {project.target!r} has no fleet (option_not_supported); AgentFleet "
-                "deploys to Lambda MicroVMs (target = 'microvm')"
-            )
         for option, value in (("build_image", build_image), ("metadata_index", metadata_index),
                               ("keep_recipe", keep_recipe), ("reconciler", reconciler),
                               ("scope_microvm_actions_to_image", scope_microvm_actions_to_image),
@@ -356,8 +354,9 @@ class AgentFleet(_FleetGrants):
                 environment={
                     **project.env,
                     # The agents' EmfRecorder follows the fleet's metrics switch through the image.
-                    **({"RAYITO_EGRESS_BUDGET_TABLE": self.egress_budget.table_name,
-                        METRICS_ENV: metrics_value(metrics)} if self.egress_budget else {}),
+                    **({TABLE_ENV: self.egress_budget.table_name, METRICS_ENV: metrics_value(metrics),
+                        ENVELOPES_ENV: json.dumps(egress_declaration(project.egress), sort_keys=True,
+                                                  separators=(",", ":"))} if self.egress_budget else {}),
                 },
                 secret_looking_names="allow",  # the project already warned (env_looks_secret)
                 own_log_group=own_microvm_log_group is not False,
@@ -424,7 +423,7 @@ class AgentFleet(_FleetGrants):
         if self.egress_budget is not None:
             # Every agent of the fleet takes tokens from the shared envelopes.
             self.egress_budget.grant_acquire(self.execution_role)
-        image_version = image.latest_active_image_version if image is not None else project.image.version
+        image_version = image.latest_active_image_version if image is not None else None
         self.image_arn = self.access.image_arns[0]
         """The fleet's MicroVM image ARN."""
 

@@ -1,22 +1,21 @@
-"""The fleet options of the product page: one typed model per table of ``rayito-agent.toml``.
+"""The fleet settings the product's project file does not hold, as typed models.
 
-Every default and limit here is the product page's ("Several sessions and several VMs", "The
-options"). The models are strict: a string where a number belongs is an error, not a guess.
-
-The rules live in the models, so they hold however a model is made: ``ScalingOptions(min_vms=3,
-max_vms=1)``, ``model_validate``, ``model_copy(update=...)`` or the loader. A broken model raises
-:class:`~rayito_constructs.errors.ProjectError` (a ``ValueError``) whose ``problems`` are the same
-one-line messages ``plan`` prints. The rules that need two tables at once (the ``max_concurrency``
-cap of the memory size, dedicated sessions) are :class:`~rayito_constructs.project.AgentProject`'s.
+``rayito-agent.toml`` is the product's, and its loader refuses any key it does not know; what
+this library adds to a fleet (per-target egress envelopes, the stack's operations switches) lives
+in props, ``-c`` context and, when a file is wanted, ``rayito-constructs.toml`` next to it
+(:mod:`rayito_constructs.fleet_file`). The models are strict: a string where a number belongs is
+an error, not a guess, and a broken model raises
+:class:`~rayito_constructs.errors.ProjectError` (a ``ValueError``) whose ``problems`` are the
+one-line messages ``plan`` prints.
 """
 
 from __future__ import annotations
 
 import ipaddress
 import re
-from typing import Any, ClassVar, Iterable, Literal, Mapping, Optional, Sequence, Union
+from typing import Any, ClassVar, Iterable, Mapping, Optional, Sequence, Union
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic_core import PydanticCustomError
 
 from .errors import Problem, ProjectError, did_you_mean, show
@@ -321,111 +320,6 @@ class _Options(ValidatedModel):
     """The table of ``rayito-agent.toml`` the model reads."""
 
 
-class ServeOptions(_Options):
-    """How one VM serves sessions (the ``[serve]`` table)."""
-
-    SECTION: ClassVar[str] = "serve"
-
-    max_concurrency: int = Field(1, ge=1)
-    """Sessions at a time in one VM (``--max-sessions``). Default: 1. Limit: 7 with 2 GiB, 15 with
-    4 GiB, 31 with 8 GiB (8 connections per vCPU minus one)."""
-
-    queue_max: int = Field(0, ge=0, le=QUEUE_MAX_LIMIT)
-    """Requests that wait in the host queue when the VM is full (``--queue``). Default: 0, an
-    immediate 429. Limit: 256."""
-
-    queue_timeout_seconds: int = 30
-    """How long a request waits in the queue (``--queue-timeout``), in seconds or ``"1m"``.
-    Default: 30. Limit: 1 to 900."""
-
-    @field_validator("queue_timeout_seconds", mode="plain")
-    @classmethod
-    def _queue_timeout(cls, value: object) -> Optional[int]:
-        return check_duration(value, minimum=1, maximum=QUEUE_TIMEOUT_LIMIT, allow_none=False)
-
-
-def scaling_rules(min_vms: int, max_vms: int, warm_vms: int) -> list[Rule]:
-    """The page's limits between ``min_vms``, ``max_vms`` and ``warm_vms``."""
-    problems: list[Rule] = []
-    if min_vms > max_vms:
-        problems.append(("min_vms", f"min_vms: {min_vms} is above max_vms ({max_vms})", ("min_vms", "max_vms")))
-    headroom = max(0, max_vms - min_vms)
-    if warm_vms > headroom:
-        problems.append((
-            "warm_vms",
-            f"warm_vms: {warm_vms} is above the limit of {headroom} (max_vms - min_vms = {max_vms} - {min_vms})",
-            ("warm_vms", "min_vms", "max_vms"),
-        ))
-    return problems
-
-
-class ScalingOptions(_Options):
-    """How many VMs the fleet keeps (the ``[scaling]`` table).
-
-    ``min_vms <= max_vms`` and ``warm_vms <= max_vms - min_vms`` are checked here, so
-    ``ScalingOptions(min_vms=3, max_vms=1)`` fails as ``plan`` does.
-    """
-
-    SECTION: ClassVar[str] = "scaling"
-
-    min_vms: int = Field(1, ge=0)
-    """VMs always alive (``--min-vms``). Default: 1."""
-
-    max_vms: int = Field(1, ge=1, le=MAX_VMS_LIMIT)
-    """VMs at most (``--max-vms``). Default: 1. Limit: 64."""
-
-    warm_vms: int = Field(0, ge=0)
-    """Parked (suspended) slots that absorb a spike (``--warm``). Default: 0. Limit:
-    ``max_vms - min_vms``."""
-
-    sessions: Literal["shared", "dedicated"] = "shared"
-    """``shared`` (several sessions per VM) or ``dedicated`` (one VM per session)."""
-
-    scale_in_after_seconds: int = 900
-    """Idle time after which a VM above ``min_vms`` ends by itself (``--scale-in-after``), in
-    seconds or ``"15m"``. Default: 900. Limit: 60 to 28,800."""
-
-    idle: Optional[int] = None
-    """Idle time after which a VM is suspended and resumed when called (``--idle``), in seconds,
-    ``"10m"`` or ``"none"``. Default: none, no suspension. Limit: 60 (the service's IdlePolicy
-    minimum) to 28,800."""
-
-    @field_validator("scale_in_after_seconds", mode="plain")
-    @classmethod
-    def _scale_in(cls, value: object) -> Optional[int]:
-        return check_duration(value, minimum=SCALE_IN_MINIMUM, maximum=MICROVM_MAX_LIFETIME_SECONDS, allow_none=False)
-
-    @field_validator("idle", mode="plain")
-    @classmethod
-    def _idle(cls, value: object) -> Optional[int]:
-        return check_duration(
-            value, minimum=IDLE_MINIMUM, maximum=MICROVM_MAX_LIFETIME_SECONDS, allow_none=True,
-            none_means="turns suspension off",
-        )
-
-    @model_validator(mode="after")
-    def _limits(self) -> "ScalingOptions":
-        problems = scaling_rules(self.min_vms, self.max_vms, self.warm_vms)
-        if problems:
-            raise rules_error(problems)
-        return self
-
-
-class ImageOptions(_Options):
-    """The MicroVM image the fleet runs (the ``[image]`` table)."""
-
-    SECTION: ClassVar[str] = "image"
-
-    memory_mib: Literal[512, 1024, 2048, 4096, 8192] = DEFAULT_MEMORY_MIB
-    """Baseline memory of each VM (``--memory``), one of the documented size classes."""
-
-    architecture: Literal["ARM_64", "X86_64"] = "ARM_64"
-    """CPU architecture of the image. Default: ``ARM_64``."""
-
-    version: Optional[str] = Field(None, min_length=1, max_length=2048, pattern=r"^\S+$")
-    """Image version to run (``major.minor``). Default: the latest active version."""
-
-
 class EgressBudgetOptions(_Options):
     """One per-target rate envelope (a ``[[egress.budgets]]`` entry)."""
 
@@ -460,37 +354,16 @@ class EgressBudgetOptions(_Options):
 
 
 class EgressOptions(_Options):
-    """Where the agent may send requests, and how fast (the ``[egress]`` table)."""
+    """How fast the fleet's agents may send requests to each target (the ``[egress]`` table of
+    ``rayito-constructs.toml``). Where they may send them is the product's ``[network] allow_out``."""
 
     SECTION: ClassVar[str] = "egress"
 
-    allow: tuple[str, ...] = ()
-    """Hosts the agent may reach (``--allow-out``): DNS names (IDNA-encoded, lowercased), ``*.``
-    before a domain, or IP addresses; no URLs or ports. Default: no allow-list."""
     budgets: tuple[EgressBudgetOptions, ...] = ()
     """Per-target rate envelopes (``[[egress.budgets]]``). Default: none (no EgressBudget)."""
     default_rate: Union[str, int, float] = "60/minute"
     """Envelope of a target no budget declares. Default: 60/minute."""
     default_burst: int = Field(5, ge=1, le=MAX_BURST)
-
-    @field_validator("allow", mode="before")
-    @classmethod
-    def _allow(cls, value: object) -> object:
-        if isinstance(value, str) or not isinstance(value, (list, tuple)):
-            return value  # the model says it is not a list
-        hosts: list[str] = []
-        wrong: list[str] = []
-        for host in value:
-            try:
-                normal = normalize_host(host)
-            except ValueError as exc:
-                wrong.append(str(exc))
-                continue
-            if normal not in hosts:
-                hosts.append(normal)
-        if wrong:
-            raise value_error("; ".join(wrong))
-        return tuple(hosts)
 
     @field_validator("default_rate")
     @classmethod
@@ -521,30 +394,14 @@ class EgressOptions(_Options):
         return value
 
 
-class GatewayOptions(_Options):
-    """One model or tool gateway the fleet opens for each VM (a ``[[gateways]]`` entry)."""
-
-    SECTION: ClassVar[str] = "gateways"
-
-    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")
-    preset: Optional[str] = Field(None, min_length=1, max_length=64)
-    upstream: Optional[str] = Field(None, min_length=1, max_length=2048)
-    secret_env: tuple[str, ...] = ()
-    """Names of secret environment variables the gateway injects upstream (names only)."""
-
-    @field_validator("upstream")
-    @classmethod
-    def _upstream(cls, value: Optional[str]) -> Optional[str]:
-        """The upstream is stored in the recipe: a user and password (or a token) in it would be
-        a credential in plain configuration, as a credential-shaped ``[env]`` value is."""
-        from .envrules import credential_shape
-
-        shape = credential_shape(value) if value else None
-        if shape:
-            raise value_error(f"the upstream looks like a credential ({shape}); the recipe stores it as is: "
-                              "give the gateway the secret with secret_env (--secret-env NAME=<secret>) instead")
-        return value
+def egress_declaration(egress: EgressOptions) -> dict[str, Any]:
+    """The envelopes as the agents' ``BudgetClient.from_declaration`` reads them (the image's
+    ``RAYITO_EGRESS_ENVELOPES``): rates per second, targets normalized."""
+    return {
+        "budgets": [{"target": b.target, "rate_per_second": b.rate_per_second, "burst": b.burst} for b in egress.budgets],
+        "default": {"rate_per_second": parse_rate(egress.default_rate), "burst": egress.default_burst},
+    }
 
 
 def option_models() -> Iterable[type[_Options]]:
-    return (ServeOptions, ScalingOptions, ImageOptions, EgressOptions, EgressBudgetOptions, GatewayOptions)
+    return (EgressOptions, EgressBudgetOptions)

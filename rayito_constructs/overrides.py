@@ -1,10 +1,13 @@
-"""Overrides typed as text (CLI flags, ``cdk -c key=value``) turned into the values of ``AgentProject.load``.
+"""The flags of ``rayito agent deploy`` typed as text (``plan`` flags, ``cdk -c key=value``),
+turned into the values of ``AgentProject.load``.
 
-One table decides how each option is read, so ``plan --min-vms 2`` and ``cdk synth -c min_vms=2``
+One table decides how each flag is read, so ``plan --min-vms 2`` and ``cdk synth -c min_vms=2``
 mean the same thing and fail with the same message, naming what the user typed (``--min-vms`` or
-``-c min_vms``).
+``-c min_vms``). Context keys are the flags' names with ``_`` (``-c max_sessions=4``,
+``-c warm=2``, ``-c memory=4096``, ``-c save_recipe=false`` for ``--no-save-recipe``).
 
-``env`` and ``secret_env`` take ``NAME=VALUE`` pairs: one per ``--env`` flag; in context either
+``env`` and ``secret_env`` take ``NAME=VALUE`` pairs (``NAME=<secret id>`` for ``secret_env``): one
+per ``--env`` flag; in context either
 ``-c env=A=1,B=2`` (a comma splits only where ``NAME=`` follows, so ``-c env=URL=https://a,b``
 is one variable), ``-c 'env={"URL": "https://a,b=c"}'`` (JSON, for any value) or one key per
 variable, ``-c env.URL=https://a,b``.
@@ -14,10 +17,10 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any, Callable, Iterable, Mapping, Optional
+from typing import Any, Callable, Iterable, Mapping
 
 from .errors import Problem, ProjectError, did_you_mean, show
-from .options import parse_duration
+from .product import FLAG_NAMES
 
 _PAIR_SPLIT = re.compile(r",(?=\s*[A-Za-z_][A-Za-z0-9_]*\s*=)")
 
@@ -28,10 +31,6 @@ def _whole(value: Any) -> Any:
         if text.isascii() and text.lstrip("-").isdigit():
             return int(text)
     return value
-
-
-def _duration(value: Any) -> Any:
-    return parse_duration(value) if isinstance(value, str) else value
 
 
 def _json(value: str, wanted: type, what: str) -> Any:
@@ -82,23 +81,41 @@ def _flag(value: Any) -> Any:
     return value
 
 
+def _number(value: Any) -> Any:
+    if isinstance(value, str):
+        try:
+            number = float(value.strip())
+        except ValueError:
+            return value
+        return int(number) if number.is_integer() and "." not in value else number
+    return value
+
+
+def _pair_list(value: Any) -> Any:
+    """``--env`` pairs as the product's flag takes them: ``("A=1", "B=2")``."""
+    if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
+        return tuple(value)
+    return tuple(f"{k}={v}" for k, v in _pairs(value).items())
+
+
+def _strings(value: Any) -> Any:
+    if isinstance(value, str) and value.lstrip().startswith("["):
+        return tuple(_json(value, list, 'a JSON list (["a", "b"])'))
+    return (value,) if isinstance(value, str) else tuple(value)
+
+
+#: How each flag of ``rayito agent deploy`` is read from text (a ``plan`` flag, ``-c`` context).
 READERS: dict[str, Callable[[Any], Any]] = {
-    "name": str,
-    "target": str,
-    "sessions": str,
-    "memory_mib": _whole,
-    "max_concurrency": _whole,
-    "queue_max": _whole,
-    "min_vms": _whole,
-    "max_vms": _whole,
-    "warm_vms": _whole,
-    "queue_timeout_seconds": _duration,
-    "scale_in_after_seconds": _duration,
-    "idle": _duration,
-    "env": _pairs,
-    "secret_env": _pairs,
+    **{name: _whole for name in ("min_vms", "max_vms", "warm", "scale_in_after", "max_sessions", "queue", "idle",
+                                 "port", "memory")},
+    **{name: _number for name in ("queue_timeout", "timeout")},
+    **{name: _flag for name in ("save_recipe", "renew_gateway_keys")},
+    **{name: str for name in ("sessions", "framework", "language", "entry", "protocol", "model_id", "model_provider",
+                              "model_base_url", "graph", "region")},
+    "env": _pair_list,
+    "secret_env": _pair_list,
+    "secret_env_from": _strings,
     "allow_out": _names,
-    "save_recipe": _flag,
 }
 
 #: Context keys of ``app.py`` that are not project options, with what they take.
@@ -248,35 +265,18 @@ def _retention(value: Any, problems: list[Problem]) -> Any:
     return days
 
 
-def _option_of(key: str) -> Optional[tuple[str, str]]:
-    """The option (and the variable, for ``env.X``) a problem's key is about."""
-    from .project import OPTION_TABLE, PROBLEM_KEY
-
-    reverse = {v: k for k, v in PROBLEM_KEY.items()}
-    head, _, rest = key.partition(".")
-    if key in OPTION_TABLE:
-        return key, ""
-    if key in reverse:
-        return reverse[key], ""
-    if head in ("env", "secret_env") and rest:
-        return head, rest
-    return None
-
-
 def name_what_was_typed(problems: Iterable[Problem], given: set[str], *, context: bool) -> list[Problem]:
-    """Problems about options the user typed start with what they typed: ``--max-vms: ...`` for a
-    flag of ``plan``, ``-c max_vms: ...`` for ``cdk synth`` context; the others are unchanged."""
-    from .project import OPTION_TABLE
-
+    """Problems about flags start with the flag (``--max-vms: ...``); for ``cdk synth`` context
+    they start with what was typed there (``-c max_vms: ...``). The others are unchanged."""
     named: list[Problem] = []
     for problem in problems:
-        option = _option_of(problem.key)
-        prefix = f"{problem.key}: "
-        if option is None or option[0] not in given or not problem.message.startswith(prefix):
+        flag = FLAG_NAMES.get(problem.key)
+        if not context or flag is None or problem.key not in given or not problem.message.startswith(f"{flag}: "):
             named.append(problem)
             continue
-        typed = f"-c {option[0]}" if context else OPTION_TABLE[option[0]][1]
-        if option[1]:
-            typed += f" {option[1]}"
-        named.append(Problem(problem.key, f"{typed}: {problem.message[len(prefix):]}"))
+        message = problem.message
+        for key in dict.fromkeys((problem.key, *problem.related)):  # a rule two flags broke names both
+            if key in FLAG_NAMES and key in given:
+                message = message.replace(f"{FLAG_NAMES[key]}: ", f"-c {key}: ", 1)
+        named.append(Problem(problem.key, message, problem.related))
     return named

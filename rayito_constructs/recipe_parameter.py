@@ -41,7 +41,9 @@ from ._function import library_function
 from .monitoring import Operations, create_alarm, longest, metrics_value, retention_days
 from .names import claim, fleet_name_problem
 from .permissions import recipe_parameter_arn, via
-from .recipe import EncodedRecipe, canonical_json, decode_recipe
+from .product import canonical_json, decode, recipe_document
+from .product_layer import ProductLayer
+from .recipe import EncodedRecipe
 
 RESOURCE_TYPE = "Custom::RayitoRecipe"
 NAMESPACE = "Rayito/Fleet"
@@ -72,6 +74,8 @@ class RecipeWriter(Construct):
             description="Writes Rayito fleet recipes as SecureString parameters (never logs them)",
             role_description="Rayito recipe writer: puts and deletes fleet recipe parameters",
             timeout=cdk.Duration.seconds(150),
+            memory_size=512,  # importing rayito (grpcio, protobuf, boto3) takes ~150 MB and its CPU share
+            layers=[ProductLayer.of(self).layer],  # the product encodes the recipe (lambdas/recipe_writer)
             environment={
                 "STACK_ID": cdk.Aws.STACK_ID,
                 "RECIPE_RESOURCES": cdk.Lazy.string(_Producer(self._resource_map)),
@@ -169,8 +173,8 @@ class RecipeParameter(Construct):
     """The SecureString recipe of one fleet, written at deploy, deleted with the stack.
 
     :param fleet_name: the fleet; the parameter is ``/rayito/agents/<fleet_name>/recipe``.
-    :param recipe: the recipe document (``build_recipe``), or an encoded recipe
-        (``rayito_constructs.recipe.encode_recipe``), which is decoded back to its document.
+    :param recipe: the product's recipe document (``RecipePlan.document``), or a stored recipe
+        value (:class:`~rayito_constructs.recipe.EncodedRecipe`), which is decoded back to its document.
     :param image_version: the image version to record when it is only known at deploy (a token,
         such as ``AgentImage.latest_active_image_version``); the writer puts it into the
         document before encoding it, so it is there in every encoding. Default: the document's.
@@ -204,7 +208,7 @@ class RecipeParameter(Construct):
         problem = fleet_name_problem(fleet_name)  # a pattern (agente*) would let the writer write other recipes
         if problem:
             raise ValueError(f"fleet_name: {problem}")
-        document = decode_recipe(recipe.value) if isinstance(recipe, EncodedRecipe) else dict(recipe)
+        document = recipe_document(decode(recipe.value)[0]) if isinstance(recipe, EncodedRecipe) else dict(recipe)
         if document.get("name") != fleet_name:
             raise ValueError(f"recipe: the document is the recipe of {document.get('name')!r}, not of {fleet_name!r}")
         super().__init__(scope, id)
@@ -221,7 +225,7 @@ class RecipeParameter(Construct):
         self.parameter_arn = recipe_parameter_arn(stack, fleet_name)
         """The parameter's ARN."""
         self.encoding = recipe.encoding if isinstance(recipe, EncodedRecipe) else None
-        data = canonical_json(document)
+        data = canonical_json(document).encode()
         digest = hashlib.sha256(data).hexdigest()
         self.document = s3_assets.Asset(
             self, "Document", path=str(_document_file(data, digest)),

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import textwrap
 from pathlib import Path
 from typing import Callable
 
@@ -20,15 +19,13 @@ EXAMPLE = ROOT / "examples" / "mi-agente"
 
 @pytest.fixture
 def agent_folder(tmp_path: Path) -> Callable[..., Path]:
-    """Make an agent folder with the given rayito-agent.toml text (or none)."""
+    """Make a Rayito agent folder (tests/projects.py): the product's format, the example's custom
+    app, ``name``, and the tables of ``toml`` (text) and ``tables`` over that base; ``[egress]``
+    and ``[stack]`` go to rayito-constructs.toml."""
+    from .projects import write_project
 
-    def make(toml: str | None = None, name: str = "agente") -> Path:
-        folder = tmp_path / name
-        folder.mkdir(parents=True, exist_ok=True)
-        (folder / "Dockerfile").write_text("FROM scratch\n")
-        if toml is not None:
-            (folder / "rayito-agent.toml").write_text(textwrap.dedent(toml))
-        return folder
+    def make(toml: str | None = None, name: str = "agente", *, dockerfile: bool = True, **tables: object) -> Path:
+        return write_project(tmp_path / name, name=name, toml=toml, tables=tables, dockerfile=dockerfile)
 
     return make
 

@@ -187,11 +187,32 @@ class Run:
         return out
 
 
+def layer_folders(template: dict[str, Any], resource: dict[str, Any]) -> list[str]:
+    """Where the function's layers are on this machine, in the order Lambda puts them on the path
+    (``/opt/python``): the product layer (``ProductLayer``) as built for this machine from the same
+    pins as the synthesized one (its asset key says which), and public layers by ARN left out (the
+    Powertools layer's code is the test environment's own aws-lambda-powertools, pinned alike)."""
+    import hashlib
+
+    from rayito_constructs.wheels import LAMBDA, host_platform, layer_folder, layer_key
+
+    staged = hashlib.sha256(layer_key(LAMBDA).encode()).hexdigest()  # the CDK hashes a custom asset hash
+    out = []
+    for layer in resource["Properties"].get("Layers", []):
+        if isinstance(layer, dict) and "Ref" in layer:
+            content = template["Resources"][layer["Ref"]]["Properties"]["Content"]
+            assert content["S3Key"] == f"{staged}.zip", "the product layer's pins changed since the synth"
+            out.append(str(layer_folder(host_platform())))
+    return out
+
+
 def run_lambda(code: Path, resource: dict[str, Any], env: dict[str, str], events: list[Any],
-               *, timeout_seconds: Optional[float] = None, pause_seconds: float = 0.0) -> Run:
-    """Invoke the handler of ``resource`` with ``events`` in one new execution environment."""
+               *, timeout_seconds: Optional[float] = None, pause_seconds: float = 0.0,
+               layers: tuple[str, ...] = ()) -> Run:
+    """Invoke the handler of ``resource`` with ``events`` in one new execution environment
+    (``layers``: the folders of its layers, :func:`layer_folders`)."""
     props = resource["Properties"]
-    spec = {"code": str(code), "handler": props["Handler"], "events": events,
+    spec = {"code": str(code), "handler": props["Handler"], "events": events, "layers": list(layers),
             "timeout_seconds": timeout_seconds if timeout_seconds is not None else props.get("Timeout", 3),
             "function_name": env.get("AWS_LAMBDA_FUNCTION_NAME", "contract"), "memory_mb": props.get("MemorySize", 128),
             "pause_seconds": pause_seconds}

@@ -4,7 +4,7 @@
                                     "timeout_seconds": 65, "events": [{...}, ...]}'
 
 One process is one execution environment: the code folder goes first on ``sys.path`` (Lambda's
-``/var/task``), the handler string from the template is imported as the runtime imports it, and the
+``/var/task``), then the function's layers (``/opt/python``), the handler string from the template is imported as the runtime imports it, and the
 events are invoked one after the other in that warm environment, each with a context whose
 ``get_remaining_time_in_millis`` counts down on the real clock from the function's timeout. The
 environment is the process's (the test passes the template's ``Environment``). Everything the
@@ -41,6 +41,8 @@ class LambdaContext:
 
 def main(argv: list[str]) -> int:
     spec = json.loads(argv[0])
+    for layer in reversed(spec.get("layers", [])):
+        sys.path.insert(0, layer)
     sys.path.insert(0, spec["code"])
     module_name, _, function = spec["handler"].rpartition(".")
     handler = getattr(importlib.import_module(module_name), function)

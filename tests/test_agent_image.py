@@ -11,6 +11,7 @@ from rayito_constructs import AgentFleet, AgentImage, AgentProject, ImageHooks
 
 from .cdk_helpers import lint_template, nag, new_app, new_stack
 from .conftest import EXAMPLE
+from .projects import project_with
 
 
 def synth_image(**props):
@@ -120,6 +121,8 @@ def test_fleet_builds_its_image_and_grants_the_publisher() -> None:
             {"Key": "GREETING", "Value": "Hola"}, {"Key": "LOG_LEVEL", "Value": "info"},
             # The example declares egress budgets: the agents find their table here.
             {"Key": "RAYITO_EGRESS_BUDGET_TABLE", "Value": {"Ref": Match.string_like_regexp("^FleetEgressBudgetTable")}},
+            # ... the envelopes they declare (rayito-constructs.toml's [egress]: the recipe has no place for them)
+            {"Key": "RAYITO_EGRESS_ENVELOPES", "Value": Match.string_like_regexp('^\\{"budgets":\\[\\{"burst":5,')},
             # ... and whether their EmfRecorder sends metrics (the fleet's metrics=, off by default).
             {"Key": "RAYITO_METRICS", "Value": "off"},
         ],
@@ -139,7 +142,7 @@ def test_fleet_with_a_given_image_arn_builds_nothing() -> None:
                image_arn="arn:aws:lambda:us-east-1:123456789012:microvm-image:elsewhere")
     Template.from_stack(stack).resource_count_is("AWS::Lambda::MicrovmImage", 0)
     with pytest.raises(ValueError, match="base_rollout"):
-        AgentFleet(stack, "Bad", project=AgentProject.load(EXAMPLE, name="otra"), base_rollout="sometimes")
+        AgentFleet(stack, "Bad", project=project_with(name="otra"), base_rollout="sometimes")
 
 
 @pytest.mark.parametrize("version, ok", [("1", True), ("0", True), ("12", True), ("1.0", False), ("latest", False),

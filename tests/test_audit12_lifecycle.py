@@ -24,7 +24,7 @@ def two_fleets(tmp_path_factory: pytest.TempPathFactory) -> Iterator[vw.World]:
     root = tmp_path_factory.mktemp("prefix-fleets")
     fleets = {
         "Agent": (_project(root, "agent", 'name = "agent"\n'), {"reconciler": False}),
-        "AgentCanary": (_project(root, "canary", 'name = "canary"\nsave_recipe = false\n'), {"reconciler": False}),
+        "AgentCanary": (_project(root, "canary", 'name = "canary"\n', save_recipe=False), {"reconciler": False}),
     }
     assembly = vw.synth("audit12-prefix-fleets", vw.own_stack("MyApp", fleets))
     with pytest.MonkeyPatch.context() as monkeypatch, vw.world(monkeypatch) as world:

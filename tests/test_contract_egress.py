@@ -1,9 +1,9 @@
 """Contract from template to agent: the egress chokepoint as a deployed agent makes it.
 
 From the assembly `make synth` writes (app.py): the egress budget table is made in moto from the
-template's own properties, the image's ``RAYITO_EGRESS_BUDGET_TABLE`` names that table, and the
-recipe is the document the assembly staged. The agent side is what an agent runs:
-``BudgetClient.from_recipe`` with its default store client (its timeouts, one attempt), the real
+template's own properties, the image's ``RAYITO_EGRESS_BUDGET_TABLE`` names that table, and its
+``RAYITO_EGRESS_ENVELOPES`` declares the envelopes. The agent side is what an agent runs:
+``BudgetClient.from_environment`` with its default store client (its timeouts, one attempt), the real
 clock and its store-clock calibration, ``EmfRecorder`` attached, and the ``httpx`` adapter in front
 of the next hop. The next hop counts what reached it; moto holds the bucket items; stdout holds the
 EMF records with their units. Those are the evidence, not the recorder's or the client's counters.
@@ -32,8 +32,8 @@ SEARCH = "https://api.example.com/v1/search?region=eu"
 @pytest.fixture
 def agent(example_assembly, monkeypatch):
     outdir, template = example_assembly
-    ((recipe_resource),) = [r for r in template["Resources"].values() if r["Type"] == "Custom::RayitoRecipe"]
-    recipe = json.loads((outdir / f"asset.{recipe_resource['Properties']['DocumentKey']}").read_bytes())
+    (declared,) = set(_values_of(template, "RAYITO_EGRESS_ENVELOPES"))  # what the fleet sets in its image
+    recipe = {"name": "mi-agente", "egress": json.loads(declared)}
     (table_logical,) = {value["Ref"] for value in _values_of(template, "RAYITO_EGRESS_BUDGET_TABLE")}
     assert template["Resources"][table_logical]["Type"] == "AWS::DynamoDB::Table"
     with moto_server() as aws:
@@ -43,7 +43,8 @@ def agent(example_assembly, monkeypatch):
         from rayito_constructs.egress.telemetry import METRICS_ENV
 
         (switch,) = set(_values_of(template, METRICS_ENV))  # the metrics switch the fleet sets in its image
-        for key, value in {METRICS_ENV: switch, "RAYITO_EGRESS_BUDGET_TABLE": made.names[table_logical], "AWS_ENDPOINT_URL_DYNAMODB": aws,
+        for key, value in {METRICS_ENV: switch, "RAYITO_EGRESS_BUDGET_TABLE": made.names[table_logical],
+                           "RAYITO_EGRESS_ENVELOPES": declared, "AWS_ENDPOINT_URL_DYNAMODB": aws,
                            "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
                            "AWS_DEFAULT_REGION": "us-east-1", "AWS_REGION": "us-east-1"}.items():
             monkeypatch.setenv(key, value)
@@ -86,7 +87,7 @@ def test_the_declared_envelope_holds_at_the_next_hop(agent) -> None:
     (envelope,) = [b for b in recipe["egress"]["budgets"] if b["target"].endswith("/v1/search?region")]
     out = io.StringIO()
     recorder = EmfRecorder(recipe["name"], out=out, background=False)
-    budget = BudgetClient.from_recipe(recipe, on_decision=recorder)  # the table from RAYITO_EGRESS_BUDGET_TABLE
+    budget = BudgetClient.from_environment(on_decision=recorder)  # the image's RAYITO_EGRESS_* variables
     reached: Counter[str] = Counter()
 
     def next_hop(request: httpx.Request) -> httpx.Response:
@@ -132,7 +133,7 @@ def test_a_store_that_refuses_the_connection_sends_nothing(agent, monkeypatch) -
         monkeypatch.setenv("AWS_ENDPOINT_URL_DYNAMODB", f"http://127.0.0.1:{closed.getsockname()[1]}")
         out = io.StringIO()
         recorder = EmfRecorder(agent["recipe"]["name"], out=out, background=False)
-        budget = BudgetClient.from_recipe(agent["recipe"], on_decision=recorder, calibrate=False)
+        budget = BudgetClient.from_environment(on_decision=recorder, calibrate=False)
         reached: Counter[str] = Counter()
 
         def next_hop(request: httpx.Request) -> httpx.Response:

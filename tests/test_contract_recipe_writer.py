@@ -25,7 +25,9 @@ from typing import Any, Iterator
 
 import pytest
 
-from rayito_constructs import AgentProject, build_recipe, decode_recipe, encode_recipe
+from rayito_constructs import AgentProject
+from rayito_constructs.product import decode
+from rayito_constructs.recipe import plan_recipe
 
 from . import contract_support as cs
 from .conftest import EXAMPLE, ROOT
@@ -35,7 +37,7 @@ from .recipe_writer_helpers import CFN_HOST, CloudFormationEndpoint
 
 HANDLER = "index.handler"
 STACK_ID = "arn:aws:cloudformation:us-east-1:123456789012:stack/RayitoFleet-mi-agente/6a1e0c40-0000-11f0-9000-0a1b2c3d4e5f"
-BUILT_VERSION = "2.0"
+BUILT_VERSION = "2"
 
 
 @pytest.fixture(scope="module")
@@ -104,7 +106,8 @@ class Deploy:
 
     def run(self, *events: dict[str, Any]) -> tuple[cs.Run, list[dict[str, Any]]]:
         before = len(self.d["cfn"].received)
-        run = cs.run_lambda(self.d["code"], self.d["resource"], self.env, list(events))
+        run = cs.run_lambda(self.d["code"], self.d["resource"], self.env, list(events),
+                            layers=tuple(cs.layer_folders(self.d["template"], self.d["resource"])))
         assert run.errors == [] and run.results == [None] * len(events)  # a custom resource returns nothing
         answers = self.d["cfn"].received[before:]
         assert [a["host"] for a in answers] == [CFN_HOST] * len(events)
@@ -139,8 +142,8 @@ def test_create_update_delete_as_cloudformation_sends_them(deployed) -> None:
     stored = deploy.stored()
     (described,) = deploy.ssm.describe_parameters(ParameterFilters=[{"Key": "Name", "Values": [deploy.name]}])["Parameters"]
     assert stored["Type"] == described["Type"] == "SecureString" and described["Tier"] == "Standard"
-    expected = encode_recipe(build_recipe(AgentProject.load(EXAMPLE), BUILT_VERSION))
-    assert stored["Value"] == expected.value and decode_recipe(stored["Value"])["image"]["version"] == BUILT_VERSION
+    expected = plan_recipe(AgentProject.load(EXAMPLE), BUILT_VERSION).encoded  # the product's value, its version
+    assert stored["Value"] == expected.value and decode(stored["Value"])[0].image_version == BUILT_VERSION
     (metric,) = _emf(run)
     assert metric["_aws"]["CloudWatchMetrics"][0]["Metrics"] == [{"Name": "RecipeSaved", "Unit": "Count"},
                                                                 {"Name": "RecipeNotSaved", "Unit": "Count"}]

@@ -488,10 +488,19 @@ def test_declarations_are_checked_and_a_recipe_makes_the_client(store, table, mo
                          "default": {"rate_per_second": 2.0, "burst": 3}}}
     monkeypatch.delenv("RAYITO_EGRESS_BUDGET_TABLE", raising=False)
     with pytest.raises(ValueError, match="RAYITO_EGRESS_BUDGET_TABLE"):
-        BudgetClient.from_recipe(recipe, dynamodb=ddb(store.endpoint))
+        BudgetClient.from_declaration(recipe["egress"], dynamodb=ddb(store.endpoint))
     monkeypatch.setenv("RAYITO_EGRESS_BUDGET_TABLE", table)
-    c = BudgetClient.from_recipe(recipe, dynamodb=ddb(store.endpoint), calibrate=False)
+    c = BudgetClient.from_declaration(recipe["egress"], dynamodb=ddb(store.endpoint), calibrate=False)
     assert c.default_rate == 2.0 and c.default_burst == 3
+    import json
+
+    env = {"RAYITO_EGRESS_BUDGET_TABLE": table, "RAYITO_EGRESS_ENVELOPES": json.dumps(recipe["egress"])}
+    from_env = BudgetClient.from_environment(env, dynamodb=ddb(store.endpoint), calibrate=False)
+    assert (from_env.default_rate, from_env.default_burst) == (2.0, 3)
+    assert BudgetClient.from_environment({"RAYITO_EGRESS_BUDGET_TABLE": table}, dynamodb=ddb(store.endpoint),
+                                         calibrate=False).default_burst == 5  # no declaration: the defaults
+    with pytest.raises(ValueError, match="RAYITO_EGRESS_ENVELOPES is not JSON"):
+        BudgetClient.from_environment({**env, "RAYITO_EGRESS_ENVELOPES": "{"}, dynamodb=ddb(store.endpoint))
     assert c.buckets_of(f"{API}/v1/search?region=eu") == (f"{API}/v1/search?region=eu",)
     assert Envelope(API, 4, 1).interval == 0.25
 

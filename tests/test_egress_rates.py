@@ -102,7 +102,7 @@ def load_problems(agent_folder, toml: str) -> list[str]:
 def test_the_options_refuse_them_too(agent_folder, rate, expected) -> None:
     toml = f'[[egress.budgets]]\ntarget = "https://x.org"\nrate = {rate}\nburst = 2\n[egress]\ndefault_rate = {rate}\n'
     problems = load_problems(agent_folder, toml)
-    assert any(p.startswith("budgets[0].rate: ") and expected in p for p in problems), problems
+    assert any(p.startswith("rayito-constructs.toml: egress.budgets[0].rate: ") and expected in p for p in problems), problems
     assert any("default_rate" in p and expected in p for p in problems), problems
 
 

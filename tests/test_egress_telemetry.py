@@ -16,6 +16,7 @@ import pytest
 from aws_cdk.assertions import Template
 
 from rayito_constructs import AgentFleet, AgentProject
+from rayito_constructs.options import egress_declaration
 from rayito_constructs.egress import BudgetClient, Deferral, EmfRecorder, Granted
 
 from .cdk_helpers import new_app, new_stack
@@ -38,7 +39,8 @@ def fleet() -> tuple[dict[str, Any], dict[str, Any]]:
     # The recipe document is an asset of the stack; the template names it by its hash.
     staged = (Path(app.synth().directory) / fleet.recipe.document.asset_path).read_bytes()
     assert hashlib.sha256(staged).hexdigest() == resource["Properties"]["DocumentSha256"]
-    recipe = json.loads(staged)
+    # the envelopes as the fleet declares them to its agents (the image's RAYITO_EGRESS_ENVELOPES)
+    recipe = {"name": json.loads(staged)["name"], "egress": egress_declaration(fleet.project.egress)}
     alarms = {k: a for k, a in template.find_resources("AWS::CloudWatch::Alarm").items()
               if any(ns == "Rayito/Egress" for ns, _, _ in watched(a))}
     assert len(alarms) == 5  # two per declared envelope (one of them metric math), one for the store
@@ -97,7 +99,7 @@ def test_every_alarm_watches_a_metric_the_recorder_emits(fleet, store) -> None:
     virtual_store_time(client, clock)
     out = io.StringIO()
     recorder = EmfRecorder(recipe["name"], out=out, clock=clock, background=False, metrics=True)
-    budget = BudgetClient.from_recipe(recipe, table_name=table, dynamodb=client, clock=clock, on_decision=recorder,
+    budget = BudgetClient.from_declaration(recipe["egress"], table_name=table, dynamodb=client, clock=clock, on_decision=recorder,
                                       calibrate=False)
     budget.sync_clock()
     clock.now += 1.0

@@ -15,12 +15,14 @@ from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_sqs as sqs
 from aws_cdk.assertions import Annotations, Match, Template
 
-from rayito_constructs import AgentFleet, AgentProject, FleetStack, ProjectError, build_recipe
-from rayito_constructs.recipe import canonical_json
+from rayito_constructs import AgentFleet, AgentProject, FleetStack, ProjectError
+from rayito_constructs.product import canonical_json
+from rayito_constructs.recipe import plan_recipe
 
 from .cdk_helpers import lint_template, nag, new_app, new_stack, stack_props
 from .conftest import EXAMPLE
 from .iam_invariants import iam_violations, policy_documents
+from .projects import project_with
 
 RECIPE_ARN = "arn:aws:ssm:us-east-1:123456789012:parameter/rayito/agents/mi-agente/recipe"
 
@@ -42,7 +44,7 @@ def with_metrics() -> tuple[cdk.App, FleetStack, Template]:
 @pytest.fixture(scope="module")
 def with_index() -> tuple[cdk.App, FleetStack, Template]:
     app = new_app()
-    project = AgentProject.load(EXAMPLE, sessions="dedicated", max_concurrency=1)
+    project = AgentProject.load(EXAMPLE, sessions="dedicated", max_sessions=1)
     stack = FleetStack(app, "Dedicated", project=project, metadata_index=True, keep_recipe=True, **stack_props())
     return app, stack, Template.from_stack(stack)
 
@@ -77,20 +79,20 @@ def test_recipe_resource_names_the_document_not_the_recipe(example) -> None:
     _, stack, template = example
     (recipe,) = template.find_resources("Custom::RayitoRecipe").values()
     props = recipe["Properties"]
-    document = build_recipe(AgentProject.load(EXAMPLE))
+    document = plan_recipe(AgentProject.load(EXAMPLE), builds_image=True).document
     assert props["ParameterName"] == "/rayito/agents/mi-agente/recipe"
     # The recipe records the image version the deploy builds: CloudFormation resolves it and the
     # writer puts it in the document it ships (in every encoding).
     assert props["ImageVersion"] == {"Fn::GetAtt": ["FleetImage4D94793D", "LatestActiveImageVersion"]}
     assert props["DocumentBucket"] == "cdk-hnb659fds-assets-123456789012-us-east-1"
-    assert props["DocumentSha256"] == hashlib.sha256(canonical_json(document)).hexdigest()
+    assert props["DocumentSha256"] == hashlib.sha256(canonical_json(document).encode()).hexdigest()
     assert props["FailureMode"] == "warn" and props["ServiceTimeout"] == "300"
     assert props["KeepOnDelete"] == "false" and "KeyId" not in props and "Value" not in props
     assert recipe["DeletionPolicy"] == "Delete"
     # The document is an asset of the stack: `cdk deploy` uploads it, the template only names it.
     staged = Path(example[0].synth().directory) / stack.fleet.recipe.document.asset_path
-    assert json.loads(staged.read_bytes()) == document and document["image"]["version"] is None
-    assert document["instructions"] not in json.dumps(template.to_json())
+    assert json.loads(staged.read_bytes()) == document and "version" not in document["image"]
+    assert document["project"]["agent"]["instructions"] not in json.dumps(template.to_json())
     # The writer may put and delete exactly this parameter and read exactly this document, and is
     # ready before the resource is written.
     assert any(d.startswith("RayitoRecipeWriterRoleDefaultPolicy") for d in recipe.get("DependsOn", []))
@@ -166,15 +168,26 @@ def test_metadata_index(with_index) -> None:
     assert recipe["DeletionPolicy"] == "Retain" and recipe["Properties"]["KeepOnDelete"] == "true"
 
 
-def test_no_recipe_warns_with_the_page_code() -> None:
-    for overrides, code in [({"save_recipe": False}, "recipe_not_saved")]:  # a fleet named "." is refused (#15)
-        app = new_app()
-        stack = new_stack(app)
-        fleet = AgentFleet(stack, "Fleet", project=AgentProject.load(EXAMPLE, **overrides))
-        assert fleet.recipe is None
-        Template.from_stack(stack).resource_count_is("Custom::RayitoRecipe", 0)
-        warnings = Annotations.from_stack(stack).find_warning("*", Match.string_like_regexp(f"^{code}: "))
-        assert len(warnings) == 1
+def test_no_save_recipe_saves_none_and_says_nothing_as_the_product() -> None:
+    app = new_app()
+    stack = new_stack(app)
+    fleet = AgentFleet(stack, "Fleet", project=AgentProject.load(EXAMPLE, save_recipe=False))
+    assert fleet.recipe is None
+    Template.from_stack(stack).resource_count_is("Custom::RayitoRecipe", 0)
+    assert not Annotations.from_stack(stack).find_warning("*", Match.string_like_regexp("^recipe_"))
+
+
+def test_a_recipe_too_large_warns_with_the_page_code(agent_folder) -> None:
+    import random
+
+    rng = random.Random(3)
+    noise = "".join(rng.choice("abcdefghijklmnopqrstuvwxyz0123456789") for _ in range(9000))
+    app = new_app()
+    stack = new_stack(app)
+    fleet = AgentFleet(stack, "Fleet", project=AgentProject.load(agent_folder(name="big", agent={"instructions": noise})))
+    assert fleet.recipe is None
+    warnings = Annotations.from_stack(stack).find_warning("*", Match.string_like_regexp("^recipe_too_large: "))
+    assert len(warnings) == 1
 
 
 def test_a_fleet_without_headroom_is_told_what_its_successors_cost() -> None:
@@ -186,7 +199,7 @@ def test_a_fleet_without_headroom_is_told_what_its_successors_cost() -> None:
                                       ("none", (0, 2), True), ("off", (1, 1), False)]:
         app = new_app()
         stack = new_stack(app)
-        project = AgentProject.from_dict({}, name=name, min_vms=scaling[0], max_vms=scaling[1])
+        project = project_with(name=name, min_vms=scaling[0], max_vms=scaling[1])
         AgentFleet(stack, "Fleet", project=project, reconciler=reconciler)
         annotations = Annotations.from_stack(stack)
         assert not annotations.find_warning("*", Match.string_like_regexp("no_headroom"))
@@ -200,7 +213,7 @@ def test_recipe_too_large_warns() -> None:
 
     rng = random.Random(3)
     noise = "".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(12000))
-    project = AgentProject.from_dict({"instructions": noise}, name="big")
+    project = project_with(name="big", tables={"agent": {"instructions": noise}})
     app = new_app()
     stack = new_stack(app)
     assert AgentFleet(stack, "Fleet", project=project).recipe is None
@@ -209,7 +222,7 @@ def test_recipe_too_large_warns() -> None:
 
 def test_customer_key_reaches_everything_the_fleet_creates(agent_folder) -> None:
     folder = agent_folder('[[egress.budgets]]\ntarget = "https://api.example.com"\nrate = "1/s"\nburst = 2\n', name="keyed")
-    project = AgentProject.load(folder, sessions="dedicated", max_concurrency=1)
+    project = AgentProject.load(folder, sessions="dedicated", max_sessions=1)
     app = new_app()
     stack = new_stack(app)
     key = kms.Key(stack, "Key", enable_key_rotation=True)
@@ -251,27 +264,20 @@ def test_two_fleets_of_one_stack_share_one_key() -> None:
     app = new_app()
     stack = new_stack(app)
     first, second = (kms.Key(stack, n, enable_key_rotation=True) for n in ("First", "Second"))
-    AgentFleet(stack, "A", project=AgentProject.load(EXAMPLE, name="a"), recipe_key=first)
-    AgentFleet(stack, "B", project=AgentProject.load(EXAMPLE, name="b"), recipe_key=first)  # the same key: fine
+    AgentFleet(stack, "A", project=project_with(name="a"), recipe_key=first)
+    AgentFleet(stack, "B", project=project_with(name="b"), recipe_key=first)  # the same key: fine
     with pytest.raises(ValueError, match="shared by every fleet of the stack and is encrypted with the key Test/First"):
-        AgentFleet(stack, "C", project=AgentProject.load(EXAMPLE, name="c"), recipe_key=second)
+        AgentFleet(stack, "C", project=project_with(name="c"), recipe_key=second)
     with pytest.raises(ValueError, match="but this fleet asks for an AWS managed key"):
-        AgentFleet(stack, "D", project=AgentProject.load(EXAMPLE, name="d"))
+        AgentFleet(stack, "D", project=project_with(name="d"))
 
 
-def test_warnings_of_the_project_become_annotations(agent_folder) -> None:
-    folder = agent_folder('[env]\nAPI_KEY = "x"\n', name="ann")
+def test_warnings_of_the_plan_become_annotations(agent_folder) -> None:
     app = new_app()
     stack = new_stack(app)
-    AgentFleet(stack, "Fleet", project=AgentProject.load(folder))
-    assert Annotations.from_stack(stack).find_warning("*", Match.string_like_regexp("^env_looks_secret: "))
-
-
-def test_agentcore_has_no_fleet() -> None:
-    app = new_app()
-    stack = new_stack(app)
-    with pytest.raises(ValueError, match="option_not_supported"):
-        AgentFleet(stack, "Fleet", project=AgentProject.load(EXAMPLE, target="agentcore"))
+    AgentFleet(stack, "Fleet", project=AgentProject.load(agent_folder(name="ann")),
+               image_arn="arn:aws:lambda:us-east-1:123456789012:microvm-image:ann")
+    assert Annotations.from_stack(stack).find_warning("*", Match.string_like_regexp("^recipe_without_image_version: "))
 
 
 def test_bad_image_arn_is_a_clear_error() -> None:
@@ -370,7 +376,7 @@ def test_the_fleets_of_a_stack_share_one_writer() -> None:
     stack = new_stack(app)
     names = ["agente-0", "agente_1", "a", "x" * 64, "agente-4", "agente-5"]
     for i, name in enumerate(names):
-        AgentFleet(stack, f"Fleet{i}", project=AgentProject.load(EXAMPLE, name=name))
+        AgentFleet(stack, f"Fleet{i}", project=project_with(name=name))
     template = Template.from_stack(stack)
     writers = template.find_resources("AWS::Lambda::Function", {"Properties": {"Handler": "index.handler"}})
     ((_, writer),) = writers.items()
@@ -401,7 +407,7 @@ def test_too_many_fleets_for_one_writer_is_a_clear_error() -> None:
     count = recipe_parameter._MAX_RESOURCE_MAP // 40 + 5
     for i in range(count):
         name = f"agente-n-{i:03d}"
-        RecipeParameter(stack, f"Fleet{i}Recipe", fleet_name=name, recipe=build_recipe(AgentProject.load(EXAMPLE, name=name)))
+        RecipeParameter(stack, f"Fleet{i}Recipe", fleet_name=name, recipe=plan_recipe(project_with(name=name)).document)
     with pytest.raises(Exception, match=f"{count} fleets in one stack: their recipe resources do not fit") as info:
         app.synth()
     assert "split the fleets over several stacks" in str(info.value)
@@ -438,11 +444,11 @@ def test_two_fleets_with_different_boundaries_in_one_stack_are_an_error() -> Non
     stack = new_stack(app)
     first = iam.ManagedPolicy.from_managed_policy_name(stack, "First", "first")
     second = iam.ManagedPolicy.from_managed_policy_name(stack, "Second", "second")
-    AgentFleet(stack, "A", project=AgentProject.load(EXAMPLE, name="a"), permissions_boundary=first)
-    AgentFleet(stack, "B", project=AgentProject.load(EXAMPLE, name="b"), permissions_boundary=first)
-    AgentFleet(stack, "C", project=AgentProject.load(EXAMPLE, name="c"))  # none: the writer keeps "first"
+    AgentFleet(stack, "A", project=project_with(name="a"), permissions_boundary=first)
+    AgentFleet(stack, "B", project=project_with(name="b"), permissions_boundary=first)
+    AgentFleet(stack, "C", project=project_with(name="c"))  # none: the writer keeps "first"
     with pytest.raises(ValueError, match="share its recipe writer, which already has the boundary"):
-        AgentFleet(stack, "D", project=AgentProject.load(EXAMPLE, name="d"), permissions_boundary=second)
+        AgentFleet(stack, "D", project=project_with(name="d"), permissions_boundary=second)
 
 
 def test_recipe_failure_fail_is_strict() -> None:
@@ -456,9 +462,9 @@ def test_recipe_failure_fail_is_strict() -> None:
     rng = random.Random(3)
     noise = "".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(12000))
     with pytest.raises(ValueError, match="recipe_failure='fail': the recipe cannot be saved .recipe_too_large"):
-        AgentFleet(stack, "Big", project=AgentProject.from_dict({"instructions": noise}, name="big"), recipe_failure="fail")
+        AgentFleet(stack, "Big", project=project_with(name="big", tables={"agent": {"instructions": noise}}), recipe_failure="fail")
     with pytest.raises(ValueError, match="recipe_failure: 'ignore' is not one of 'warn', 'fail'"):
-        AgentFleet(stack, "Odd", project=AgentProject.load(EXAMPLE, name="odd"), recipe_failure="ignore")
+        AgentFleet(stack, "Odd", project=project_with(name="odd"), recipe_failure="ignore")
 
 
 def test_an_alarm_tells_a_recipe_not_saved(example, with_metrics) -> None:
@@ -472,11 +478,12 @@ def test_an_alarm_tells_a_recipe_not_saved(example, with_metrics) -> None:
 
 
 def test_credential_shaped_env_fails_the_synth(agent_folder) -> None:
-    folder = agent_folder('[env]\nDATABASE_URL = "postgres://admin:hunter2@db.internal/app"\n', name="leaky")
+    """The product's rule: a value that starts like a credential (sk-, AKIA, ghp_...)."""
+    folder = agent_folder(env={"API_ENDPOINT_TOKENISH": "sk-" + "hunter2abcdef"}, name="leaky")
     with pytest.raises(ProjectError) as info:
         AgentProject.load(folder)
     message = str(info.value)
-    assert "DATABASE_URL" in message and "secret_env" in message and "hunter2" not in message
+    assert message.startswith("env") and "hunter2" not in message.split(": ", 1)[1]
 
 
 @pytest.mark.parametrize("fixture", ["example", "with_index"])
@@ -544,10 +551,10 @@ def test_token_valued_inputs() -> None:
     boundary_arn = cdk.CfnParameter(stack, "BoundaryArn", type="String")
     key = kms.Key.from_key_arn(stack, "Key", key_arn.value_as_string)
     boundary = iam.ManagedPolicy.from_managed_policy_arn(stack, "Boundary", boundary_arn.value_as_string)
-    project = AgentProject.load(EXAMPLE, sessions="dedicated", max_concurrency=1)
+    project = AgentProject.load(EXAMPLE, sessions="dedicated", max_sessions=1)
     fleet = AgentFleet(stack, "Fleet", project=project, image_arn=image.value_as_string, recipe_key=key,
                        permissions_boundary=boundary, metadata_index=True, own_microvm_log_group=False)
-    AgentFleet(stack, "Second", project=AgentProject.load(EXAMPLE, name="second"), recipe_key=key,
+    AgentFleet(stack, "Second", project=project_with(name="second"), recipe_key=key,
                permissions_boundary=boundary)  # the same tokens: the same key and boundary
     assert fleet.image_arn == image.value_as_string
     template = Template.from_stack(stack)
@@ -563,13 +570,14 @@ def test_token_valued_inputs() -> None:
 
 
 def test_recipe_parameter_on_its_own(agent_folder) -> None:
-    from rayito_constructs import RecipeParameter, encode_recipe
+    from rayito_constructs import RecipeParameter
 
     app = new_app()
     stack = new_stack(app)
-    document = build_recipe(AgentProject.load(agent_folder(None, name="solo")))
-    RecipeParameter(stack, "FromDocument", fleet_name="solo", recipe=document, image_version="4.0")
-    RecipeParameter(stack, "FromEncoded", fleet_name="solo2", recipe=encode_recipe({**document, "name": "solo2"}))
+    document = plan_recipe(AgentProject.load(agent_folder(None, name="solo"))).document
+    RecipeParameter(stack, "FromDocument", fleet_name="solo", recipe=document, image_version="4")
+    stored = plan_recipe(AgentProject.load(agent_folder(None, name="solo2")), "4").encoded
+    RecipeParameter(stack, "FromEncoded", fleet_name="solo2", recipe=stored)
     with pytest.raises(ValueError, match="the document is the recipe of 'solo', not of 'other'"):
         RecipeParameter(stack, "Mismatch", fleet_name="other", recipe=document)
     with pytest.raises(ValueError, match="recipe_failure: 'never' is not one of"):

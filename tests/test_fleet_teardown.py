@@ -16,6 +16,7 @@ from rayito_constructs import AgentFleet, AgentProject, FleetStack
 
 from .cdk_helpers import nag, new_app, new_stack, stack_props
 from .conftest import EXAMPLE
+from .projects import project_with
 
 TYPE = "Custom::RayitoFleetTeardown"
 
@@ -166,14 +167,14 @@ def test_a_renamed_fleet_gets_a_new_teardown_and_each_fleet_its_own() -> None:
     ids = {}
     for name in ("uno", "dos"):
         stack = new_stack(new_app(), "Same")
-        AgentFleet(stack, "F", project=AgentProject.load(EXAMPLE, name=name))
+        AgentFleet(stack, "F", project=project_with(name=name))
         template = Template.from_stack(stack).to_json()
         ids[name] = teardown_of(template)[0]
         reconciler = function_of(template, "reconciler.index.handler")[0]
     assert ids["uno"] != ids["dos"] and reconciler.startswith("FReconcilerFunction")
     stack = new_stack(new_app(), "Two")
-    AgentFleet(stack, "A", project=AgentProject.load(EXAMPLE, name="a"))
-    AgentFleet(stack, "B", project=AgentProject.load(EXAMPLE, name="b"))
+    AgentFleet(stack, "A", project=project_with(name="a"))
+    AgentFleet(stack, "B", project=project_with(name="b"))
     template = Template.from_stack(stack).to_json()
     teardowns = [r for r in template["Resources"].values() if r["Type"] == TYPE]
     assert sorted(t["Properties"]["FleetName"] for t in teardowns) == ["a", "b"]

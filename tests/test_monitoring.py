@@ -35,6 +35,7 @@ from .cdk_helpers import lint_template, nag, new_app, new_stack, stack_props
 from .conftest import EXAMPLE
 from .logs_insights import parse
 from .monitoring_invariants import violations
+from .projects import project_with
 
 OPS = "arn:aws:sns:us-east-1:123456789012:ops"
 PAGER = "arn:aws:sns:us-east-1:123456789012:pager"
@@ -631,7 +632,9 @@ def test_two_fleets_in_one_stack_have_their_own_names(agent_folder) -> None:
     stack = new_stack(app, "Two")
     one = AgentFleet(stack, "One", project=AgentProject.load(EXAMPLE), build_image=False, metrics=True,
                      alarm_actions=OPS)
-    two = AgentFleet(stack, "Two", project=AgentProject.load(EXAMPLE, name="mi_agente"), build_image=False,
+    example_egress = {"budgets": [{"target": "https://api.example.com", "rate": "60/minute", "burst": 5},
+                                  {"target": "https://api.example.com/v1/search?region", "rate": "30/minute", "burst": 2}]}
+    two = AgentFleet(stack, "Two", project=project_with(name="mi_agente", tables={"egress": example_egress}), build_image=False,
                      metrics=True, alarm_actions=PAGER)
     template = Template.from_stack(stack).to_json()
     dashboards = [r["Properties"]["DashboardName"] for r in resources(template, "AWS::CloudWatch::Dashboard").values()]

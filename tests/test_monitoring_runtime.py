@@ -296,7 +296,7 @@ def _egress_traffic(store_endpoint: str, recipe: dict[str, Any], out: io.StringI
     client = ddb(store_endpoint)
     virtual_store_time(client, clock)
     recorder = EmfRecorder(FLEET, out=out, clock=clock, background=False, **({} if metrics is None else {"metrics": metrics}))
-    budget = BudgetClient.from_recipe(recipe, table_name=table, dynamodb=client, clock=clock, on_decision=recorder,
+    budget = BudgetClient.from_declaration(recipe["egress"], table_name=table, dynamodb=client, clock=clock, on_decision=recorder,
                                       calibrate=False)
     budget.sync_clock()
     clock.now += 1.0
@@ -321,9 +321,10 @@ def _egress_traffic(store_endpoint: str, recipe: dict[str, Any], out: io.StringI
 
 @pytest.fixture(scope="module")
 def recipe() -> dict[str, Any]:
-    from rayito_constructs import build_recipe
+    """The example's egress declaration, as the fleet puts it in the image (``egress``)."""
+    from rayito_constructs.options import egress_declaration
 
-    return build_recipe(AgentProject.load(EXAMPLE))
+    return {"egress": egress_declaration(AgentProject.load(EXAMPLE).egress)}
 
 
 @pytest.fixture(scope="module")

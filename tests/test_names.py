@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from rayito_constructs import AgentFleet, AgentImage, AgentProject, FleetStack, RecipeParameter
 from rayito_constructs.names import is_fleet_name, safe_stack_name, stack_name_for
-from rayito_constructs.recipe import encode_recipe
+from rayito_constructs.recipe import plan_recipe
 
 from .cdk_helpers import new_app, new_stack, stack_props
 from .conftest import EXAMPLE
@@ -43,10 +43,11 @@ def test_names_that_differ_keep_different_stacks() -> None:
     assert stack_name_for("my-agent") == "RayitoFleet-my-agent"
 
 
-@pytest.mark.parametrize("name", ["my_agent", "A" * 64, "_" * 64, "9_lives"])
+@pytest.mark.parametrize("name", ["my_agent", "a" * 64, "a" + "_" * 63, "9_lives"])
 def test_names_synthesize_through_fleet_stack(agent_folder, name) -> None:
-    """The stack app.py makes (id = project.stack_name), synthesized into a cloud assembly."""
-    project = AgentProject.load(agent_folder(None), name=name)
+    """The stack app.py makes (id = project.stack_name), synthesized into a cloud assembly: every
+    name the product takes ([a-z0-9][a-z0-9_-]{0,63})."""
+    project = AgentProject.load(agent_folder(name=name))
     app = new_app()
     stack = FleetStack(app, project.stack_name, project=project, **stack_props())
     assembly = app.synth()
@@ -56,7 +57,7 @@ def test_names_synthesize_through_fleet_stack(agent_folder, name) -> None:
 
 
 def test_fleet_stack_with_an_id_that_is_no_stack_name(agent_folder) -> None:
-    project = AgentProject.load(agent_folder(None), name="my_agent")
+    project = AgentProject.load(agent_folder(name="my_agent"))
     app = new_app()
     top = FleetStack(app, "Fleet-my_agent", project=project, **stack_props())
     stage = cdk.Stage(app, "Prod")
@@ -99,7 +100,7 @@ def test_an_environment_agnostic_stack_may_land_anywhere() -> None:
                    synthesizer=cdk.DefaultStackSynthesizer(generate_bootstrap_version_rule=False))
 
 
-def test_the_same_name_in_other_places_or_apps_is_fine() -> None:
+def test_the_same_name_in_other_places_or_apps_is_fine(agent_folder) -> None:
     app = new_app()
     for region in ("us-east-1", "eu-west-1"):
         FleetStack(app, f"Fleet-{region}", project=AgentProject.load(EXAMPLE),
@@ -110,24 +111,27 @@ def test_the_same_name_in_other_places_or_apps_is_fine() -> None:
     FleetStack(other_app, "Again", project=AgentProject.load(EXAMPLE), **stack_props())
     two_names = new_app()
     stack = new_stack(two_names)
-    AgentFleet(stack, "A", project=AgentProject.load(EXAMPLE, name="a"))
-    AgentFleet(stack, "B", project=AgentProject.load(EXAMPLE, name="b"))
+    AgentFleet(stack, "A", project=AgentProject.load(agent_folder(name="a")))
+    AgentFleet(stack, "B", project=AgentProject.load(agent_folder(name="b")))
 
 
-def test_an_image_or_a_recipe_of_a_fleets_name(tmp_path) -> None:
+def test_an_image_or_a_recipe_of_a_fleets_name(agent_folder) -> None:
     app = new_app()
     stack = new_stack(app)
-    AgentFleet(stack, "Fleet", project=AgentProject.load(EXAMPLE))
+    folder = agent_folder(name="mi-agente")  # with a Dockerfile: the fleet builds its image
+    project = AgentProject.load(folder)
+    AgentFleet(stack, "Fleet", project=project)
     with pytest.raises(ValueError, match=r"the image 'mi-agente' is defined twice .* at Test/Fleet/Image and at Test/Loose"):
-        AgentImage(stack, "Loose", folder=EXAMPLE, image_name="mi-agente")
-    recipe = encode_recipe({"version": 1, "name": "mi-agente"})
+        AgentImage(stack, "Loose", folder=folder, image_name="mi-agente")
+    recipe = plan_recipe(project, "1").encoded
     with pytest.raises(ValueError, match=r"the recipe parameter '/rayito/agents/mi-agente/recipe' is defined twice"):
         RecipeParameter(stack, "Writer", fleet_name="mi-agente", recipe=recipe)
 
 
-def test_a_fleet_may_run_an_image_made_beside_it() -> None:
+def test_a_fleet_may_run_an_image_made_beside_it(agent_folder) -> None:
     app = new_app()
     stack = new_stack(app)
-    image = AgentImage(stack, "Image", folder=EXAMPLE, image_name="mi-agente")
-    AgentFleet(stack, "Fleet", project=AgentProject.load(EXAMPLE), image=image)
+    folder = agent_folder(name="mi-agente")
+    image = AgentImage(stack, "Image", folder=folder, image_name="mi-agente")
+    AgentFleet(stack, "Fleet", project=AgentProject.load(folder), image=image)
     Template.from_stack(stack).resource_count_is("AWS::Lambda::MicrovmImage", 1)

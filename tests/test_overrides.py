@@ -1,4 +1,5 @@
-"""Overrides typed as text: CLI flags and `cdk synth -c key=value`, read by one table."""
+"""Flags typed as text: `plan` flags and `cdk synth -c key=value`, read by one table, with the
+names of `rayito agent deploy`'s flags (`-c max_sessions`, `-c warm`, `-c memory`...)."""
 
 from __future__ import annotations
 
@@ -8,12 +9,12 @@ from rayito_constructs.overrides import read_context, read_overrides
 
 
 def test_env_commas_inside_values() -> None:
-    assert read_overrides({"env": "URL=https://a,b"})["env"] == {"URL": "https://a,b"}
-    assert read_overrides({"env": "A=1,B=2"})["env"] == {"A": "1", "B": "2"}
-    assert read_overrides({"env": "Q=a=b,c,D=x=y"})["env"] == {"Q": "a=b,c", "D": "x=y"}
-    assert read_overrides({"env": '{"URL": "https://a,b", "C": "x,Y=z"}'})["env"] == {"URL": "https://a,b", "C": "x,Y=z"}
+    assert read_overrides({"env": "URL=https://a,b"})["env"] == ("URL=https://a,b",)
+    assert read_overrides({"env": "A=1,B=2"})["env"] == ("A=1", "B=2")
+    assert read_overrides({"env": "Q=a=b,c,D=x=y"})["env"] == ("Q=a=b,c", "D=x=y")
+    assert read_overrides({"env": '{"URL": "https://a,b", "C": "x,Y=z"}'})["env"] == ("URL=https://a,b", "C=x,Y=z")
     # One --env flag is one variable: no splitting at all.
-    assert read_overrides({"env": ["A=1,B=2", "C=3"]})["env"] == {"A": "1,B=2", "C": "3"}
+    assert read_overrides({"env": ["A=1,B=2", "C=3"]})["env"] == ("A=1,B=2", "C=3")
 
 
 @pytest.mark.parametrize(
@@ -32,7 +33,7 @@ def test_env_that_is_not_pairs(value, message) -> None:
     assert str(info.value) == message
 
 
-def test_context_keys_are_checked_like_file_keys() -> None:
+def test_context_keys_are_checked_like_flags() -> None:
     context = {
         "max_vm": "5",
         "@aws-cdk/core:newStyleStackSynthesis": True,
@@ -40,25 +41,29 @@ def test_context_keys_are_checked_like_file_keys() -> None:
         "availability-zones:account=123456789012:region=us-east-1": ["us-east-1a"],
         "projct": "x",
         "env.": "x",
+        "warm_vms": "1",  # the library's old name; the flag is --warm
     }
     _, _, problems = read_context(context)
     assert [p.message for p in problems] == [
         "-c max_vm: unknown context key; did you mean 'max_vms'?",
         "-c projct: unknown context key; did you mean 'project'?",
         "-c env.: unknown context key; did you mean 'env'?",
+        "-c warm_vms: unknown context key; did you mean 'warm'?",
     ]
 
 
 def test_context_values_in_every_form() -> None:
     overrides, app, problems = read_context({
-        "min_vms": "2", "max_vms": 4, "idle": "10m", "env.URL": "https://a,b", "env.LEVEL": "debug",
-        "secret_env.API_TOKEN": "s3cr3t", "allow_out": "a.example.com, b.example.com",
+        "min_vms": "2", "max_vms": 4, "idle": "600", "env.URL": "https://a,b", "env.LEVEL": "debug",
+        "secret_env.DB_URL": "app/db#url", "allow_out": "a.example.com, b.example.com", "queue_timeout": "12.5",
         "metadata_index": True, "keep_recipe": "false", "project": "examples/mi-agente", "save_recipe": "no",
+        "max_sessions": "4", "warm": "1", "memory": "8192", "renew_gateway_keys": "true",
     })
     assert problems == []
     assert overrides == {
-        "min_vms": 2, "max_vms": 4, "idle": 600, "env": {"URL": "https://a,b", "LEVEL": "debug"},
-        "secret_env": {"API_TOKEN": "s3cr3t"}, "allow_out": ("a.example.com", "b.example.com"), "save_recipe": False,
+        "min_vms": 2, "max_vms": 4, "idle": 600, "env": ("URL=https://a,b", "LEVEL=debug"),
+        "secret_env": ("DB_URL=app/db#url",), "allow_out": ("a.example.com", "b.example.com"), "save_recipe": False,
+        "queue_timeout": 12.5, "max_sessions": 4, "warm": 1, "memory": 8192, "renew_gateway_keys": True,
     }
     assert app == {"metadata_index": True, "keep_recipe": False, "project": "examples/mi-agente"}
 
@@ -78,10 +83,10 @@ def test_context_mistakes_name_the_key() -> None:
 
 def test_whole_numbers_are_ascii() -> None:
     assert read_overrides({"max_vms": " 3 "})["max_vms"] == 3
-    assert read_overrides({"max_vms": "３"})["max_vms"] == "３"  # left for the model to refuse
+    assert read_overrides({"max_vms": "３"})["max_vms"] == "３"  # left for the flag check to refuse
     assert read_overrides({"max_vms": "٣"})["max_vms"] == "٣"
 
 
-def test_a_table_prefix_in_context_points_to_the_option() -> None:
+def test_a_table_prefix_in_context_points_to_the_flag() -> None:
     _, _, problems = read_context({"scaling.max_vms": "3"})
     assert [p.message for p in problems] == ["-c scaling.max_vms: unknown context key; did you mean 'max_vms'?"]

@@ -26,6 +26,7 @@ from rayito_constructs.permissions import STAR_REASONS
 from .cdk_helpers import lint_template, nag, new_app, new_stack, stack_props
 from .conftest import EXAMPLE
 from .iam_invariants import as_list, iam_matches, iam_violations, policy_documents
+from .projects import project_with
 
 ACCOUNT = "arn:aws:{service}:us-east-1:123456789012:{rest}"
 RECIPE = ACCOUNT.format(service="ssm", rest="parameter/rayito/agents/mi-agente/recipe")
@@ -366,9 +367,9 @@ def test_imported_and_token_image_arns() -> None:
     app = new_app()
     stack = new_stack(app)
     parameter = cdk.CfnParameter(stack, "ImageArn", type="String")
-    AgentFleet(stack, "Tokened", project=AgentProject.load(EXAMPLE, name="tokened"), image_arn=parameter.value_as_string)
+    AgentFleet(stack, "Tokened", project=project_with(name="tokened"), image_arn=parameter.value_as_string)
     shared = "arn:aws:lambda:us-east-1:123456789012:microvm-image:shared_agent"
-    AgentFleet(stack, "Shared", project=AgentProject.load(EXAMPLE, name="other"), image_arn=shared)
+    AgentFleet(stack, "Shared", project=project_with(name="other"), image_arn=shared)
     template = Template.from_stack(stack).to_json()
     (tokened,) = trust(template, "TokenedExecutionRole")
     assert tokened["Condition"]["ArnLike"]["aws:SourceArn"] == [

@@ -1,516 +1,241 @@
-"""The project model: every option, default and limit of the product page, and how errors read."""
+"""The project model is the product's: every folder `rayito agent init` makes loads unchanged, the
+flags of `rayito agent deploy` apply as the product applies them, and what the product refuses
+is refused with its reason, in one line naming the key or flag and the value."""
 
 from __future__ import annotations
 
-import json
+import os
+from pathlib import Path
 
 import pytest
 
 from rayito_constructs import AgentProject, ProjectError
-from rayito_constructs.options import max_concurrency_limit
+from rayito_constructs.fleet_file import FLEET_FILE
 
 from .conftest import EXAMPLE
+from .projects import scaffold, write_project
+
+RUNTIMES = ["strands", "strands-harness", "langgraph", "deepagents", "opencode", "hermes", "custom"]
+PROVIDERS = ["bedrock", "anthropic", "openai"]
+SCAFFOLDS = [(r, "python", p) for r in RUNTIMES for p in PROVIDERS] + [("strands", "typescript", p) for p in PROVIDERS]
 
 
-def load_error(folder, **overrides) -> list[str]:
-    with pytest.raises(ProjectError) as info:
-        AgentProject.load(folder, **overrides)
-    return [p.message for p in info.value.problems]
+def tree(folder: Path) -> dict[str, tuple[int, bytes]]:
+    """Every file of a folder with its mtime and content: what "never writes into it" compares."""
+    return {str(p.relative_to(folder)): (p.stat().st_mtime_ns, p.read_bytes()) for p in folder.rglob("*") if p.is_file()}
 
 
-def test_defaults_without_a_project_file(agent_folder) -> None:
-    project = AgentProject.load(agent_folder(None, name="solo"))
-    assert project.name == "solo"
-    assert project.target == "microvm"
-    assert project.serve.model_dump() == {"max_concurrency": 1, "queue_max": 0, "queue_timeout_seconds": 30}
-    assert project.scaling.model_dump() == {
-        "min_vms": 1,
-        "max_vms": 1,
-        "warm_vms": 0,
-        "sessions": "shared",
-        "scale_in_after_seconds": 900,
-        "idle": None,
-    }
-    assert project.image.memory_mib == 2048
-    assert project.scaling_source == "default"
-    assert set(project.sources.values()) == {"default"}
-    assert [w.code for w in project.warnings] == ["no_project_file"]
-    assert project.recipe_parameter_name == "/rayito/agents/solo/recipe"
+@pytest.mark.parametrize(("runtime", "language", "provider"), SCAFFOLDS)
+def test_every_scaffold_loads_unchanged(tmp_path, runtime, language, provider) -> None:
+    from rayito._agent._deploy_plan import project_for
+
+    folder = scaffold(tmp_path / f"{runtime}-{language}-{provider}", runtime, language, provider)
+    before = tree(folder)
+    project = AgentProject.load(folder)
+    theirs, _ = project_for(folder, None, None, None)
+    # what the recipe embeds is the product's project after deploy's preflight (default excludes)
+    ours = project.to_product_dict()
+    assert {k: v for k, v in ours.items() if k != "source"} == {k: v for k, v in theirs.to_dict().items() if k != "source"}
+    assert set(theirs.to_dict()["source"]["exclude"]) <= set(ours["source"]["exclude"])
+    assert project.name == folder.name and project.runtime == runtime
+    assert project.scaling.min_vms == 1 and project.scaling.max_vms == 1 and project.serve.idle == 300
+    assert tree(folder) == before  # nothing written into the user's folder
+    assert not (folder / ".rayito").exists()
 
 
-def test_example_uses_every_option() -> None:
+def test_the_example_is_a_product_project() -> None:
+    from rayito import AgentProject as ProductProject
+
+    product = ProductProject.load(EXAMPLE)  # the product's own loader reads it
     project = AgentProject.load(EXAMPLE)
-    assert project.name == "mi-agente"
-    assert project.scaling_source == "project"
-    fleet_options = [
-        "max_concurrency", "queue_max", "queue_timeout_seconds", "min_vms", "max_vms", "warm_vms",
-        "sessions", "scale_in_after_seconds", "idle", "memory_mib",
-    ]
-    assert {k: project.sources[k] for k in fleet_options} == {k: "project" for k in fleet_options}
-    assert project.scaling.idle == 600
-    assert project.secret_env == ("MODEL_API_KEY",)
-    assert [g.name for g in project.gateways] == ["model"]
+    assert project.name == product.name == "mi-agente"
+    assert project.runtime == "custom" and project.serve.port == 8088
+    assert (project.scaling.min_vms, project.scaling.max_vms, project.scaling.warm_vms) == (1, 3, 1)
+    assert project.serve.idle == 600 and project.serve.max_concurrency == 2 and project.serve.queue_max == 4
+    assert project.allow_out == ("bedrock-runtime.us-east-1.amazonaws.com", "api.example.com")
+    assert [b.target for b in project.egress.budgets] == ["https://api.example.com",
+                                                          "https://api.example.com/v1/search?region"]
+    assert project.scaling_source == "project" and project.sources["idle_seconds"] == "project"
 
 
-def test_name_defaults_to_the_folder_name(agent_folder) -> None:
-    folder = agent_folder("[scaling]\nmax_vms = 2\n", name="mi-agente")
-    assert AgentProject.load(folder).name == "mi-agente"
-    assert AgentProject.load(str(folder) + "/").name == "mi-agente"
+def test_flags_apply_as_the_product_applies_them(tmp_path) -> None:
+    folder = write_project(tmp_path / "f", name="f", tables={"scaling": {"max_vms": 3}, "env": {"A": "1"},
+                                                               "network": {"allow_out": ["a.example.com"]}})
+    project = AgentProject.load(folder, min_vms=2, max_vms=5, warm=2, sessions="shared", scale_in_after=1200,
+                                max_sessions=4, queue=8, queue_timeout=12.5, idle=900, timeout=1800,
+                                memory=4096, env=["B=2"], allow_out=["b.example.com"],
+                                secret_env=["DB_URL=app/db#url"])
+    assert (project.scaling.min_vms, project.scaling.max_vms, project.scaling.warm_vms) == (2, 5, 2)
+    assert project.scaling.scale_in_after_seconds == 1200 and project.scaling_source == "explicit"
+    assert project.serve.max_concurrency == 4 and project.serve.queue_max == 8 and project.serve.queue_timeout_seconds == 12.5
+    assert project.serve.idle == 900 and project.serve.timeout_seconds == 1800 and project.image.memory_mib == 4096
+    assert project.env == {"A": "1", "B": "2"}  # --env adds to [env]
+    assert project.allow_out == ("b.example.com",)  # --allow-out replaces [network] allow_out
+    assert project.secret_env == {"DB_URL": "app/db"}
+    # as in the product, the scaling flags reach only the recipe's scaling, not the project's table
+    assert project.to_product_dict()["scaling"] == {"max_vms": 3}
+    assert project.sources["min_vms"] == "explicit" and project.sources["env"] == "explicit"
 
 
-def test_explicit_beats_project_beats_default(agent_folder) -> None:
-    folder = agent_folder("[scaling]\nmax_vms = 3\n")
-    project = AgentProject.load(folder, min_vms=2)
-    assert (project.scaling.min_vms, project.sources["min_vms"]) == (2, "explicit")
-    assert (project.scaling.max_vms, project.sources["max_vms"]) == (3, "project")
-    assert (project.scaling.warm_vms, project.sources["warm_vms"]) == (0, "default")
-    assert project.scaling_source == "explicit"
-    assert AgentProject.load(folder).scaling_source == "project"
-
-
-# Each limit at its boundary (accepted) and just past it (rejected with the page's wording).
-@pytest.mark.parametrize(
-    ("overrides", "message"),
-    [
-        ({"max_vms": 65}, "max_vms: 65 is above the limit of 64"),
-        ({"max_vms": 0}, "max_vms: 0 is below the minimum of 1"),
-        ({"min_vms": -1}, "min_vms: -1 is below the minimum of 0"),
-        ({"warm_vms": -1}, "warm_vms: -1 is below the minimum of 0"),
-        ({"queue_max": 257}, "queue_max: 257 is above the limit of 256"),
-        ({"queue_max": -1}, "queue_max: -1 is below the minimum of 0"),
-        ({"queue_timeout_seconds": 901}, "queue_timeout_seconds: 901 seconds is above the limit of 900 seconds (15m)"),
-        ({"queue_timeout_seconds": 0}, "queue_timeout_seconds: 0 seconds is below the minimum of 1 second"),
-        ({"scale_in_after_seconds": 59}, "scale_in_after_seconds: 59 seconds is below the minimum of 60 seconds (1m)"),
-        ({"scale_in_after_seconds": 28_801}, "scale_in_after_seconds: 28801 seconds is above the limit of 28800 seconds (8h)"),
-        ({"idle": 59}, "idle: 59 seconds is below the minimum of 60 seconds (1m); none turns suspension off"),
-        ({"idle": 28_801}, "idle: 28801 seconds is above the limit of 28800 seconds (8h); none turns suspension off"),
-        ({"max_concurrency": 0}, "max_concurrency: 0 is below the minimum of 1"),
-        ({"sessions": "solo"}, "sessions: 'solo' is not one of 'shared' or 'dedicated'"),
-        ({"memory_mib": 3000}, "memory_mib: 3000 is not a MicroVM size class (512, 1024, 2048, 4096, 8192 MiB)"),
-        ({"min_vms": 3, "max_vms": 2}, "min_vms: 3 is above max_vms (2)"),
-        ({"min_vms": 1, "max_vms": 3, "warm_vms": 3}, "warm_vms: 3 is above the limit of 2 (max_vms - min_vms = 3 - 1)"),
-        ({"target": "lambda"}, "target: 'lambda' is not one of 'microvm', 'agentcore'"),
-    ],
-)
-def test_limit_just_past(agent_folder, overrides, message) -> None:
-    assert message in load_error(agent_folder(None), **overrides)
-
-
-@pytest.mark.parametrize(
-    "overrides",
-    [
-        {"max_vms": 64},
-        {"max_vms": 1},
-        {"min_vms": 0},
-        {"queue_max": 256},
-        {"queue_max": 0},
-        {"queue_timeout_seconds": 900},
-        {"queue_timeout_seconds": 1},
-        {"scale_in_after_seconds": 60},
-        {"idle": 60},
-        {"min_vms": 1, "max_vms": 3, "warm_vms": 2},
-        {"min_vms": 2, "max_vms": 2},
-        {"sessions": "dedicated"},
-        {"memory_mib": 512},
-        {"memory_mib": 8192},
-    ],
-)
-def test_limit_at_boundary(agent_folder, overrides) -> None:
-    project = AgentProject.load(agent_folder(None), **overrides)
-    for key, value in overrides.items():
-        section = {"memory_mib": project.image, "queue_max": project.serve, "queue_timeout_seconds": project.serve}
-        assert getattr(section.get(key, project.scaling), key) == value
-
-
-@pytest.mark.parametrize(("memory", "limit"), [(512, 7), (1024, 7), (2048, 7), (4096, 15), (8192, 31)])
-def test_max_concurrency_follows_memory(agent_folder, memory, limit) -> None:
-    assert max_concurrency_limit(memory) == limit
-    folder = agent_folder(None)
-    assert AgentProject.load(folder, memory_mib=memory, max_concurrency=limit).serve.max_concurrency == limit
-    (message,) = load_error(folder, memory_mib=memory, max_concurrency=limit + 1)
-    assert message.startswith(f"max_concurrency: {limit + 1} is above the limit of {limit} for {memory} MiB")
-
-
-def test_dedicated_sessions_serve_one_session_per_vm(agent_folder) -> None:
-    (message,) = load_error(agent_folder(None), sessions="dedicated", max_concurrency=2)
-    assert message.startswith("max_concurrency: 2 is above the limit of 1 with sessions = 'dedicated'")
-
-
-def test_every_problem_at_once_and_no_wrong_types(agent_folder) -> None:
-    folder = agent_folder(
-        """
-        [serve]
-        max_concurrency = "2"
-        [scaling]
-        max_vm = 3
-        min_vms = 1.5
-        sessions = true
-        [image]
-        memory_mib = 4096
-        [sevre]
-        """
-    )
-    messages = load_error(folder, max_vms=65)
-    assert sorted(messages) == sorted([
-        "sevre: unknown key in rayito-agent.toml; did you mean 'serve'?",
-        "max_concurrency: '2' is not a whole number",
-        "scaling.max_vm: unknown key in [scaling]; did you mean 'max_vms'?",
-        "min_vms: 1.5 is not a whole number",
-        "max_vms: 65 is above the limit of 64",
-        "sessions: true is not one of 'shared' or 'dedicated'",
-    ])
-
-
-def test_bool_is_not_a_number(agent_folder) -> None:
-    assert load_error(agent_folder("[scaling]\nmin_vms = true\n")) == ["min_vms: true is not a whole number"]
-
-
-def test_unknown_override_suggests_the_nearest(agent_folder) -> None:
-    assert load_error(agent_folder(None), max_vm=3) == ["max_vm: unknown option; did you mean 'max_vms'?"]
-
-
-def test_durations(agent_folder) -> None:
-    folder = agent_folder('[scaling]\nidle = "15m"\nscale_in_after_seconds = "1h"\n')
-    project = AgentProject.load(folder)
-    assert (project.scaling.idle, project.scaling.scale_in_after_seconds) == (900, 3600)
-    assert AgentProject.load(folder, idle="none").scaling.idle is None
-    assert load_error(folder, idle="soon") == [
-        "idle: 'soon' is not a duration: a whole number of seconds (90) or a number with a unit "
-        "(90s, 10m, 1h), or none"
-    ]
-
-
-def test_explicit_secret_env_is_rejected_file_env_is_warned(agent_folder) -> None:
-    folder = agent_folder('[env]\nGITHUB_TOKEN = "ghp_x"\nAUTH_MODE = "oidc"\n')
-    project = AgentProject.load(folder)
-    assert project.env == {"AUTH_MODE": "oidc", "GITHUB_TOKEN": "ghp_x"}  # stored as is
-    assert [(w.code, w.message.split(" ")[1]) for w in project.warnings] == [("env_looks_secret", "GITHUB_TOKEN")]
-    (message,) = load_error(folder, env={"DB_PASS": "hunter2"})
-    assert message == (
-        "env: DB_PASS looks like a secret (it has a PASS segment); pass it with "
-        "--secret-env DB_PASS=<secret> so the recipe keeps only its name"
-    )
-    explicit = AgentProject.load(folder, env={"AUTHOR_NAME": "ana"}, secret_env={"DB_PASS": "hunter2"})
-    assert explicit.env["AUTHOR_NAME"] == "ana" and explicit.sources["env"] == "explicit"
-    assert explicit.secret_env == ("DB_PASS",)
-    assert "hunter2" not in explicit.model_dump_json()
-
-
-def test_a_name_is_plain_or_secret_not_both(agent_folder) -> None:
-    folder = agent_folder('secret_env = ["LOG_LEVEL"]\n[env]\nLOG_LEVEL = "info"\n')
-    assert load_error(folder) == ["secret_env: LOG_LEVEL is also in env; a variable is either plain or secret"]
-
-
-def test_agentcore_has_no_fleet(agent_folder) -> None:
-    folder = agent_folder('target = "agentcore"\n[scaling]\nmax_vms = 3\n[image]\nmemory_mib = 4096\n')
-    project = AgentProject.load(folder)
-    assert [w.code for w in project.warnings] == ["option_not_supported"]
-    assert "max_vms = 3 in [scaling] is ignored" in project.warnings[0].message
-    assert project.scaling.max_vms == 1 and not project.has_fleet
-    (message,) = load_error(folder, warm_vms=1)
-    assert message.startswith("warm_vms: option_not_supported: 1 given")
-    assert AgentProject.load(agent_folder(None), target="agentcore").target == "agentcore"
-
-
-def test_names_that_cannot_name_a_fleet(agent_folder, tmp_path) -> None:
-    (message,) = load_error(agent_folder(None, name="mi agente"))
-    assert message.startswith("name: the folder name 'mi agente' must be 1 to 64 letters (A-Z, a-z), digits, '-' or '_'")
-    assert "for example 'mi-agente'" in message and 'set name = "..." in rayito-agent.toml' in message
-    assert AgentProject.load(agent_folder('name = "otro"\n', name="mi agente")).name == "otro"
-
-
-def test_dot_folder_is_named_after_the_folder(agent_folder, monkeypatch) -> None:
-    folder = agent_folder(None, name="mi-agente")
-    monkeypatch.chdir(folder)
-    assert AgentProject.load(".").name == "mi-agente"
-    monkeypatch.chdir(folder / "..")
-    assert AgentProject.load("mi-agente/..").name == folder.parent.name
-
-
-def test_not_a_folder(tmp_path) -> None:
-    assert load_error(tmp_path / "nope") == [f"folder: {str(tmp_path / 'nope')!r} is not a directory"]
-
-
-def test_bad_toml(agent_folder) -> None:
-    (message,) = load_error(agent_folder("[scaling\n"))
-    assert message.startswith("rayito-agent.toml: not valid TOML")
-
-
-def test_gateways_validated(agent_folder) -> None:
-    folder = agent_folder('[[gateways]]\npreset = "bedrock"\nupstrem = "x"\n[[gateways]]\nname = "a"\n[[gateways]]\nname = "a"\n')
-    assert load_error(folder) == [
-        "gateways[0].name: is required",
-        "gateways[0].upstrem: unknown key; did you mean 'upstream'?",
-        "gateways: 'a' is declared more than once",
-    ]
-
-
-def test_egress_budgets(agent_folder) -> None:
-    folder = agent_folder(
-        """
-        [egress]
-        default_rate = "10/second"
-        [[egress.budgets]]
-        target = "https://API.Example.com:443/v1/"
-        rate = "60/minute"
-        burst = 3
-        """
-    )
-    egress = AgentProject.load(folder).egress
-    assert egress.budgets[0].target == "https://api.example.com/v1" and egress.budgets[0].rate_per_second == 1.0
-    bad = agent_folder('[[egress.budgets]]\ntarget = "https://x.org"\nrate = "sixty"\nburst = 0\n[[egress.budgets]]\nrate = 1\n', name="bad")
-    assert sorted(load_error(bad)) == sorted([
-        "budgets[0].rate: 'sixty' is not a rate such as 60/minute or 10/second",
-        "budgets[0].burst: 0 is below the minimum of 1",
-        "budgets[1].target: is required",
-    ])
-
-
-# ---------------------------------------------------------------------------- the rules live in the model
-
-from rayito_constructs import GatewayOptions, ScalingOptions, ServeOptions  # noqa: E402
-from rayito_constructs.options import EgressOptions, ImageOptions  # noqa: E402
-
-
-def problems_of(call) -> list[str]:
+def test_max_sessions_is_checked_against_the_files_memory_as_deploy_does(tmp_path) -> None:
+    folder = write_project(tmp_path / "m", name="m")  # 2048 MiB: at most 7 sessions
     with pytest.raises(ProjectError) as info:
-        call()
-    assert isinstance(info.value, ValueError)
-    return [p.message for p in info.value.problems]
+        AgentProject.load(folder, memory=4096, max_sessions=15)
+    (line,) = str(info.value).splitlines()
+    assert line.startswith("--max-sessions: 15: ") and "7" in line
 
 
-@pytest.mark.parametrize(
-    "make",
-    [
-        lambda: ScalingOptions(min_vms=3, max_vms=1),
-        lambda: ScalingOptions.model_validate({"min_vms": 3, "max_vms": 1}),
-        lambda: ScalingOptions.model_validate_json('{"min_vms": 3, "max_vms": 1}'),
-        lambda: ScalingOptions(max_vms=1).model_copy(update={"min_vms": 3}),
-        lambda: AgentProject(name="x", scaling={"min_vms": 3, "max_vms": 1}),
-        lambda: AgentProject(name="x").model_copy(update={"scaling": {"min_vms": 3, "max_vms": 1}}),
-        lambda: AgentProject.from_recipe({"version": 1, "name": "x", "scaling": {"min_vms": 3, "max_vms": 1}}),
-        lambda: AgentProject.from_dict({"scaling": {"min_vms": 3, "max_vms": 1}}, name="x"),
-    ],
-    ids=["init", "model_validate", "model_validate_json", "model_copy", "project", "project_copy", "from_recipe", "from_dict"],
-)
-def test_every_way_of_building_checks_min_above_max(make) -> None:
-    assert problems_of(make) == ["min_vms: 3 is above max_vms (1)"]
+@pytest.mark.parametrize(("tables", "key", "words"), [
+    ({"serve": {"port": 8080}}, "serve", ["8080", "rayd"]),
+    ({"serve": {"port": 9000}}, "serve", ["9000"]),
+    ({"serve": {"idle_seconds": 30}}, "serve.idle_seconds", ["30", "60"]),
+    ({"scaling": {"max_vms": 65}}, "scaling", ["64"]),
+    ({"scaling": {"min_vms": 3, "max_vms": 2}}, "scaling", ["min_vms"]),
+    ({"scaling": {"min_vms": 1, "max_vms": 3, "warm_vms": 3}}, "scaling", ["warm"]),
+    ({"scaling": {"scale_in_after_seconds": 59}}, "scaling", ["60"]),
+    ({"serve": {"queue_max": 257}}, "serve", ["256"]),
+    ({"serve": {"queue_timeout_seconds": 901}}, "serve", ["900"]),
+    ({"image": {"memory_mib": 1024}}, "image.memory_mib", ["2048"]),
+    ({"env": {"API_TOKEN": "x"}}, "env", ["API_TOKEN"]),
+    ({"env": {"REGION_LABEL": "ASIA-PACIFIC"}}, "env.REGION_LABEL: ", ["secret_value"]),  # never the value
+    ({"egresss": {"allow": ["x"]}}, "egresss", ["clave desconocida"]),
+    ({"x_cdk": {"stack": "a"}}, "x_cdk", ["clave desconocida"]),
+    ({"secret_env": {f"S{i}": f"app/s{i}" for i in range(21)}}, "secret_env", ["20"]),
+    ({"secret_env": {"AWS_KEY": "app/x"}}, "secret_env", ["AWS_"]),
+])
+def test_what_the_product_refuses_is_refused_in_one_line(tmp_path, tables, key, words) -> None:
+    folder = write_project(tmp_path / "bad", name="bad", tables=tables)
+    with pytest.raises(ProjectError) as info:
+        AgentProject.load(folder)
+    lines = str(info.value).splitlines()
+    assert len(lines) == 1, lines
+    assert lines[0].startswith(key), lines[0]
+    for word in words:
+        assert word in lines[0], lines[0]
+    assert "Traceback" not in lines[0]
 
 
-def test_the_issues_project_does_not_construct() -> None:
-    """``AgentProject(...)`` built directly used to skip every cross-option limit."""
-    messages = problems_of(lambda: AgentProject(name="x", scaling={"min_vms": 3, "max_vms": 1, "warm_vms": 5}))
-    assert messages == [
-        "min_vms: 3 is above max_vms (1)",
-        "warm_vms: 5 is above the limit of 0 (max_vms - min_vms = 1 - 3)",
-    ]
+def test_a_refusal_shows_the_value_of_the_file(tmp_path) -> None:
+    folder = write_project(tmp_path / "v", name="v", tables={"serve": {"idle_seconds": 30}})
+    with pytest.raises(ProjectError, match=r"^serve\.idle_seconds = 30: "):
+        AgentProject.load(folder)
 
 
-# The same input through the loader (overrides) and through the model (constructor): same lines.
-SAME_RULE_CASES = [
-    {"max_vms": 65},
-    {"min_vms": -1},
-    {"idle": 30},
-    {"idle": "soon"},
-    {"queue_timeout_seconds": 0},
-    {"scale_in_after_seconds": "none"},
-    {"memory_mib": 3000},
-    {"sessions": "solo"},
-    {"min_vms": 2, "max_vms": 1},
-    {"min_vms": 1, "max_vms": 2, "warm_vms": 2},
-    {"memory_mib": 2048, "max_concurrency": 8},
-    {"sessions": "dedicated", "max_concurrency": 2},
-    {"name": "my agent"},
-    {"name": ".."},
-    {"name": "a" * 65},
-    {"env": {"1BAD": "x"}},
-    {"env": {"LONG": "x" * 4097}},
-    {"allow_out": ["https://a.com"]},
-    {"target": "agentcore", "max_vms": 3},
-]
-_SECTION = {
-    "max_vms": "scaling", "min_vms": "scaling", "warm_vms": "scaling", "idle": "scaling", "sessions": "scaling",
-    "scale_in_after_seconds": "scaling", "queue_timeout_seconds": "serve", "max_concurrency": "serve",
-    "memory_mib": "image",
-}
+@pytest.mark.parametrize(("name", "rejected"), [
+    ("DB_PASS", True), ("GITHUB_PAT", True), ("X_AUTH", True), ("TOKEN", True), ("github_token", True),
+    ("SECRET", True), ("AUTH_X_HEADER", True), ("AUTH_MODE", False), ("AUTHOR_NAME", False),
+    ("TOKEN_URL", False), ("PASSPHRASE", False), ("GPG_PASSPHRASE", False), ("PATH_PREFIX", False),
+])
+def test_the_env_flag_rule_is_the_products(tmp_path, name, rejected) -> None:
+    from rayito.cli._agent_deploy import env_flag_looks_secret
+
+    assert env_flag_looks_secret(name) is rejected  # the product's own rule
+    folder = write_project(tmp_path / "e", name="e")
+    if rejected:
+        with pytest.raises(ProjectError, match=rf"^--env: {name}: "):
+            AgentProject.load(folder, env=[f"{name}=v"])
+    else:
+        assert AgentProject.load(folder, env=[f"{name}=v"]).env[name] == "v"
 
 
-def as_arguments(overrides: dict) -> dict:
-    arguments: dict = {"name": overrides.get("name", "agente")}
-    for key, value in overrides.items():
-        if key in _SECTION:
-            arguments.setdefault(_SECTION[key], {})[key] = value
-        elif key == "allow_out":
-            arguments["egress"] = {"allow": value}
-        elif key != "name":
-            arguments[key] = value
-    return arguments
+@pytest.mark.parametrize("value", ["sk-proj-abcdef", "AKIAABCDEFGHIJKLMNOP", "ghp_short", "Bearer x", "xoxb-123",
+                                   "ABSKabc", "AIzaSyXX"])
+def test_credential_shaped_values_are_refused_as_the_product_refuses_them(tmp_path, value) -> None:
+    folder = write_project(tmp_path / "c", name="c")
+    with pytest.raises(ProjectError) as info:
+        AgentProject.load(folder, env=[f"CONFIG={value}"])
+    assert str(info.value).startswith("--env: CONFIG: ") and value not in str(info.value)
 
 
-@pytest.mark.parametrize("overrides", SAME_RULE_CASES, ids=lambda o: ",".join(o))
-def test_loader_and_model_say_the_same(agent_folder, overrides) -> None:
-    from_loader = load_error(agent_folder(None), **overrides)
-    from_model = problems_of(lambda: AgentProject(**as_arguments(overrides)))
-    assert from_loader == from_model
+@pytest.mark.parametrize(("flags", "start"), [
+    ({"min_vms": "2"}, "--min-vms: '2' is not a whole number"),
+    ({"max_vms": True}, "--max-vms: true is not a whole number"),
+    ({"queue_timeout": "x"}, "--queue-timeout: 'x' is not a number of seconds"),
+    ({"save_recipe": "no"}, "--no-save-recipe: 'no' is not true or false"),
+    ({"env": 3}, "--env: 3 is not a list of strings"),
+    ({"max_vm": 3}, "max_vm: unknown flag of rayito agent deploy; did you mean 'max_vms'?"),
+    ({"max_vms": 65}, "--max-vms: 65: "),
+    ({"idle": 0}, "--idle: 0: "),
+    ({"port": 8080}, "--port: 8080: "),
+    ({"sessions": "solo"}, "--sessions: 'solo': "),
+    ({"env": ["NOPE"]}, "--env: NOPE: "),
+    ({"secret_env": ["X=sk-abc"]}, "--secret-env: X: "),
+    ({"memory": 3072}, "--memory: 3072 is not a MicroVM size class"),
+    ({"memory": 1024}, "--memory: 1024: "),
+])
+def test_flag_errors_name_the_flag_and_the_value(tmp_path, flags, start) -> None:
+    folder = write_project(tmp_path / "fl", name="fl")
+    with pytest.raises(ProjectError) as info:
+        AgentProject.load(folder, **flags)
+    lines = str(info.value).splitlines()
+    assert len(lines) == 1 and lines[0].startswith(start), lines
 
 
-def test_unknown_arguments_are_refused_with_the_nearest() -> None:
-    assert problems_of(lambda: AgentProject(name="x", nmae="y")) == ["nmae: unknown option; did you mean 'name'?"]
-    assert problems_of(lambda: ScalingOptions(max_vm=3)) == ["scaling.max_vm: unknown key in [scaling]; did you mean 'max_vms'?"]
-    assert problems_of(lambda: AgentProject(name="x", scaling={"max_vm": 3})) == [
-        "scaling.max_vm: unknown key in [scaling]; did you mean 'max_vms'?"
-    ]
+def test_folders_the_product_cannot_read(tmp_path) -> None:
+    with pytest.raises(ProjectError, match=r"^folder: '.*nowhere' is not a folder$"):
+        AgentProject.load(tmp_path / "nowhere")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(ProjectError) as info:  # no rayito-agent.toml, and detection finds no agent
+        AgentProject.load(empty)
+    (line,) = str(info.value).splitlines()
+    assert line.startswith("source: ") and "(not_detected)" in line
+    (empty / "rayito-agent.toml").write_text("schema = [\n")
+    with pytest.raises(ProjectError) as info:
+        AgentProject.load(empty)
+    assert len(str(info.value).splitlines()) == 1
 
 
-def test_model_copy_checks_and_marks_what_changed() -> None:
-    project = AgentProject.load(EXAMPLE)
-    bigger = project.model_copy(update={"scaling": project.scaling.model_copy(update={"max_vms": 5})})
-    assert bigger.scaling.max_vms == 5 and bigger.sources["max_vms"] == "explicit"
-    assert bigger.sources["min_vms"] == "project" and bigger.scaling_source == "explicit"
-    assert problems_of(lambda: project.model_copy(update={"name": "mi agente"}))[0].startswith("name: 'mi agente' must be")
-    assert problems_of(lambda: project.model_copy(update={"serve": ServeOptions(max_concurrency=8), "image": ImageOptions(memory_mib=2048)}))[0].startswith(
-        "max_concurrency: 8 is above the limit of 7 for 2048 MiB"
-    )
-    assert project.model_copy(update={"image": ImageOptions(memory_mib=2048)}).image.memory_mib == 2048
-    assert project.model_copy().model_dump() == project.model_dump()
+def test_our_own_file_holds_what_the_product_does_not(tmp_path) -> None:
+    folder = write_project(tmp_path / "own", name="own", tables={
+        "egress": {"default_rate": "10/second", "default_burst": 7,
+                   "budgets": [{"target": "https://api.example.com", "rate": "2/s", "burst": 3}]},
+        "stack": {"metrics": True, "keep_image_versions": 9}})
+    assert "egress" not in (folder / "rayito-agent.toml").read_text()
+    project = AgentProject.load(folder)
+    assert project.egress.default_burst == 7 and project.egress.budgets[0].burst == 3
+    assert project.fleet.stack.metrics is True and project.fleet.stack.keep_image_versions == 9
+    (folder / FLEET_FILE).write_text('[egress]\ndefault_brust = 3\n')
+    with pytest.raises(ProjectError, match=r"^rayito-constructs.toml: egress.default_brust: unknown key in \[egress\]; "
+                                           r"did you mean 'default_burst'\?"):
+        AgentProject.load(folder)
+    (folder / FLEET_FILE).write_text('[stak]\nmetrics = true\n')
+    with pytest.raises(ProjectError, match=r"^rayito-constructs.toml: stak: unknown option; did you mean 'stack'\?"):
+        AgentProject.load(folder)
 
 
-def test_direct_construction_reports_explicit_sources() -> None:
-    project = AgentProject(name="bot", scaling=ScalingOptions(max_vms=3), serve=ServeOptions(queue_max=2))
-    assert project.sources["max_vms"] == "explicit" and project.sources["queue_max"] == "explicit"
-    assert project.sources["min_vms"] == "default" and project.scaling_source == "explicit"
-    assert AgentProject(name="bot").scaling_source == "default"
+def test_our_refusals_beyond_the_products(tmp_path) -> None:
+    folder = write_project(tmp_path / "r", name="r", tables={"image": {"memory_mib": 3072}})
+    with pytest.raises(ProjectError, match=r"^image.memory_mib: 3072 is not a MicroVM size class the fleet's image "
+                                           r"can have \(2048, 4096, 8192 MiB\)$"):
+        AgentProject.load(folder)
+    folder = write_project(tmp_path / "t", name="t", tables={"image": {"template": "no spaces please"}})
+    with pytest.raises(ProjectError, match=r"^image.template: 'no spaces please' must be"):
+        AgentProject.load(folder)
 
 
-def test_direct_construction_checks_env_secrets_and_gateways() -> None:
-    assert problems_of(lambda: AgentProject(name="x", env={"A": "1"}, secret_env=["A"])) == [
-        "secret_env: A is also in env; a variable is either plain or secret"
-    ]
-    assert problems_of(lambda: AgentProject(name="x", env={"A": 1})) == ["env.A: 1 is not a string (quote it)"]
-    assert problems_of(lambda: AgentProject(name="x", env={f"V{i}": "" for i in range(101)})) == [
-        "env: 101 variables is above the limit of 100"
-    ]
-    assert problems_of(lambda: AgentProject(name="x", gateways=[GatewayOptions(name="g"), GatewayOptions(name="g")])) == [
-        "gateways: 'g' is declared more than once"
-    ]
-    assert problems_of(lambda: AgentProject(name="x", save_recipe="yes")) == ["save_recipe: 'yes' is not true or false"]
-
-
-def test_agentcore_refuses_fleet_options_however_built() -> None:
-    (message,) = problems_of(lambda: AgentProject(name="x", target="agentcore", scaling=ScalingOptions(max_vms=3)))
-    assert message.startswith("max_vms: option_not_supported: 3 given")
-    assert AgentProject(name="x", target="agentcore").has_fleet is False
-
-
-def test_egress_hosts_are_checked_in_the_model() -> None:
-    assert EgressOptions(allow=("API.example.com",)).allow == ("api.example.com",)
-    (message,) = problems_of(lambda: EgressOptions(allow=("https://a.com",)))
-    assert message == "allow: 'https://a.com' is a URL, not a host: give the host alone ('a.com')"
-
-
-# ---------------------------------------------------------------------------- names
-
-
-ACCEPTED_NAMES = ["a", "A" * 64, "my_agent", "mi-agente", "-", "_", "9lives", "a-b_c", "__init__"]
-REJECTED_NAMES = [
-    "", "a" * 65, "my agent", "agénte", "ａｇｅｎｔ", "日本", "a.b", ".", "..", "x\n", "x/y", "tab\tname", "x;y",
-]
-
-
-@pytest.mark.parametrize("name", ACCEPTED_NAMES)
-def test_names_that_name_a_fleet(agent_folder, name) -> None:
-    from rayito_constructs.names import is_stack_name
-
-    project = AgentProject.load(agent_folder(None), name=name)
-    assert project.name == name and project.recipe_parameter_name == f"/rayito/agents/{name}/recipe"
-    assert is_stack_name(project.stack_name) and len(project.stack_name) <= 128
-
-
-@pytest.mark.parametrize("name", REJECTED_NAMES)
-def test_names_that_cannot_name_a_fleet_from_any_source(agent_folder, name) -> None:
-    (explicit,) = load_error(agent_folder(None), name=name)
-    assert explicit.startswith(f"name: {name!r} ")
-    in_file = agent_folder(f"name = {json.dumps(name)}\n", name="from-file")
-    assert load_error(in_file) == [explicit]
-    assert problems_of(lambda: AgentProject(name=name)) == [explicit]
-
-
-@pytest.mark.parametrize("folder_name", ["mi agente", "agénte", "a" * 65, "x.y"])
-def test_a_folder_name_that_cannot_name_a_fleet(agent_folder, folder_name) -> None:
-    (message,) = load_error(agent_folder(None, name=folder_name))
-    assert message.startswith(f"name: the folder name {folder_name!r} ")
-    assert message.endswith('set name = "..." in rayito-agent.toml (or pass --name / -c name=...)')
-    named = AgentProject.load(agent_folder('name = "fine"\n', name=folder_name))
-    assert named.name == "fine"
-
-
-def test_the_root_folder_has_no_name() -> None:
-    (message,) = load_error("/")
-    assert message.startswith("name: the folder name '' must be 1 to 64")
-
-
-# ---------------------------------------------------------------------------- the project file
-
-
-def test_a_file_that_is_not_utf8(agent_folder) -> None:
-    folder = agent_folder(None)
-    (folder / "rayito-agent.toml").write_bytes(b'name = "x"\n# caf\xe9\n')
-    assert load_error(folder) == ["rayito-agent.toml: not UTF-8 text (byte 0xe9 on line 2); save it as UTF-8"]
-
-
-def test_a_byte_order_mark_is_not_content(agent_folder) -> None:
-    folder = agent_folder(None)
-    (folder / "rayito-agent.toml").write_bytes("\ufeffname = \"bom\"\n".encode("utf-8"))
-    assert AgentProject.load(folder).name == "bom"
-
-
-def test_no_dockerfile_and_no_project_file_warn(tmp_path) -> None:
-    folder = tmp_path / "bare"
+def test_detection_decides_a_folder_without_a_project_file(tmp_path) -> None:
+    folder = tmp_path / "detected"
     folder.mkdir()
-    (folder / "rayito-agent.toml").mkdir()  # a folder of that name is not the file
-    project = AgentProject.load(folder)
-    assert [w.code for w in project.warnings] == ["no_project_file", "no_dockerfile"]
-    assert AgentProject.load(folder, target="agentcore").warnings[-1].code == "no_project_file"
+    (folder / "requirements.txt").write_text("strands-agents\n")
+    (folder / "agent.py").write_text('from strands import Agent\n'
+                                     'agent = Agent(model="us.anthropic.claude-haiku-4-5-20251001-v1:0")\n')
+    project = AgentProject.load(folder, region="us-east-1")
+    assert project.runtime == "strands" and [w.code for w in project.warnings] == ["no_project_file"]
+    assert not (folder / "rayito-agent.toml").exists()
 
 
-def test_overrides_that_contradict_the_file(agent_folder) -> None:
-    folder = agent_folder("[scaling]\nmin_vms = 1\nmax_vms = 3\nwarm_vms = 2\n")
-    assert load_error(folder, max_vms=2) == ["warm_vms: 2 is above the limit of 1 (max_vms - min_vms = 2 - 1)"]
-    assert load_error(folder, min_vms=4) == [
-        "min_vms: 4 is above max_vms (3)",
-        "warm_vms: 2 is above the limit of 0 (max_vms - min_vms = 3 - 4)",
-    ]
-    assert AgentProject.load(folder, warm_vms=0, max_vms=1).scaling.max_vms == 1
+def test_with_flags_keeps_the_earlier_ones(tmp_path) -> None:
+    project = AgentProject.load(write_project(tmp_path / "w", name="w"), max_vms=4)
+    again = project.with_flags(warm=2)
+    assert (again.scaling.max_vms, again.scaling.warm_vms) == (4, 2)
 
 
-def test_a_broken_key_does_not_hide_other_rules_nor_invent_them(agent_folder) -> None:
-    folder = agent_folder("[scaling]\nmin_vms = 3\nmax_vms = 2\nwarm_vms = \"x\"\n[image]\nmemory_mib = 3000\n[serve]\nmax_concurrency = 9\n")
-    assert sorted(load_error(folder)) == sorted([
-        "warm_vms: 'x' is not a whole number",
-        "min_vms: 3 is above max_vms (2)",
-        "memory_mib: 3000 is not a MicroVM size class (512, 1024, 2048, 4096, 8192 MiB)",
-    ])
-
-
-def test_a_linked_folder_keeps_the_name_it_is_called_by(agent_folder, tmp_path) -> None:
-    target = agent_folder(None, name="agent-v2")
-    link = tmp_path / "bot"
-    link.symlink_to(target, target_is_directory=True)
-    assert AgentProject.load(link).name == "bot"
-
-
-@pytest.mark.parametrize(("folder_name", "hint"), [("agénte", "agente"), ("ａｇｅｎｔ", "agent"), ("mi agente", "mi-agente")])
-def test_a_bad_folder_name_suggests_a_good_one(agent_folder, folder_name, hint) -> None:
-    (message,) = load_error(agent_folder(None, name=folder_name))
-    assert f"for example {hint!r}" in message
-
-
-def test_model_copy_with_a_mapping_changes_only_those_keys() -> None:
-    project = AgentProject.load(EXAMPLE)
-    bigger = project.model_copy(update={"scaling": {"max_vms": 5}})
-    assert (bigger.scaling.max_vms, bigger.scaling.idle, bigger.scaling.warm_vms) == (5, 600, 1)
-    assert bigger.sources["max_vms"] == "explicit" and bigger.sources["idle"] == "project"
-    assert problems_of(lambda: project.model_copy(update={"scaling": {"min_vms": 9}})) == [
-        "min_vms: 9 is above max_vms (3)",
-        "warm_vms: 1 is above the limit of 0 (max_vms - min_vms = 3 - 9)",
-    ]
+def test_loading_does_not_read_the_environment_for_flags(tmp_path, monkeypatch) -> None:
+    """RAYITO_ACCESS_TOKEN and AWS settings of the machine change nothing of what is planned."""
+    folder = write_project(tmp_path / "env", name="env")
+    plain = AgentProject.load(folder).to_product_dict()
+    monkeypatch.setenv("RAYITO_ACCESS_TOKEN", "x" * 43)
+    monkeypatch.setenv("AWS_REGION", "eu-west-1")
+    assert AgentProject.load(folder).to_product_dict() == plain
+    assert os.listdir(folder) == os.listdir(folder)  # nothing new

@@ -21,18 +21,45 @@ import pytest
 from aws_cdk.assertions import Template
 
 from lambdas.recipe_writer import index
-from rayito_constructs import AgentProject, FleetStack, build_recipe, decode_recipe, encode_recipe
-from rayito_constructs.recipe import canonical_json
+from rayito_constructs import AgentProject, FleetStack
+from rayito_constructs.product import canonical_json, decode
+from rayito_constructs.recipe import plan_recipe
 
 from .cdk_helpers import new_app, stack_props
-from .conftest import EXAMPLE
 from .moto_server import moto_server
+from .projects import write_project
 from .recipe_writer_helpers import CFN_HOST, CloudFormationEndpoint, FaultProxy
 
 STACK_ID = "arn:aws:cloudformation:us-east-1:123456789012:stack/MiAgente/0d5c5a40-0000-11f0-9000-0a1b2c3d4e5f"
 FUNCTION_ARN = "arn:aws:lambda:us-east-1:123456789012:function:MiAgente-RayitoRecipeWriterFunction-abc"
 NAME = "/rayito/agents/mi-agente/recipe"
-BUILT_VERSION = "3.0"
+BUILT_VERSION = "3"
+_FOLDERS: list[Path] = []
+
+
+def project(folder_name: str = "mi-agente", **tables: Any) -> AgentProject:
+    """A product project named mi-agente (or another fleet) with ``tables`` over the base."""
+    import tempfile
+
+    root = Path(tempfile.mkdtemp(prefix="recipe-writer-"))
+    _FOLDERS.append(root)
+    flags = tables.pop("flags", {})
+    tables.setdefault("env", {"GREETING": "Hola", "LOG_LEVEL": "info"})
+    return AgentProject.load(write_project(root / folder_name, name=folder_name, tables=tables, dockerfile=True), **flags)
+
+
+def build_recipe(project: AgentProject, version: str | None = None) -> dict[str, Any]:
+    """The document the stack ships (no version: a deploy-time one goes in at deploy)."""
+    return plan_recipe(project, version).document
+
+
+def stored_value(project: AgentProject, version: str | None) -> Any:
+    """What the product stores for ``project`` with ``version``."""
+    return plan_recipe(project, version).encoded
+
+
+def decode_recipe(value: str) -> Any:
+    return decode(value)[0]
 
 
 class Context:
@@ -71,7 +98,7 @@ class Synthesized:
 
     def __init__(self) -> None:
         app = new_app()
-        self.project = AgentProject.load(EXAMPLE)
+        self.project = project()  # the example's app, with a Dockerfile: the stack builds the image
         stack = FleetStack(app, "MiAgente", project=self.project, **stack_props())
         self.template = Template.from_stack(stack).to_json()
         self.assembly = Path(app.synth().directory)
@@ -183,7 +210,7 @@ class Aws:
         """Ship another document, as a deploy of another project would; its properties."""
         import hashlib
 
-        data = canonical_json(document)
+        data = canonical_json(document).encode()
         digest = hashlib.sha256(data).hexdigest()
         key = f"{digest}.json"
         self.s3.put_object(Bucket=self.synthesized.properties["DocumentBucket"], Key=key, Body=data)
@@ -213,9 +240,9 @@ def run(event: dict[str, Any], context: Context | None = None) -> None:
 
 def test_create_writes_the_recipe_the_template_describes(aws, capsys) -> None:
     run(aws.event("Create", Metrics="on"))  # as synthesized with metrics=True (off: no EMF, test_monitoring_runtime)
-    expected = encode_recipe(build_recipe(aws.synthesized.project, BUILT_VERSION))
+    expected = stored_value(aws.synthesized.project, BUILT_VERSION)
     assert aws.stored() == expected.value
-    assert decode_recipe(aws.stored())["image"]["version"] == BUILT_VERSION  # filled in at deploy
+    assert decode_recipe(aws.stored()).image_version == BUILT_VERSION  # filled in at deploy
     parameter = aws.ssm.get_parameter(Name=NAME)["Parameter"]
     assert parameter["Type"] == "SecureString"
     answer = aws.answer
@@ -237,10 +264,10 @@ def test_create_writes_the_recipe_the_template_describes(aws, capsys) -> None:
 def test_the_template_holds_no_recipe(aws) -> None:
     template = json.dumps(aws.synthesized.template)
     doc = build_recipe(aws.synthesized.project)
-    for value in (doc["instructions"], canonical_json(doc).decode()[:60], '"scale_in_after_seconds"'):
+    for value in (doc["project"]["agent"]["instructions"], canonical_json(doc)[:60], '"scaleInAfterSeconds"'):
         assert value not in template
     # [env] values are plain by rule (credential-shaped ones are refused): the image carries them.
-    for key, value in doc["env"].items():
+    for key, value in doc["project"]["env"].items():
         assert json.dumps({"Key": key, "Value": value}) in template
     assert set(aws.synthesized.properties) == {"ServiceToken", "ParameterName", "DocumentBucket", "DocumentKey",
                                                 "DocumentSha256", "ImageVersion", "KeepOnDelete", "FailureMode", "Metrics",
@@ -249,9 +276,9 @@ def test_the_template_holds_no_recipe(aws) -> None:
 
 def test_update_and_delete(aws) -> None:
     run(aws.event("Create"))
-    bigger = build_recipe(AgentProject.load(EXAMPLE, max_vms=5))
+    bigger = build_recipe(project(flags={"max_vms": 5}))
     run(aws.event("Update", physical=NAME, **aws.upload(bigger)))
-    assert decode_recipe(aws.stored())["scaling"]["max_vms"] == 5
+    assert decode_recipe(aws.stored()).scaling.max_vms == 5
     assert aws.ssm.get_parameter(Name=NAME)["Parameter"]["Version"] == 2
     run(aws.event("Delete", physical=NAME))
     assert aws.stored() is None and aws.answer["Status"] == "SUCCESS"
@@ -274,12 +301,12 @@ def test_keep_on_delete(aws) -> None:
 
 
 def test_a_compressed_recipe_keeps_the_image_version(aws) -> None:
-    project = AgentProject.from_dict({"instructions": "hola " * 1200, "name": "mi-agente"}, name="mi-agente")
-    run(aws.event("Update", physical=NAME, **aws.upload(build_recipe(project))))
-    assert aws.answer["Data"]["Encoding"] == "compressed"
+    big = project(agent={"instructions": "hola " * 1200})
+    run(aws.event("Update", physical=NAME, **aws.upload(build_recipe(big))))
+    assert aws.answer["Data"]["Encoding"] == "gzip+base64"
     stored = aws.stored()
-    assert stored.startswith("rz1:") and stored == encode_recipe(build_recipe(project, BUILT_VERSION)).value
-    assert decode_recipe(stored)["image"]["version"] == BUILT_VERSION
+    assert stored.startswith('{"data":"H4sI') and stored == stored_value(big, BUILT_VERSION).value
+    assert decode_recipe(stored).image_version == BUILT_VERSION
 
 
 # ------------------------------------------------------------------ a failed save never fails the deploy
@@ -295,12 +322,12 @@ def _noise(size: int, seed: int = 5) -> str:
 def test_too_large_at_deploy_is_reported_and_the_previous_recipe_deleted(aws, capsys) -> None:
     run(aws.event("Create"))
     assert aws.stored() is not None
-    big = build_recipe(AgentProject.from_dict({"instructions": _noise(9000)}, name="mi-agente"))
+    big = build_recipe(project(agent={"instructions": _noise(9000)}))
     run(aws.event("Update", physical=NAME, Metrics="on", **aws.upload(big)))
     answer = aws.answer
     assert answer["Status"] == "SUCCESS"
     assert answer["Data"]["Outcome"] == "recipe_too_large" and answer["Data"]["Saved"] == "false"
-    assert "above the 4096 bytes" in answer["Data"]["Reason"] and "recipe_too_large" in answer["Reason"]
+    assert "does not fit the 4096 bytes" in answer["Data"]["Reason"] and "recipe_too_large" in answer["Reason"]
     assert aws.stored() is None  # the page: the previous one is deleted
     assert aws.proxy.seen["PutParameter"] == 0 and aws.proxy.seen["DeleteParameter"] == 1
     metric = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith('{"_aws"')][-1]
@@ -308,7 +335,7 @@ def test_too_large_at_deploy_is_reported_and_the_previous_recipe_deleted(aws, ca
 
 
 def test_strict_mode_fails_the_deploy(aws) -> None:
-    big = build_recipe(AgentProject.from_dict({"instructions": _noise(9000)}, name="mi-agente"))
+    big = build_recipe(project(agent={"instructions": _noise(9000)}))
     run(aws.event("Create", FailureMode="fail", **aws.upload(big)))
     assert aws.answer["Status"] == "FAILED"
     assert aws.answer["Reason"].startswith("recipe_too_large") and "recipe_failure='fail'" in aws.answer["Reason"]
@@ -348,9 +375,9 @@ def test_a_document_the_bucket_does_not_have(aws) -> None:
 
 
 def test_a_document_that_changed_in_the_bucket(aws) -> None:
-    tampered = build_recipe(AgentProject.load(EXAMPLE, max_vms=9))
+    tampered = build_recipe(project(flags={"max_vms": 9}))
     aws.s3.put_object(Bucket=aws.synthesized.properties["DocumentBucket"], Key=aws.synthesized.properties["DocumentKey"],
-                      Body=canonical_json(tampered))
+                      Body=canonical_json(tampered).encode())
     run(aws.event("Create"))
     assert aws.answer["Data"]["Reason"] == "the recipe document does not match its DocumentSha256"
     assert aws.stored() is None
@@ -401,10 +428,10 @@ def test_a_denied_delete_is_reported_not_raised(aws) -> None:
 
 
 def test_without_a_deploy_time_version_the_document_keeps_its_own(aws) -> None:
-    project = AgentProject.load(EXAMPLE).model_copy(
-        update={"image": AgentProject.load(EXAMPLE).image.model_copy(update={"version": "2.0"})})
-    run(aws.event("Create", ImageVersion=None, **aws.upload(build_recipe(project))))
-    assert decode_recipe(aws.stored())["image"]["version"] == "2.0"
+    run(aws.event("Create", ImageVersion=None, **aws.upload(build_recipe(project(), "2.0"))))
+    assert decode_recipe(aws.stored()).image_version == "2.0"
+    run(aws.event("Update", physical=NAME, ImageVersion=None, **aws.upload(build_recipe(project()))))
+    assert decode_recipe(aws.stored()).image_version is None
 
 
 def test_a_client_that_cannot_be_made_is_an_answer(aws, monkeypatch) -> None:
@@ -422,6 +449,14 @@ def test_malformed_documents_and_properties(aws) -> None:
     aws.s3.put_object(Bucket=aws.synthesized.properties["DocumentBucket"], Key="garbage.json", Body=body)
     run(aws.event("Create", DocumentKey="garbage.json", DocumentSha256=hashlib.sha256(body).hexdigest()))
     assert aws.answer["Data"]["Reason"] == "the recipe document is not JSON"
+    old = json.dumps({"version": 1, "name": "mi-agente", "image": {}}).encode()  # this library's old format
+    aws.s3.put_object(Bucket=aws.synthesized.properties["DocumentBucket"], Key="old.json", Body=old)
+    run(aws.event("Create", DocumentKey="old.json", DocumentSha256=hashlib.sha256(old).hexdigest()))
+    assert aws.answer["Data"]["Reason"] == "the recipe document is not the rayito.agent-recipe/1 recipe of fleet mi-agente"
+    broken = json.dumps({**build_recipe(project()), "savedBy": 7}).encode()  # the product does not read it
+    aws.s3.put_object(Bucket=aws.synthesized.properties["DocumentBucket"], Key="broken.json", Body=broken)
+    run(aws.event("Create", DocumentKey="broken.json", DocumentSha256=hashlib.sha256(broken).hexdigest()))
+    assert aws.answer["Data"]["Reason"] == "the recipe document is not one rayito reads"
     run(aws.event("Create", DocumentSha256="not-a-hash"))
     assert aws.answer["Data"]["Reason"] == "refused: DocumentBucket, DocumentKey and DocumentSha256 are required"
     assert aws.proxy.seen["PutParameter"] == 0 and aws.stored() is None
@@ -478,11 +513,11 @@ def test_the_cleanup_delete_of_a_fleet_removed_or_renamed_never_fails(aws) -> No
 
 
 def test_a_hostile_document_writes_nothing(aws) -> None:
-    other = build_recipe(AgentProject.load(EXAMPLE, name="other"))  # another fleet's recipe
+    other = build_recipe(project("other"))  # another fleet's recipe
     run(aws.event("Create", **aws.upload(other)))
-    assert aws.answer["Data"]["Reason"] == "the recipe document is not the recipe of fleet mi-agente"
+    assert aws.answer["Data"]["Reason"] == "the recipe document is not the rayito.agent-recipe/1 recipe of fleet mi-agente"
     run(aws.event("Create", ImageVersion="1.0; rm -rf"))
-    assert aws.answer["Data"]["Reason"] == "refused: ImageVersion must look like 1.0"
+    assert aws.answer["Data"]["Reason"] == "refused: ImageVersion must look like 1 or 1.0"
     assert aws.proxy.seen["PutParameter"] == 0 and aws.stored() is None
     # A delete that names another fleet's parameter as its physical id deletes nothing.
     aws.ssm.put_parameter(Name="/rayito/agents/other/recipe", Value="{}", Type="SecureString")
@@ -538,9 +573,9 @@ def test_an_alias_of_the_function_is_the_function(aws) -> None:
 
 def test_the_recipe_never_reaches_the_logs(aws, caplog, capsys) -> None:
     marker = "recipe-value-that-must-not-be-logged-7f3a"
-    project = AgentProject.from_dict({"instructions": marker}, name="mi-agente")
+    marked = project(agent={"instructions": marker})
     caplog.set_level(logging.DEBUG)  # botocore's own debug logging included
-    props = aws.upload(build_recipe(project))
+    props = aws.upload(build_recipe(marked))
     for kind in ("Create", "Update", "Delete"):
         run(aws.event(kind, physical=NAME, **props))
     aws.proxy.fail("PutParameter", "InvalidKeyId")
@@ -552,14 +587,20 @@ def test_the_recipe_never_reaches_the_logs(aws, caplog, capsys) -> None:
     assert all(marker not in json.dumps(r) for r in aws.cfn.received)
 
 
-# ------------------------------------------------------------------ the encoders agree
+# ------------------------------------------------------------------ the writer encodes as the product
 
 
-def test_the_writer_and_the_library_encode_alike() -> None:
-    for size in (0, 3000, 4050, 4200, 12000):
-        doc = build_recipe(AgentProject.from_dict({"instructions": "x" * size}, name="sized"), "7.0")
-        expected = encode_recipe(doc)
-        assert index.encode(doc) == (expected.value, expected.encoding, expected.json_bytes)
-    with pytest.raises(index.NotSaved):
-        index.encode(build_recipe(AgentProject.from_dict({"instructions": _noise(9000)}, name="n")))
+def test_the_writer_encodes_as_the_product() -> None:
+    """The writer's value with a deploy-time version is the product's own value of the same
+    project, flags and version (``recipe_of`` + ``encode_recipe``), plain JSON or gzip envelope."""
+    from rayito._agent._fleet_recipe import encode_recipe, recipe_document, recipe_of
 
+    for size in (1, 2500, 2700, 2900, 12000):  # plain JSON near the limit and above it (gzip envelope)
+        sized = project("sized", agent={"instructions": "x" * size})
+        theirs = encode_recipe(recipe_document(recipe_of(sized.product, name="sized", image_version="7",
+                                                          scaling=sized.product_scaling, renew_gateway_keys=False)))
+        value, encoding, _ = index.encode(build_recipe(sized), "7")
+        assert value == theirs and encoding == ("json" if value.startswith('{"gatewayPresets"') else "gzip+base64")
+    with pytest.raises(index.NotSaved) as info:
+        index.encode(build_recipe(project("n", agent={"instructions": _noise(9000)})), "7")
+    assert info.value.code == "recipe_too_large"

@@ -20,6 +20,7 @@ from lambdas.reconciler import core
 from .reconciler_harness import RECONCILER_CALLER, deployed_fleet, list_lag, peak_live, seconds_below
 from .test_reconciler_attack_short import _holds
 from .test_reconciler_handler import assert_no_duplicates, aws  # noqa: F401
+from .projects import project_with
 
 ENDED = ("TERMINATING", "TERMINATED")
 
@@ -104,20 +105,18 @@ def _report(found: dict) -> str:
 
 def _warned(shape: dict) -> list[str]:
     """What the construct's ``short_lifetime`` warning says about a shape (the pure check the synth runs)."""
-    from rayito_constructs import AgentProject
     from rayito_constructs.reconciler import short_lifetime_problems
 
-    project = AgentProject.from_dict({}, name="corta", min_vms=shape["min_vms"], max_vms=shape["max_vms"],
+    project = project_with(name="corta", min_vms=shape["min_vms"], max_vms=shape["max_vms"],
                                      warm_vms=shape.get("warm_vms", 0))
     return short_lifetime_problems(project, shape["lifetime"], 900, shape.get("period", 60), shape.get("tick", 50))
 
 
 def _rollout_told(shape: dict) -> list[str]:
     """What the construct's ``short_lifetime_rollout`` info says about a shape."""
-    from rayito_constructs import AgentProject
     from rayito_constructs.reconciler import rollout_problems
 
-    project = AgentProject.from_dict({}, name="corta", min_vms=shape["min_vms"], max_vms=shape["max_vms"],
+    project = project_with(name="corta", min_vms=shape["min_vms"], max_vms=shape["max_vms"],
                                      warm_vms=shape.get("warm_vms", 0))
     return rollout_problems(project, shape["lifetime"], 900, shape.get("period", 60))
 

@@ -13,6 +13,7 @@ from rayito_constructs import AgentFleet, AgentProject, ControlPlaneBudget, Flee
 
 from .cdk_helpers import lint_template, nag, new_app, new_stack, stack_props
 from .conftest import EXAMPLE
+from .projects import project_with
 
 
 @pytest.fixture(scope="module")
@@ -164,11 +165,11 @@ def test_asset_holds_the_reconciler_and_its_model_only(synth) -> None:
 def test_shared_budget_across_fleets_and_stacks() -> None:
     app = new_app()
     stack = new_stack(app, "Two")
-    AgentFleet(stack, "A", project=AgentProject.load(EXAMPLE, name="a"))
-    AgentFleet(stack, "B", project=AgentProject.load(EXAMPLE, name="b"))
+    AgentFleet(stack, "A", project=project_with(name="a"))
+    AgentFleet(stack, "B", project=project_with(name="b"))
     other = new_stack(app, "Other")
     shared = ControlPlaneBudget.from_table_name(other, "Budget", "rayito-budget")
-    AgentFleet(other, "C", project=AgentProject.load(EXAMPLE, name="c"), control_plane_budget=shared)
+    AgentFleet(other, "C", project=project_with(name="c"), control_plane_budget=shared)
     template = Template.from_stack(stack)
     keys = [t["Properties"]["KeySchema"][0]["AttributeName"] for t in template.find_resources("AWS::DynamoDB::Table").values()]
     assert keys.count("fleet") == 1 and keys.count("operation") == 1  # one ledger, one budget for both fleets
@@ -275,7 +276,7 @@ def test_short_lifetime_problems_name_the_shapes_that_dip(scaling, lifetime, per
     from rayito_constructs.reconciler import short_lifetime_problems
 
     min_vms, max_vms, warm_vms = scaling
-    project = AgentProject.from_dict({}, name="corta", min_vms=min_vms, max_vms=max_vms, warm_vms=warm_vms)
+    project = project_with(name="corta", min_vms=min_vms, max_vms=max_vms, warm_vms=warm_vms)
     assert bool(short_lifetime_problems(project, lifetime, 900, period)) is warned
 
 
@@ -284,7 +285,7 @@ def test_a_longer_tick_watches_more_of_a_long_schedule() -> None:
     looked at every 5 minutes are then told only what a minute's schedule would be told."""
     from rayito_constructs.reconciler import short_lifetime_problems
 
-    project = AgentProject.from_dict({}, name="corta", min_vms=3, max_vms=4, warm_vms=0)
+    project = project_with(name="corta", min_vms=3, max_vms=4, warm_vms=0)
     assert short_lifetime_problems(project, 700, 900, 300, tick_seconds=50)
     assert not short_lifetime_problems(project, 700, 900, 300, tick_seconds=285)
 
@@ -306,21 +307,21 @@ IMAGE = "arn:aws:lambda:us-east-1:123456789012:microvm-image:compartida"
 def test_a_second_fleet_on_an_image_is_refused_unless_shared() -> None:
     app = new_app()
     stack = new_stack(app)
-    AgentFleet(stack, "Uno", project=AgentProject.load(EXAMPLE, name="uno"), image_arn=IMAGE)
+    AgentFleet(stack, "Uno", project=project_with(name="uno"), image_arn=IMAGE)
     with pytest.raises(ValueError, match="fleet 'dos' would run the image fleet 'uno' already runs"):
-        AgentFleet(stack, "Dos", project=AgentProject.load(EXAMPLE, name="dos"), image_arn=IMAGE)
+        AgentFleet(stack, "Dos", project=project_with(name="dos"), image_arn=IMAGE)
     other = new_stack(app, "Otra")
     with pytest.raises(ValueError, match="share_image=True"):
-        AgentFleet(other, "Tres", project=AgentProject.load(EXAMPLE, name="tres"), image_arn=IMAGE, share_image=True)
+        AgentFleet(other, "Tres", project=project_with(name="tres"), image_arn=IMAGE, share_image=True)
     # Another app is another world.
-    AgentFleet(new_stack(new_app()), "Dos", project=AgentProject.load(EXAMPLE, name="dos"), image_arn=IMAGE)
+    AgentFleet(new_stack(new_app()), "Dos", project=project_with(name="dos"), image_arn=IMAGE)
 
 
 def test_shared_fleets_read_each_other_ledgers_only() -> None:
     app = new_app()
     stack = new_stack(app)
     for name in ("uno", "dos", "tres"):
-        AgentFleet(stack, name.title(), project=AgentProject.load(EXAMPLE, name=name), image_arn=IMAGE, share_image=True)
+        AgentFleet(stack, name.title(), project=project_with(name=name), image_arn=IMAGE, share_image=True)
     template = Template.from_stack(stack)
     functions = template.find_resources("AWS::Lambda::Function", {"Properties": {"Handler": "reconciler.index.handler"}})
     shared = sorted(f["Properties"]["Environment"]["Variables"]["SHARED_WITH"] for f in functions.values())

@@ -343,7 +343,7 @@ def _parameter(world: vw.World) -> tuple[str, str]:
 def test_a_recipe_changed_by_hand(deployed: vw.World) -> None:
     name, original = _parameter(deployed)
     doc = json.loads(original)
-    doc["env"]["GREETING"] = "Hello"
+    doc["project"]["env"]["GREETING"] = "Hello"
     ssm = deployed.moto("ssm")
     ssm.put_parameter(Name=name, Value=json.dumps(doc, sort_keys=True, separators=(",", ":")), Type="SecureString",
                       Overwrite=True)
@@ -359,7 +359,8 @@ def test_a_recipe_changed_by_hand(deployed: vw.World) -> None:
 def test_an_unreadable_recipe(deployed: vw.World) -> None:
     name, original = _parameter(deployed)
     ssm = deployed.moto("ssm")
-    ssm.put_parameter(Name=name, Value="rz1:not-base64!", Type="SecureString", Overwrite=True)
+    ssm.put_parameter(Name=name, Value='{"data":"not-base64!","encoding":"gzip+base64","schema":"rayito.agent-recipe/1"}',
+                      Type="SecureString", Overwrite=True)
     try:
         report = deployed.verify(FLEET)
     finally:

@@ -18,12 +18,14 @@ from .verify_world import finding, statuses
 MISSING = f"arn:aws:lambda:us-east-1:{vw.ACCOUNT}:microvm-image:not-there"
 
 
-def _project(root: Any, name: str, toml: str) -> AgentProject:
-    folder = root / name
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "Dockerfile").write_text("FROM scratch\n")
-    (folder / "rayito-agent.toml").write_text(toml)
-    return AgentProject.load(folder)
+def _project(root: Any, name: str, toml: str, **flags: Any) -> AgentProject:
+    """A product project ``name`` with the tables of ``toml`` and deploy ``flags``."""
+    import tomllib
+
+    from .projects import write_project
+
+    tables = {k: v for k, v in tomllib.loads(toml).items() if k != "name"}
+    return AgentProject.load(write_project(root / name, name=name, tables=tables, dockerfile=True), **flags)
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +33,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[vw.World]:
     root = tmp_path_factory.mktemp("own-stack")
     fleets = {
         "Bare": (_project(root, "bare", 'name = "bare"\n[scaling]\nmin_vms = 1\nmax_vms = 2\n'), {"reconciler": False}),
-        "Quiet": (_project(root, "quiet", 'name = "quiet"\nsave_recipe = false\n'), {"reconciler": False}),
+        "Quiet": (_project(root, "quiet", 'name = "quiet"\n', save_recipe=False), {"reconciler": False}),
         "Elsewhere": (_project(root, "elsewhere", 'name = "elsewhere"\n'), {"reconciler": False, "image_arn": MISSING}),
     }
     assembly = vw.synth("own-stack", vw.own_stack("MyApp", fleets))

@@ -5,9 +5,12 @@ CloudFormation cannot create a SecureString parameter, so ``Custom::RayitoRecipe
 this function. The recipe is **not** a template property (anyone with
 ``cloudformation:GetTemplate`` would read it): the stack ships the recipe document as an S3 asset
 in its deployment bucket, and the resource names the object and its SHA-256. This function reads
-it (its role may read exactly those objects), checks it, sets the image version CloudFormation
-resolved at deploy, encodes it (JSON up to 4,096 bytes, ``rz1:`` + base64 of zlib above that,
-nothing when even that does not fit: the same rules as ``rayito_constructs.recipe``) and puts it.
+it (its role may read exactly those objects), checks it, and then does with the product's own code
+(``rayito``, from the function's layer) what ``rayito agent deploy`` does with the image version
+CloudFormation resolved at deploy: the product's recipe with that version
+(``recipe_from_document``, ``recipe_document``), encoded as the product encodes it (canonical JSON
+up to 4,096 bytes, the ``gzip+base64`` envelope above that, nothing when even that does not fit)
+and put with the product's description. So the value is byte for byte what the product saves.
 
 Properties (strings): ``ParameterName``, ``DocumentBucket``, ``DocumentKey``, ``DocumentSha256``,
 ``ImageVersion`` (optional: the version the stack built), ``KeyId`` (optional customer key),
@@ -31,7 +34,7 @@ anything else is refused without a write, and a request that names another URL i
 
 from __future__ import annotations
 
-import base64
+import dataclasses
 import hashlib
 import json
 import logging
@@ -42,12 +45,19 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-import zlib
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Optional
 
 import boto3
 from botocore.config import Config
+from rayito._agent._fleet_recipe import (
+    RecipeWarning,
+    canonical_json,
+    encode_recipe,
+    recipe_document,
+    recipe_from_document,
+)
+from rayito._limits import AGENT_RECIPE_DESCRIPTION, AGENT_RECIPE_MAX_BYTES, AGENT_RECIPE_SCHEMA
 
 LOG = logging.getLogger("rayito.recipe_writer")
 LOG.setLevel(os.environ.get("LOG_LEVEL", "INFO"))
@@ -58,8 +68,7 @@ for _sdk_logger in ("botocore", "boto3", "urllib3"):
 
 PARAMETER_PREFIX = "/rayito/agents/"
 RESOURCE_TYPE = "Custom::RayitoRecipe"
-STANDARD_PARAMETER_BYTES = 4096
-COMPRESSED_PREFIX = "rz1:"
+STANDARD_PARAMETER_BYTES = AGENT_RECIPE_MAX_BYTES
 NAMESPACE = "Rayito/Fleet"
 SERVICE = "rayito-recipe-writer"
 #: The SDK's standard retry mode, 3 attempts per call in all (botocore's ``max_attempts`` counts
@@ -118,22 +127,29 @@ def clients() -> Clients:
     return Clients(ssm=_client("ssm"), s3=_client("s3"))
 
 
-# ------------------------------------------------------------------ encoding (as recipe.py)
+# ------------------------------------------------------------------ encoding (the product's)
 
 
-def encode(doc: Mapping[str, Any]) -> tuple[str, str, int]:
-    """``(value, encoding, json_bytes)``; raises :class:`NotSaved` (``recipe_too_large``)."""
-    raw = json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
-    if len(raw) <= STANDARD_PARAMETER_BYTES:
-        return raw.decode(), "json", len(raw)
-    packed = COMPRESSED_PREFIX + base64.b64encode(zlib.compress(raw, 9)).decode("ascii")
-    if len(packed) <= STANDARD_PARAMETER_BYTES:
-        return packed, "compressed", len(raw)
-    raise NotSaved(
-        "recipe_too_large",
-        f"the recipe is {len(raw)} bytes as JSON and {len(packed)} compressed, above the "
-        f"{STANDARD_PARAMETER_BYTES} bytes of a standard parameter",
-    )
+def encode(doc: Mapping[str, Any], image_version: Optional[str]) -> tuple[str, str, int]:
+    """``(value, encoding, json_bytes)`` of the product's recipe of ``doc`` with ``image_version``
+    (None: the document's own); raises :class:`NotSaved` (``recipe_too_large``, or
+    ``recipe_not_saved`` for a document the product does not read)."""
+    try:
+        recipe = recipe_from_document(doc)
+    except RecipeWarning:
+        raise NotSaved("recipe_not_saved", "the recipe document is not one rayito reads") from None
+    if image_version is not None:
+        recipe = dataclasses.replace(recipe, image_version=image_version)
+    document = recipe_document(recipe)
+    plain = canonical_json(document)
+    value = encode_recipe(document)
+    if value is None:
+        raise NotSaved(
+            "recipe_too_large",
+            f"the recipe is {len(plain.encode())} bytes as JSON, and does not fit the {STANDARD_PARAMETER_BYTES} "
+            "bytes of a standard parameter even as gzip+base64",
+        )
+    return value, ("json" if value == plain else "gzip+base64"), len(plain.encode())
 
 
 # ------------------------------------------------------------------ who may ask
@@ -248,14 +264,20 @@ def read_document(s3: Any, props: Mapping[str, Any], fleet: str, deadline: _Dead
         doc = json.loads(body)
     except ValueError:
         raise NotSaved("recipe_not_saved", "the recipe document is not JSON") from None
-    if not isinstance(doc, dict) or doc.get("name") != fleet or not isinstance(doc.get("image"), dict):
-        raise NotSaved("recipe_not_saved", f"the recipe document is not the recipe of fleet {fleet}")
-    version = props.get("ImageVersion")
-    if version:
-        if not _VERSION.match(str(version)):
-            raise BadRequest("ImageVersion must look like 1.0")
-        doc["image"]["version"] = str(version)
+    if (not isinstance(doc, dict) or doc.get("schema") != AGENT_RECIPE_SCHEMA or doc.get("name") != fleet
+            or not isinstance(doc.get("image"), dict)):
+        raise NotSaved("recipe_not_saved", f"the recipe document is not the {AGENT_RECIPE_SCHEMA} recipe of fleet {fleet}")
     return doc
+
+
+def image_version(props: Mapping[str, Any]) -> Optional[str]:
+    """The ``ImageVersion`` property: the version CloudFormation resolved (None: the document's)."""
+    version = props.get("ImageVersion")
+    if not version:
+        return None
+    if not _VERSION.match(str(version)):
+        raise BadRequest("ImageVersion must look like 1 or 1.0")
+    return str(version)
 
 
 def _put(ssm: Any, name: str, value: str, encoding: str, key_id: Optional[str], deadline: _Deadline) -> None:
@@ -265,7 +287,7 @@ def _put(ssm: Any, name: str, value: str, encoding: str, key_id: Optional[str], 
         "Type": "SecureString",
         "Tier": "Standard",
         "Overwrite": True,
-        "Description": f"Rayito fleet recipe ({encoding})",
+        "Description": AGENT_RECIPE_DESCRIPTION,  # the product's own
     }
     if key_id:
         args["KeyId"] = key_id
@@ -310,12 +332,14 @@ def handle(event: Mapping[str, Any], fleet: str, aws: Clients, deadline: _Deadli
             return {"Outcome": "kept", "Saved": "true", "Reason": "keep_recipe"}
         deleted = _delete(aws.ssm, name, deadline)
         return {"Outcome": "deleted", "Saved": "false", "Reason": "deleted" if deleted else "already gone"}
+    version = image_version(props)
     doc = read_document(aws.s3, props, fleet, deadline)
     try:
-        value, encoding, json_bytes = encode(doc)
-    except NotSaved:
-        # The page: when even the compressed recipe does not fit, the previous one is deleted.
-        _delete(aws.ssm, name, deadline)
+        value, encoding, json_bytes = encode(doc, version)
+    except NotSaved as exc:
+        if exc.code == "recipe_too_large":
+            # As the product: when even the gzip+base64 envelope does not fit, the previous one is deleted.
+            _delete(aws.ssm, name, deadline)
         raise
     _put(aws.ssm, name, value, encoding, props.get("KeyId") or None, deadline)
     return {
@@ -325,7 +349,7 @@ def handle(event: Mapping[str, Any], fleet: str, aws: Clients, deadline: _Deadli
         "Encoding": encoding,
         "Bytes": str(len(value.encode())),
         "JsonBytes": str(json_bytes),
-        "ImageVersion": str(doc["image"].get("version") or ""),
+        "ImageVersion": version or str(doc["image"].get("version") or ""),
     }
 
 

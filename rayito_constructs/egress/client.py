@@ -36,7 +36,7 @@ import time
 from dataclasses import dataclass, field
 from decimal import Decimal
 from email.utils import parsedate_to_datetime
-from typing import Any, Callable, Iterable, Optional, Sequence, Union
+from typing import Any, Callable, Iterable, Mapping, Optional, Sequence, Union
 
 from ..rates import RateError, check_burst, check_cost, parse_rate
 from .targets import (Bucket, Declared, TargetError, Url, declared, envelope_of, parse, redact, redacted_error,
@@ -51,6 +51,9 @@ LIMITER_UNAVAILABLE = "limiter_unavailable"
 INVALID_TARGET = "invalid_target"
 INVALID_COST = "invalid_cost"
 #: Every ``Deferral.reason`` (the ``reason`` dimension of the ``Deferrals`` metric).
+#: What ``AgentFleet`` sets in the image for the agents: the envelope table and the declaration.
+TABLE_ENV = "RAYITO_EGRESS_BUDGET_TABLE"
+ENVELOPES_ENV = "RAYITO_EGRESS_ENVELOPES"
 REASONS = (BUDGET_EMPTY, BACKOFF, LIMITER_UNAVAILABLE, INVALID_TARGET, INVALID_COST)
 #: The ``target`` of a deferral for a URL that is not a target (the ``target`` dimension of its
 #: metrics): one fixed value, never the URL, which may carry a password or an API key and would
@@ -320,21 +323,38 @@ class BudgetClient:
             self._calibrating.start()
 
     @classmethod
-    def from_recipe(cls, recipe: Any, *, table_name: Optional[str] = None, **kwargs: Any) -> "BudgetClient":
-        """The client an agent makes from its recipe: the declared envelopes and the default of
-        ``recipe["egress"]``, the table from ``RAYITO_EGRESS_BUDGET_TABLE`` (which ``AgentFleet``
-        sets) unless ``table_name`` is given."""
+    def from_declaration(cls, declaration: Any, *, table_name: Optional[str] = None, **kwargs: Any) -> "BudgetClient":
+        """The client of a fleet's declared envelopes (``{"budgets": [{"target", "rate_per_second",
+        "burst"}...], "default": {"rate_per_second", "burst"}}``, what ``AgentFleet`` puts in the
+        image's ``RAYITO_EGRESS_ENVELOPES``), the table from ``RAYITO_EGRESS_BUDGET_TABLE`` unless
+        ``table_name`` is given."""
         import os
 
-        egress = dict(recipe.get("egress") or {})
+        egress = dict(declaration or {})
         envelopes = [Envelope(b["target"], b["rate_per_second"], b["burst"]) for b in egress.get("budgets", [])]
         default = egress.get("default") or {}
-        table = table_name or os.environ.get("RAYITO_EGRESS_BUDGET_TABLE")
+        table = table_name or os.environ.get(TABLE_ENV)
         if not table:
-            raise ValueError("RAYITO_EGRESS_BUDGET_TABLE is not set and no table_name was given")
+            raise ValueError(f"{TABLE_ENV} is not set and no table_name was given")
         kwargs.setdefault("default_rate", default.get("rate_per_second", 1.0))
         kwargs.setdefault("default_burst", default.get("burst", 5))
         return cls(table, envelopes=envelopes, **kwargs)
+
+    @classmethod
+    def from_environment(cls, environ: Optional[Mapping[str, str]] = None, **kwargs: Any) -> "BudgetClient":
+        """The client an agent of the fleet makes in its VM: the envelopes of
+        ``RAYITO_EGRESS_ENVELOPES`` (JSON) and the table of ``RAYITO_EGRESS_BUDGET_TABLE``, both set
+        in the image by ``AgentFleet``."""
+        import os
+
+        env = os.environ if environ is None else environ
+        text = env.get(ENVELOPES_ENV)
+        try:
+            declaration = json.loads(text) if text else {}
+        except ValueError:
+            raise ValueError(f"{ENVELOPES_ENV} is not JSON") from None
+        kwargs.setdefault("table_name", env.get(TABLE_ENV))
+        return cls.from_declaration(declaration, **kwargs)
 
     # ------------------------------------------------------------------ table
 

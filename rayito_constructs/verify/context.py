@@ -9,8 +9,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+from ..product import RecipeWarning, decode, recipe_document
 from .aws import AwsError, Clients
 from .deployed import DeployedFleet
+from .template import Unresolved, resolve
 
 #: An unversioned MicroVM image ARN (group 1), alone or with a version (``:3``) or ``:*`` after it.
 _IMAGE_ARN = re.compile(r"^(arn:[a-z-]+:lambda:[a-z0-9-]+:\d{12}:microvm-image:[A-Za-z0-9._-]+)(:[0-9]+|:\*)?\Z")
@@ -222,14 +224,13 @@ class Context:
             return None
 
         def load() -> RecipeRead:
-            from ..recipe import RecipeDecodeError, decode_recipe
-
             parameter = self.clients.call("ssm", "get_parameter", Name=name, WithDecryption=True)["Parameter"]
             value = parameter.get("Value")
-            try:
-                doc, error = decode_recipe(value or ""), None
-            except RecipeDecodeError as exc:
-                doc, error = None, str(exc)
+            try:  # as the product's client reads it
+                recipe, _ = decode(value or "")
+                doc, error = recipe_document(recipe), None
+            except RecipeWarning as exc:
+                doc, error = None, f"{exc} (the product's client cannot read it)"
             return RecipeRead(name, value, parameter.get("Type"), doc, error)
         return self._once(("recipe", name), load)
 
@@ -245,6 +246,10 @@ class Context:
         env = self.reconciler_env()
         doc = self.recipe_doc() or {}
         scaling = doc.get("scaling") or {}
+        project = doc.get("project") or {}
+        serve = project.get("serve") or {}
+        # the product's [serve] idle_seconds: 0 is off, absent is its default of 300 s
+        recipe_idle = (serve.get("idle_seconds") or None) if "idle_seconds" in serve else (300 if doc else None)
         sources: dict[str, str] = {}
 
         def pick(key: str, env_key: str, recipe_value: Any) -> Optional[int]:
@@ -269,13 +274,13 @@ class Context:
         for resource in (active or {}).get("resources") or []:
             memory = resource.get("minimumMemoryInMiB")
             sources["memory_mib"] = "image"
-        if memory is None and isinstance((doc.get("image") or {}).get("memory_mib"), int):
-            memory, sources["memory_mib"] = doc["image"]["memory_mib"], "recipe"
+        if memory is None and doc:
+            memory, sources["memory_mib"] = int((project.get("image") or {}).get("memory_mib", 2048)), "recipe"
         return FleetSpec(
-            min_vms=pick("min_vms", "MIN_VMS", scaling.get("min_vms")),
-            max_vms=pick("max_vms", "MAX_VMS", scaling.get("max_vms")),
-            warm_vms=pick("warm_vms", "WARM_VMS", scaling.get("warm_vms")),
-            idle_seconds=pick("idle", "IDLE_SECONDS", scaling.get("idle_seconds")),
+            min_vms=pick("min_vms", "MIN_VMS", scaling.get("minVms")),
+            max_vms=pick("max_vms", "MAX_VMS", scaling.get("maxVms")),
+            warm_vms=pick("warm_vms", "WARM_VMS", scaling.get("warmVms")),
+            idle_seconds=pick("idle", "IDLE_SECONDS", recipe_idle),
             memory_mib=memory,
             sources=sources,
         )
@@ -296,3 +301,49 @@ def version_key(version: Any) -> tuple:
     for part in str(version or "").split("."):
         parts.append((0, int(part), "") if part.isdigit() else (1, 0, part))
     return tuple(parts)
+
+
+def recipe_properties(ctx: "Context") -> Optional[dict[str, Any]]:
+    """The recipe resource's properties in the deployed template, resolved where they can be
+    (unresolvable ones are left as they are). None when the template has no recipe resource."""
+    resource = ctx.fleet.recipe_resource
+    if resource is None:
+        return None
+    declared = (ctx.template().get("Resources") or {}).get(resource.logical_id)
+    if not isinstance(declared, dict):
+        return None
+    out = {}
+    for key, value in (declared.get("Properties") or {}).items():
+        try:
+            out[key] = _resolve(ctx, value)
+        except Unresolved:
+            out[key] = value
+    return out
+
+
+def _resolve(ctx: "Context", value: Any) -> Any:
+    stack = ctx.fleet.stack
+    physical = {r.logical_id: r.physical_id for r in stack.resources if r.physical_id}
+    types = {r.logical_id: r.type for r in stack.resources}
+    pseudo = {"AWS::Region": ctx.region, "AWS::AccountId": ctx.account or "", "AWS::Partition": ctx.partition,
+              "AWS::URLSuffix": "amazonaws.com", "AWS::StackName": stack.name, "AWS::StackId": stack.stack_id}
+
+    def attribute(lid: str, attr: str) -> Optional[str]:
+        kind = types.get(lid)
+        if kind == "AWS::Lambda::MicrovmImage":
+            if attr == "ImageArn":
+                return physical.get(lid)
+            if attr == "LatestActiveImageVersion":
+                # What the deploy saw: the reconciler got the same attribute in the same deploy.
+                return ctx.reconciler_env().get("IMAGE_VERSION") or _latest(ctx)
+        if kind == "AWS::KMS::Key" and attr == "Arn" and physical.get(lid):
+            return ctx.arn("kms", f"key/{physical[lid]}")
+        return None
+    return resolve(value, pseudo=pseudo, physical=physical, attribute=attribute)
+
+
+def _latest(ctx: "Context") -> Optional[str]:
+    try:
+        return ctx.image().get("latestActiveImageVersion")
+    except AwsError:
+        return None

@@ -1,11 +1,14 @@
-"""Egress budgets: every target the recipe (or ``--project``) declares has its envelope in the
+"""Egress budgets: every target the fleet's image (or ``--project``) declares has its envelope in the
 egress table, with its version and the tokens left now (read, never taken), and none of the
 egress alarms is in ALARM (docs/egress-budgets.md; the table layout is ``BudgetClient``'s)."""
 
 from __future__ import annotations
 
+import json
 from typing import Any, Optional
 
+from ..egress.client import ENVELOPES_ENV
+from ..project import AgentProject
 from .aws import AwsError, unable
 from .context import Context
 from .reconciler import alarms
@@ -13,20 +16,36 @@ from .report import Finding, fail, ok, warn
 
 
 def declared(ctx: Context) -> tuple[Optional[list[dict[str, Any]]], str]:
-    """The declared envelopes ``[{target, rate_per_second, burst}]`` and where they come from."""
-    doc = ctx.recipe_doc()
-    if doc is not None:
-        return list((doc.get("egress") or {}).get("budgets") or []), "recipe"
+    """The declared envelopes ``[{target, rate_per_second, burst}]`` and where they come from: the
+    image the stack deployed (its ``RAYITO_EGRESS_ENVELOPES``, what the agents read), else
+    ``--project``."""
+    images = [r for r in (ctx.template().get("Resources") or {}).values()
+              if isinstance(r, dict) and r.get("Type") == "AWS::Lambda::MicrovmImage"]
+    for image in images:
+        text = _variable((image.get("Properties") or {}).get("EnvironmentVariables"), ENVELOPES_ENV)
+        if isinstance(text, str):
+            try:
+                return list((json.loads(text) or {}).get("budgets") or []), "image"
+            except ValueError:
+                return None, "image"
     if ctx.project is not None:
         try:
-            from ..project import AgentProject
-
             project = AgentProject.load(ctx.project)
         except Exception:  # noqa: BLE001 - reported as unknown below
             return None, "project"
         return [{"target": b.target, "rate_per_second": b.rate_per_second, "burst": b.burst}
                 for b in project.egress.budgets], "project"
-    return None, "none"
+    return ([], "image") if images else (None, "none")
+
+
+def _variable(variables: Any, name: str) -> Any:
+    """One variable of an image's ``EnvironmentVariables`` (a list of Key/Value, or a map)."""
+    if isinstance(variables, dict):
+        return variables.get(name)
+    for item in variables or []:
+        if isinstance(item, dict) and item.get("Key") == name:
+            return item.get("Value")
+    return None
 
 
 def _num(item: dict[str, Any], key: str) -> Optional[float]:
@@ -57,8 +76,8 @@ def check(ctx: Context) -> list[Finding]:
         return [warn("egress", "not deployed: no [[egress.budgets]] declared",
                      "nothing to do unless agents should share per-target rate envelopes (docs/egress-budgets.md)")]
     if envelopes is None:
-        return [warn("egress", f"table {table} deployed, but the declared targets are unknown (no readable recipe)",
-                     "pass --project <agent folder>, or fix the recipe findings above")]
+        return [warn("egress", f"table {table} deployed, but the declared targets are unknown (no image declares them)",
+                     "pass --project <agent folder>")]
     if not envelopes:
         return [warn("egress", f"table {table} deployed but the {source} declares no budgets",
                      "deploy the stack again from the project that declares them")]

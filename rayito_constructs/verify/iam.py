@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Optional
 
 from .aws import AwsError, unable
-from .context import Context
+from .context import Context, recipe_properties
 from .policy import granting_statement
 from .report import Finding, fail, ok, warn
 
@@ -122,8 +122,6 @@ def refs(ctx: Context) -> Optional[Refs]:
 
 def recipe_key_arn(ctx: Context) -> Optional[str]:
     """The customer key of the recipe, when the stack gives one (the recipe resource's KeyId)."""
-    from .recipe import recipe_properties
-
     try:
         props = recipe_properties(ctx)
     except AwsError:

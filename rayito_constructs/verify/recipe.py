@@ -1,5 +1,5 @@
 """Recipe: the SecureString at ``/rayito/agents/<name>/recipe`` is there, is a SecureString under
-the right key, decodes (``rayito_constructs.recipe.decode_recipe``), is the fleet's, equals what
+the right key, decodes as the product's client decodes it (``rayito``'s ``decode_recipe``), is the fleet's, equals what
 the stack meant to write, and the launcher's policy may read it (simulated). Or it is reported as
 not saved, with why (the stack saves none, or the writer's error from its log).
 
@@ -16,11 +16,14 @@ import re
 from pathlib import Path
 from typing import Any, Optional
 
+from ..errors import ProjectError
+from ..product import canonical_json
+from ..project import AgentProject
+from ..recipe import plan_recipe
 from .aws import AwsError, unable
-from .context import Context, RecipeRead
+from .context import Context, RecipeRead, recipe_properties
 from .iam import Probe, simulate
 from .report import Finding, fail, ok, warn
-from .template import Unresolved, resolve
 
 DEFAULT_KEY = "alias/aws/ssm"
 _HEX64 = re.compile(r"^[0-9a-f]{64}\Z")
@@ -29,52 +32,6 @@ _HASH_KEY = re.compile(r"(sha256|hash|digest)", re.IGNORECASE)
 
 def sha256(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
-
-
-def recipe_properties(ctx: Context) -> Optional[dict[str, Any]]:
-    """The recipe resource's properties in the deployed template, resolved where they can be
-    (unresolvable ones are left as they are). None when the template has no recipe resource."""
-    resource = ctx.fleet.recipe_resource
-    if resource is None:
-        return None
-    declared = (ctx.template().get("Resources") or {}).get(resource.logical_id)
-    if not isinstance(declared, dict):
-        return None
-    out = {}
-    for key, value in (declared.get("Properties") or {}).items():
-        try:
-            out[key] = _resolve(ctx, value)
-        except Unresolved:
-            out[key] = value
-    return out
-
-
-def _resolve(ctx: Context, value: Any) -> Any:
-    stack = ctx.fleet.stack
-    physical = {r.logical_id: r.physical_id for r in stack.resources if r.physical_id}
-    types = {r.logical_id: r.type for r in stack.resources}
-    pseudo = {"AWS::Region": ctx.region, "AWS::AccountId": ctx.account or "", "AWS::Partition": ctx.partition,
-              "AWS::URLSuffix": "amazonaws.com", "AWS::StackName": stack.name, "AWS::StackId": stack.stack_id}
-
-    def attribute(lid: str, attr: str) -> Optional[str]:
-        kind = types.get(lid)
-        if kind == "AWS::Lambda::MicrovmImage":
-            if attr == "ImageArn":
-                return physical.get(lid)
-            if attr == "LatestActiveImageVersion":
-                # What the deploy saw: the reconciler got the same attribute in the same deploy.
-                return ctx.reconciler_env().get("IMAGE_VERSION") or _latest(ctx)
-        if kind == "AWS::KMS::Key" and attr == "Arn" and physical.get(lid):
-            return ctx.arn("kms", f"key/{physical[lid]}")
-        return None
-    return resolve(value, pseudo=pseudo, physical=physical, attribute=attribute)
-
-
-def _latest(ctx: Context) -> Optional[str]:
-    try:
-        return ctx.image().get("latestActiveImageVersion")
-    except AwsError:
-        return None
 
 
 def expected_hash(ctx: Context, props: Optional[dict[str, Any]]) -> tuple[Optional[str], str]:
@@ -97,20 +54,14 @@ def expected_hash(ctx: Context, props: Optional[dict[str, Any]]) -> tuple[Option
 def _project_doc(folder: Path, deployed: dict[str, Any]) -> tuple[Optional[dict[str, Any]], Optional[str]]:
     """The recipe the project folder plans, with the deployed image version when the project's
     own is unset (a stack that builds its image fills it in at deploy)."""
-    from ..errors import ProjectError
-    from ..project import AgentProject
-    from ..recipe import build_recipe
-
     try:
         project = AgentProject.load(folder)
     except ProjectError as exc:
         return None, "; ".join(p.message for p in exc.problems)
     except (OSError, ValueError) as exc:
         return None, str(exc)
-    doc = build_recipe(project)
     deployed_version = (deployed.get("image") or {}).get("version")
-    if (doc.get("image") or {}).get("version") is None and deployed_version is not None:
-        doc["image"]["version"] = deployed_version
+    doc = plan_recipe(project, deployed_version if isinstance(deployed_version, str) else None).document or {}
     return json.loads(json.dumps(doc)), None
 
 
@@ -267,8 +218,6 @@ def _same_content(expected: str, read: RecipeRead) -> bool:
     """The stored recipe is what the stack meant: its value hashes to ``expected``, or its
     document does (canonical JSON), as shipped: with the version it records, or without one when
     the writer filled it in at deploy."""
-    from ..recipe import canonical_json
-
     if sha256(read.value or "") == expected:
         return True
     if read.doc is None:
@@ -276,9 +225,9 @@ def _same_content(expected: str, read: RecipeRead) -> bool:
     variants = [read.doc]
     if isinstance(read.doc.get("image"), dict):
         unversioned = json.loads(json.dumps(read.doc))
-        unversioned["image"]["version"] = None
+        unversioned["image"].pop("version", None)  # the document the stack shipped, before deploy
         variants.append(unversioned)
-    return any(hashlib.sha256(canonical_json(doc)).hexdigest() == expected for doc in variants)
+    return any(hashlib.sha256(canonical_json(doc).encode()).hexdigest() == expected for doc in variants)
 
 
 def _same_key(actual: Optional[str], expected: str) -> bool:

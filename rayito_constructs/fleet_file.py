@@ -1,0 +1,77 @@
+"""``rayito-constructs.toml``: what a CDK fleet adds to the product's ``rayito-agent.toml``.
+
+The product's loader refuses every key it does not know, so this library's settings live in a file
+of its own next to the project file (optional: props and ``-c`` context say the same, and win):
+
+.. code-block:: toml
+
+    [egress]                      # one shared rate envelope per external target (docs/egress-budgets.md)
+    default_rate = "120/minute"   # a target no budget declares
+    default_burst = 10
+
+    [[egress.budgets]]
+    target = "https://api.example.com"
+    rate = "60/minute"
+    burst = 5
+
+    [stack]                       # the switches app.py takes as -c context (docs/options.md)
+    metrics = false
+    metadata_index = false
+    keep_image_versions = 5
+
+Every key is checked like the product's: an unknown one is an error naming the nearest known key.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Any, ClassVar, Optional
+
+from pydantic import Field
+
+from .errors import Problem, ProjectError
+from .options import EgressOptions, ValidatedModel, _Options
+
+FLEET_FILE = "rayito-constructs.toml"
+
+
+class StackOptions(_Options):
+    """The ``[stack]`` table: the switches of ``app.py`` (``-c`` context wins over each)."""
+
+    SECTION: ClassVar[str] = "stack"
+
+    metrics: bool = False
+    dashboard: Optional[bool] = None
+    alarm_actions: tuple[str, ...] = ()
+    log_retention: Optional[int] = Field(None, ge=0)
+    saved_queries: bool = True
+    keep_image_versions: Optional[int] = Field(5, ge=1, le=49)
+    retain_vms_on_delete: bool = False
+    metadata_index: bool = False
+    keep_recipe: bool = False
+    image_arn: Optional[str] = None
+
+
+class FleetFile(ValidatedModel):
+    """This library's settings of one fleet (``rayito-constructs.toml``; all optional)."""
+
+    model_config = _Options.model_config
+
+    egress: EgressOptions = EgressOptions()
+    stack: StackOptions = StackOptions()
+
+    @classmethod
+    def read(cls, folder: Path) -> "FleetFile":
+        """The folder's ``rayito-constructs.toml``, or the defaults when it has none."""
+        path = folder / FLEET_FILE
+        if not path.is_file():
+            return cls()
+        try:
+            data: dict[str, Any] = tomllib.loads(path.read_text(encoding="utf-8"))
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+            raise ProjectError([Problem(FLEET_FILE, f"{FLEET_FILE}: not valid TOML ({exc})")]) from None
+        try:
+            return cls.model_validate(data)
+        except ProjectError as exc:
+            raise ProjectError([Problem(p.key, f"{FLEET_FILE}: {p.message}", p.related) for p in exc.problems]) from None
