@@ -524,7 +524,7 @@ class MicrovmsBackend:
         with self._lock:
             now = self.clock.now()
             result = getattr(self, f"_op_{operation}")(params, now, caller)
-            if self._faults and self._faults.take(operation, "lost_response") is not None:
+            if self._faults and self._faults.take(operation, "lost_response", caller=caller) is not None:
                 raise internal()
         return result
 
@@ -759,7 +759,7 @@ class MicrovmsBackend:
             idle=copy.deepcopy(params.get("idlePolicy")),
         )
         vm.record(now, "PENDING")
-        crash = self._faults.take("RunMicrovm", "crash", image.arn) if self._faults else None
+        crash = self._faults.take("RunMicrovm", "crash", image.arn, caller=caller) if self._faults else None
         if crash is not None:
             vm.exit_at = now + crash.after_seconds
             vm.exit_reason = crash.reason or measured.REASON_APP_EXIT.format(code=1)
@@ -840,7 +840,7 @@ class MicrovmsBackend:
         if vm.state != "RUNNING":
             raise self._conflict(vm, f"MicroVM {vm.id} is {vm.state}; only a RUNNING MicroVM can be suspended")
         vm.record(now, "SUSPENDING")
-        hook = self._faults.take("SuspendMicrovm", "suspend_hook_failure", vm.image.arn) if self._faults else None
+        hook = self._faults.take("SuspendMicrovm", "suspend_hook_failure", vm.image.arn, caller=caller) if self._faults else None
         if hook is not None:
             vm.suspend_hook_status = hook.status
         return {}
