@@ -159,6 +159,10 @@ class Guest:
         self.network: Optional[dict[str, Any]] = None
         self.config_generation = 0
         self.ports: dict[int, int] = {}
+        """VM port -> local port, for what the proxy can reach: the agent host (it binds 0.0.0.0)."""
+        self.loopback_ports: dict[int, int] = {}
+        """VM port -> local port, for what listens on the VM's loopback only (the app: the host
+        polls it on 127.0.0.1, the proxy does not reach it)."""
         self.processes: dict[int, GuestProcess] = {}
         self.rpcs: list[RpcRecord] = []
         self.rewrites: list[tuple[str, str, str]] = []
@@ -391,7 +395,7 @@ class Guest:
         options = document.get("options")
         if isinstance(options, dict) and isinstance(options.get("port"), int):
             app_port = self.host.loopback.local_port()
-            self.ports[int(options["port"])] = app_port
+            self.loopback_ports[int(options["port"])] = app_port
             self.rewrites.append(("port", f"app {options['port']}", str(app_port)))
             options["port"] = app_port
         local = self.path(config_path + ".standin.json")

@@ -93,26 +93,36 @@ def test_every_rpc_but_health_needs_the_fleet_token(hosted, session) -> None:
 
 
 def test_health_has_no_sandbox_id_until_the_run_hook_at_the_measured_launch_time(product_env, session) -> None:
-    """PENDING -> RUNNING takes the measured 2 s (``measured.PENDING_SECONDS``); rayd answers
-    Health before /run (Q78) without a sandbox_id, labels or lifecycle; after it, with them."""
+    """PENDING -> RUNNING takes the measured 2 s (``measured.PENDING_SECONDS``) and ``/run`` is
+    delivered then; rayd answers Health before it (Q78) without a sandbox_id, labels or lifecycle,
+    and with them after it."""
+    from rayito.v1 import lifecycle_pb2
+
+    from rayito_constructs.testing import measured
+
     with MicrovmsEmulator(host_vms=True, consistency_seconds=0) as emulator:
         image = emulator.create_image("eco", rayd=True)
         payload = {"v": 1, "token_sha256": "0" * 64, "user": "user", "workdir": "/home/user",
                    "metadata": {"rayito.agent.deployment": "eco", "rayito.agent.port": "8088"},
                    "lifecycle": {"timeout_s": 600, "cap_s": 660, "on_timeout": "kill", "auto_resume": False}}
-        started = time.monotonic()
         vm = emulator.client().run_microvm(imageIdentifier=image, runHookPayload=json.dumps(payload))
         endpoint, port = vm["endpoint"], emulator.vm_host.seams.port
-        early = _wait(lambda: not isinstance(h := raw_health(endpoint, port), grpc.RpcError) and h, timeout=1.5)
-        assert time.monotonic() - started < 2.0
-        assert (early.agent_ready, early.sandbox_id, dict(early.metadata), early.HasField("lifecycle")) == (True, "", {}, False)
-        late = _wait(lambda: (h := raw_health(endpoint, port)).sandbox_id and h, timeout=5)
-        assert time.monotonic() - started >= 2.0
+        answers = []
+        while not answers or not answers[-1][1].sandbox_id:
+            answer = raw_health(endpoint, port)
+            if not isinstance(answer, grpc.RpcError):
+                answers.append((time.time(), answer))
+            time.sleep(0.05)
+        guest = emulator.vm_host.guest(vm["microvmId"])
+        (started,) = [v["startedAt"] for v in emulator.microvms()]
+        assert guest.ran_at - started == pytest.approx(measured.PENDING_SECONDS)  # /run when it turns RUNNING
+        early = [a for at, a in answers if at < guest.ran_at]
+        assert early, "no Health answered during the 2 s launch"
+        assert {(a.agent_ready, a.sandbox_id, len(a.metadata), a.HasField("lifecycle")) for a in early} == {(True, "", 0, False)}
+        late = answers[-1][1]
         assert late.sandbox_id == vm["microvmId"] and dict(late.metadata) == payload["metadata"]
-        from rayito.v1 import lifecycle_pb2
-
         assert late.lifecycle.phase == lifecycle_pb2.LIFECYCLE_PHASE_ACTIVE
-        assert late.lifecycle.cap_unix_ms - late.lifecycle.deadline_unix_ms == 0  # cap = /run + 660 - 60 s
+        assert late.lifecycle.cap_unix_ms == late.lifecycle.deadline_unix_ms  # cap = /run + 660 - 60 s
         assert late.features.configure and late.features.secret_gateway
         assert (late.cpu_count, late.memory_total_bytes) == (4, 4 * 2048 * 1024 * 1024)  # [M] Q88
 
