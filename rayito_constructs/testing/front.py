@@ -16,8 +16,10 @@ each VM's loopback address, on two listeners:
 
 What the proxy does that is modelled here: every new connection is inbound traffic
 (``MicrovmsBackend.traffic``: a SUSPENDED VM with ``autoResumeEnabled`` is resumed and the
-connection held until ``/resume`` returns; bytes crossing an open connection keep the VM from
-going idle, at most one note a second); a VM still PENDING from its launch answers (Q78: traffic
+connection held until ``/resume`` returns; requests and answers crossing an open connection keep
+the VM from going idle, at most one note a second: HTTP/1.1 bytes, and HTTP/2 HEADERS and DATA
+frames, not the PINGs the product's channels send every 30 s when idle, since an open but silent
+stream did not keep a VM awake, measured Q15); a VM still PENDING from its launch answers (Q78: traffic
 can reach the VM before ``/run``); a VM whose app exited or that is suspended without auto-resume
 gets 502 on HTTP/1.1 and a closed connection on HTTP/2; an ended VM's listeners are closed
 (connection refused; measured: the client times out). For HTTP/1.1, ``x-aws-proxy-auth`` must be
@@ -107,7 +109,7 @@ class GuestFront:
                 if upstream is None:
                     return
                 conn.settimeout(None)
-                self._relay(conn, upstream, first)
+                self._relay(conn, upstream, first, h2=True)
                 return
             head = first
             while b"\r\n\r\n" not in head and len(head) < MAX_HEAD_BYTES:
@@ -167,12 +169,15 @@ class GuestFront:
         except OSError:
             return None
 
-    def _relay(self, client: socket.socket, upstream: socket.socket, first: bytes) -> None:
+    def _relay(self, client: socket.socket, upstream: socket.socket, first: bytes, *, h2: bool = False) -> None:
         """Copy bytes both ways in one thread (an SSL socket is never used by two threads)."""
+        scanners = {client: _Frames(preface=True), upstream: _Frames(preface=False)} if h2 else None
         if first:
             upstream.sendall(first)
+            if scanners is not None:
+                scanners[client].feed(first)
         self._register(upstream)
-        noted = time.monotonic()
+        noted = time.monotonic() - ACTIVITY_EVERY_SECONDS
         try:
             while True:
                 pending = isinstance(client, ssl.SSLSocket) and client.pending()
@@ -181,13 +186,16 @@ class GuestFront:
                     if self._closed or self.guest.halted:
                         return
                     continue
+                active = False
                 for sock in ready:
                     data = sock.recv(RELAY_BUFFER)
                     if not data:
                         return
                     (upstream if sock is client else client).sendall(data)
+                    moved = True if scanners is None else scanners[sock].feed(data)
+                    active = active or moved
                 now = time.monotonic()
-                if now - noted >= ACTIVITY_EVERY_SECONDS:
+                if active and now - noted >= ACTIVITY_EVERY_SECONDS:
                     noted = now
                     self.backend.traffic(self.guest.vm_id)
         finally:
@@ -216,6 +224,36 @@ class GuestFront:
     def close(self) -> None:
         self._closed = True
         self.drop_connections()
+
+
+class _Frames:
+    """Follows the HTTP/2 frames of one direction: ``feed`` says whether the bytes held a HEADERS
+    or DATA frame (a request or an answer), not only PING, SETTINGS or WINDOW_UPDATE."""
+
+    ACTIVE_TYPES = frozenset({0x0, 0x1})  # DATA, HEADERS
+
+    def __init__(self, *, preface: bool) -> None:
+        self._skip = len(H2_PREFACE) if preface else 0  # the client's connection preface
+        self._header = b""
+
+    def feed(self, data: bytes) -> bool:
+        active = False
+        view = memoryview(data)
+        while view:
+            if self._skip:
+                taken = min(self._skip, len(view))
+                self._skip -= taken
+                view = view[taken:]
+                continue
+            needed = 9 - len(self._header)
+            self._header += bytes(view[:needed])
+            view = view[needed:]
+            if len(self._header) < 9:
+                break
+            length = int.from_bytes(self._header[:3], "big")
+            active = active or self._header[3] in self.ACTIVE_TYPES
+            self._header, self._skip = b"", length
+        return active
 
 
 def _read_at_least(conn: socket.socket, size: int, *, stop: Any) -> bytes:

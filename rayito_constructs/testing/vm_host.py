@@ -45,6 +45,7 @@ from __future__ import annotations
 import atexit
 import base64
 import binascii
+import functools
 import hashlib
 import json
 import os
@@ -586,7 +587,7 @@ class VmHost:
                         pass
             time.sleep(TICK_SECONDS)
 
-    @property
+    @functools.cached_property
     def seams(self) -> Any:
         """How the product's client reaches these VMs in-process (``seams.ProductSeams``)."""
         from .seams import ProductSeams

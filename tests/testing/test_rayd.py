@@ -172,6 +172,23 @@ def host_request_or_refused(endpoint: str, port: int) -> Any:
         return "refused"
 
 
+def test_the_admin_api_makes_rayd_images_and_shows_a_vms_rpcs(hosted, tmp_path) -> None:
+    import urllib.request
+
+    def admin(method: str, path: str, body: Any = None) -> Any:
+        request = urllib.request.Request(f"{hosted.endpoint_url}/_emulator/{path}", method=method,
+                                         data=None if body is None else json.dumps(body).encode())
+        with urllib.request.urlopen(request, timeout=10) as answer:
+            return json.loads(answer.read())
+
+    (tmp_path / "app").mkdir()
+    image = admin("POST", "images", {"name": "eco", "rayd": True, "app_dir": str(tmp_path / "app")})["imageArn"]
+    vm = hosted.client().run_microvm(imageIdentifier=image, runHookPayload=json.dumps({"v": 1}))
+    _wait(lambda: not isinstance(raw_health(vm["endpoint"], hosted.vm_host.seams.port), grpc.RpcError))
+    shown = admin("GET", f"microvms/{vm['microvmId']}/rpcs")
+    assert shown["items"][0]["rpc"] == "Health" and shown["rewrites"][0][:2] == ["path", "/opt/agents/app"]
+
+
 def test_the_default_emulator_is_unchanged() -> None:
     with MicrovmsEmulator(consistency_seconds=0) as emulator:
         assert emulator.vm_host is None
@@ -246,6 +263,43 @@ def test_suspend_freezes_the_processes_and_a_new_connection_resumes_them(hosted,
         Sandbox.kill(sandbox.sandbox_id, session=session)
 
 
+def test_without_auto_resume_a_suspended_vm_answers_nothing_until_resumed(hosted, session) -> None:
+    from rayito import IdlePolicy
+    from rayito.sandbox_sync import Sandbox
+
+    image = hosted.create_image("eco", rayd=True)
+    token = _token()
+    sandbox = _create(hosted, session, image, token, timeout=600, idle=IdlePolicy(max_idle_seconds=60, auto_resume=False))
+    try:
+        sandbox.pause(wait=True)
+        sandbox.close()
+        answer = raw_health(sandbox.endpoint, hosted.vm_host.seams.port, timeout=2)
+        assert isinstance(answer, grpc.RpcError) and answer.code() is grpc.StatusCode.UNAVAILABLE
+        assert hosted.state_of(sandbox.sandbox_id) == "SUSPENDED"  # the connection did not wake it
+        again = Sandbox.connect(sandbox.sandbox_id, access_token=token, transport=hosted.vm_host.seams.transport,
+                                session=session)  # the client resumes it explicitly
+        assert [r.operation for r in hosted.requests if r.operation == "ResumeMicrovm"] == ["ResumeMicrovm"]
+        assert again.resume_generation == 1
+        again.close()
+    finally:
+        Sandbox.kill(sandbox.sandbox_id, session=session)
+
+
+def test_idle_counts_requests_not_http2_pings() -> None:
+    """The front notes activity for HEADERS and DATA frames only: the product's channels ping
+    every 30 s when idle, and an open but silent stream did not keep a VM awake (Q15)."""
+    from rayito_constructs.testing.front import H2_PREFACE, _Frames
+
+    def frame(kind: int, size: int) -> bytes:
+        return size.to_bytes(3, "big") + bytes([kind, 0]) + b"\0\0\0\1" + b"x" * size
+
+    client = _Frames(preface=True)
+    assert not client.feed(H2_PREFACE + frame(0x4, 6) + frame(0x6, 8))  # SETTINGS, PING
+    stream = frame(0x6, 8) + frame(0x1, 20) + frame(0x0, 100)  # PING, HEADERS, DATA, cut anywhere
+    assert [client.feed(stream[i:i + 7]) for i in range(0, len(stream), 7)].count(True) == 2
+    assert not client.feed(frame(0x8, 4))  # WINDOW_UPDATE
+
+
 def test_set_timeout_kill_ends_the_vm_at_its_deadline(hosted, session) -> None:
     from rayito._agent._fleet_base import rayd_cap  # noqa: F401 - the rule the stand-in follows
     from rayito._lifecycle_base import LifetimeBeyondCapException
@@ -255,11 +309,18 @@ def test_set_timeout_kill_ends_the_vm_at_its_deadline(hosted, session) -> None:
     guest = hosted.vm_host.guest(sandbox.sandbox_id)
     lifecycle = sandbox.get_info().lifecycle
     assert lifecycle.phase == "active" and lifecycle.on_timeout == "kill"
+    deadline = guest.lifecycle.deadline_ms
+    from rayito.sandbox_sync import Sandbox
+
+    Sandbox.connect(sandbox.sandbox_id, access_token=sandbox.access_token, timeout=30,
+                    transport=hosted.vm_host.seams.transport, session=session).close()
+    assert guest.calls("Lifecycle.SetTimeout")[-1].detail == "timeout_ms=30000 mode=TIMEOUT_MODE_AT_LEAST"
+    assert (guest.lifecycle.deadline_ms, guest.lifecycle.extensions) == (deadline, 0)  # never shortened
     with pytest.raises(LifetimeBeyondCapException) as beyond:
         sandbox.set_timeout(700)
     assert beyond.value.cap_unix_ms == guest.lifecycle.cap_ms  # /run + 660 - 60 s
     sandbox.set_timeout(1)
-    assert [c.detail for c in guest.calls("Lifecycle.SetTimeout")] == [
+    assert [c.detail for c in guest.calls("Lifecycle.SetTimeout")][1:] == [
         "timeout_ms=700000 mode=TIMEOUT_MODE_EXACT", "timeout_ms=1000 mode=TIMEOUT_MODE_EXACT"]
     _wait(lambda: guest.halted)  # rayd exits at the deadline: the endpoint stops answering
     assert isinstance(raw_health(guest.endpoint, hosted.vm_host.seams.port, timeout=1), grpc.RpcError)
