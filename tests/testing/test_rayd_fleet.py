@@ -51,11 +51,7 @@ def _deploy(hosted: Any, session: Any, project: Any, token: str, count: int) -> 
     from rayito._agent._fleet_recipe import recipe_of
     from rayito._agent._fleet_recipe_aws import SsmRecipeStore, store_recipe
 
-    secrets = session.client("secretsmanager")
-    try:  # moto lives for the module
-        secrets.create_secret(Name="rayito/provider-key", SecretString="not-a-real-key")
-    except secrets.exceptions.ResourceExistsException:
-        pass
+    _secret(session)
     service = hosted.vm_host.seams.project_service(project, session=session, image_version="1.0")
     deployments = []
     for _ in range(count):  # one after the other: the first started is the base member (position)
@@ -65,6 +61,16 @@ def _deploy(hosted: Any, session: Any, project: Any, token: str, count: int) -> 
     assert store_recipe(store, recipe_of(project, name=project.name, image_version="1.0", scaling=project.scaling,
                                          renew_gateway_keys=False)) == "saved"
     return deployments
+
+
+def _secret(session: Any) -> None:
+    """The model gateway's secret (``[gateways.model] secret = "provider-key"``), read when the
+    client configures the gateway: moto lives for the module."""
+    secrets = session.client("secretsmanager")
+    try:
+        secrets.create_secret(Name="rayito/provider-key", SecretString="not-a-real-key")
+    except secrets.exceptions.ResourceExistsException:
+        pass
 
 
 def test_a_served_project_answers_through_its_fleet(hosted, session, fleet_project) -> None:
@@ -125,20 +131,30 @@ def test_a_served_project_answers_through_its_fleet(hosted, session, fleet_proje
     assert store.load("/rayito/agents/eco/recipe") is None
 
 
-def test_the_agent_host_queue_answers_429_with_retry_after(hosted, session, tmp_path) -> None:
-    """HTTP/1.1 to ``<endpoint>`` with ``x-aws-proxy-port: 8088`` reaches the VM's agent host, as
-    the AWS proxy routes it; above ``max_concurrency`` (1) and ``queue_max`` (1) its queue answers
-    429 with ``Retry-After`` (one waits and gets queue_timeout after 4 s, the next is busy at
-    once). The proxy's token is checked."""
+def test_a_sandbox_served_by_hand_queues_and_answers_429_with_retry_after(hosted, session, tmp_path) -> None:
+    """``Sandbox.create`` with the project's arguments, then ``ProjectService(project).serve(sandbox)``
+    (what ``deploy`` does, in two steps), then its ``AgentDeployment``. HTTP/1.1 to ``<endpoint>``
+    with ``x-aws-proxy-port: 8088`` reaches the VM's agent host, as the AWS proxy routes it; above
+    ``max_concurrency`` (1) and ``queue_max`` (1) its queue answers 429 with ``Retry-After`` (one
+    waits and gets queue_timeout after 4 s, the next is busy at once). The proxy's token is checked."""
     from rayito import AgentProject
+    from rayito._agent._project_base import deploy_create_args, template_name
     from rayito._payload import generate_access_token
+    from rayito.sandbox_sync import Sandbox
 
     from .helpers import scaffold_agent
 
     folder = scaffold_agent(tmp_path / "eco", extra_toml=SCALING.replace("queue_timeout_seconds = 1", "queue_timeout_seconds = 4"))
     hosted.create_image("eco", rayd=True, app_dir=folder)
-    (deployment,) = _deploy(hosted, session, AgentProject.load(str(folder)), generate_access_token(), 1)
-    vm_id, port = deployment.sandbox_id, hosted.vm_host.seams.port
+    project = AgentProject.load(str(folder))
+    _secret(session)
+    seams = hosted.vm_host.seams
+    sandbox = Sandbox.create(template_name(project), **deploy_create_args(project, access_token=generate_access_token()),
+                             transport=seams.transport, session=session)
+    deployment = seams.project_service(project, session=session).serve(sandbox)
+    assert deployment.status().state == "healthy" and deployment.invoke("Hello").text == "Recibido: Hello"
+    assert sandbox.metadata == {"rayito.agent.deployment": "eco", "rayito.agent.port": "8088"}
+    vm_id, port = deployment.sandbox_id, seams.port
     endpoint = hosted.vm_host.guest(vm_id).endpoint
 
     def jwe(*ports: int) -> str:
