@@ -145,6 +145,8 @@ class Guest:
         self.image_version = vm.image_version
         self.image_env = dict((vm.version.request.get("environmentVariables") or {}))
         self.request = dict(vm.request)
+        hooks = (vm.version.request.get("hooks") or {}).get("microvmHooks") or {}
+        self.run_hook_enabled = hooks.get("run") == "ENABLED"
         self.root = host.root / vm.id
         self.booted_at = time.time()
         self._lock = threading.RLock()
@@ -219,8 +221,11 @@ class Guest:
     def _run_hook(self, at: float) -> None:
         """``/run``: rayd learns the token's hash, the labels, the user, the workdir and the
         lifecycle from ``runHookPayload`` (a VM run without one has no token: every RPC but
-        Health is refused, Q4)."""
+        Health is refused, Q4). An image whose run hook is off never gets it: its rayd never has a
+        ``sandbox_id``, so the product's client never sees it ready."""
         self.ran_at = at
+        if not self.run_hook_enabled:
+            return
         raw = self.request.get("runHookPayload")
         try:
             payload = json.loads(raw) if raw else {}

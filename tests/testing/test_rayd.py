@@ -92,6 +92,19 @@ def test_every_rpc_but_health_needs_the_fleet_token(hosted, session) -> None:
         sandbox.kill()
 
 
+def _health_until_run(emulator: MicrovmsEmulator, vm: dict[str, Any]) -> list[tuple[float, Any]]:
+    """Every Health answer (with the time it came) until one carries a sandbox_id."""
+    answers: list[tuple[float, Any]] = []
+    deadline = time.monotonic() + 60
+    while not answers or not answers[-1][1].sandbox_id:
+        assert time.monotonic() < deadline, "no Health with a sandbox_id in 60 s"
+        answer = raw_health(vm["endpoint"], emulator.vm_host.seams.port)
+        if not isinstance(answer, grpc.RpcError):
+            answers.append((time.time(), answer))
+        time.sleep(0.05)
+    return answers
+
+
 def test_health_has_no_sandbox_id_until_the_run_hook_at_the_measured_launch_time(product_env, session) -> None:
     """PENDING -> RUNNING takes the measured 2 s (``measured.PENDING_SECONDS``) and ``/run`` is
     delivered then; rayd answers Health before it (Q78) without a sandbox_id, labels or lifecycle,
@@ -106,18 +119,17 @@ def test_health_has_no_sandbox_id_until_the_run_hook_at_the_measured_launch_time
                    "metadata": {"rayito.agent.deployment": "eco", "rayito.agent.port": "8088"},
                    "lifecycle": {"timeout_s": 600, "cap_s": 660, "on_timeout": "kill", "auto_resume": False}}
         vm = emulator.client().run_microvm(imageIdentifier=image, runHookPayload=json.dumps(payload))
-        endpoint, port = vm["endpoint"], emulator.vm_host.seams.port
-        answers = []
-        while not answers or not answers[-1][1].sandbox_id:
-            answer = raw_health(endpoint, port)
-            if not isinstance(answer, grpc.RpcError):
-                answers.append((time.time(), answer))
-            time.sleep(0.05)
+        answers = _health_until_run(emulator, vm)
         guest = emulator.vm_host.guest(vm["microvmId"])
         (started,) = [v["startedAt"] for v in emulator.microvms()]
         assert guest.ran_at - started == pytest.approx(measured.PENDING_SECONDS)  # /run when it turns RUNNING
-        early = [a for at, a in answers if at < guest.ran_at]
-        assert early, "no Health answered during the 2 s launch"
+        # A launch long enough for an answer before /run, whatever this machine's load (6 s).
+        emulator.pending_seconds = 6.0
+        slow = emulator.client().run_microvm(imageIdentifier=image, runHookPayload=json.dumps(payload))
+        slow_answers = _health_until_run(emulator, slow)
+        ran_at = emulator.vm_host.guest(slow["microvmId"]).ran_at
+        early = [a for at, a in slow_answers if at < ran_at]
+        assert early, "no Health answered during a 6 s launch"
         assert {(a.agent_ready, a.sandbox_id, len(a.metadata), a.HasField("lifecycle")) for a in early} == {(True, "", 0, False)}
         late = answers[-1][1]
         assert late.sandbox_id == vm["microvmId"] and dict(late.metadata) == payload["metadata"]
@@ -146,6 +158,11 @@ def test_an_image_whose_run_hook_is_off_refuses_the_payload(hosted, session) -> 
     run_off = hosted.create_image("run-off", rayd=True, hooks={"port": 9000, "microvmHooks": {"run": "DISABLED"}})
     with pytest.raises(ClientError):
         hosted.client().run_microvm(imageIdentifier=run_off, runHookPayload="{}")
+    # Without a payload it runs, but rayd never gets /run: no sandbox_id, never ready for the client.
+    vm = hosted.client().run_microvm(imageIdentifier=off)
+    _wait(lambda: hosted.state_of(vm["microvmId"]) == "RUNNING")
+    health = _wait(lambda: not isinstance(h := raw_health(vm["endpoint"], hosted.vm_host.seams.port), grpc.RpcError) and h)
+    assert health.agent_ready and health.sandbox_id == "" and not health.HasField("lifecycle")
 
 
 def test_a_vm_of_an_image_without_rayd_answers_nothing(hosted, session) -> None:
