@@ -535,7 +535,12 @@ class VmHost:
         ports: tuple[int, ...] = (0, TLS_PORT) if tls else (0,)
         # The plaintext port every VM shares: the first address's, bound here (port 0), so the
         # product's TransportSettings(port=...) can be made before any VM exists.
-        address, sockets = self.loopback.address(ports, listen=(True,) * len(ports))
+        try:
+            address, sockets = self.loopback.address(ports, listen=(True,) * len(ports))
+        except BaseException:
+            if self._own_root:  # a front that cannot bind 443 leaves nothing behind
+                shutil.rmtree(self.root, ignore_errors=True)
+            raise
         self.plain_port = sockets[0].getsockname()[1]
         self._spare: Optional[tuple[str, list[Any]]] = (address, sockets)
         if tls:
