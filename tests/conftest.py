@@ -143,6 +143,9 @@ LONGEST_FILES = (
     "tests/test_reconciler_attack_round8.py", "tests/test_reconciler_attack_assume.py",
     "tests/test_reconciler_overtime.py", "tests/test_reconciler_attack_looks.py",
     "tests/test_reconciler_paths.py", "tests/test_reconciler_lost_suspend.py", "tests/test_reconciler_short_lifetimes.py",
+    # the stand-in rayd's (20-30 s each on their own, measured 2026-12-02), mostly waiting on real
+    # processes and the product client's polls
+    "tests/testing/test_rayd_cli.py", "tests/testing/test_rayd.py", "tests/testing/test_rayd_fleet.py",
 )
 
 

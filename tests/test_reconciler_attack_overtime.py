@@ -215,7 +215,7 @@ def test_the_successor_run_fails_in_overtime(aws, stack, monkeypatch, kind, lag)
     end, _, start = _to_before_end(fleet, 51.0)
     if lag:
         list_lag(fleet, lag)
-    # A crash fault is taken without the caller (the emulator's RunMicrovm): not narrowed to it.
+    # A crash hits the VM the run makes; the run's other faults are narrowed to the reconciler.
     options = {"after_seconds": 0.5} if kind == "crash" else {"caller": RECONCILER_CALLER}
     _hook_sleep(fleet, end, lambda: fleet.emulator.inject("RunMicrovm", kind, times=1, **options))
     invocation = fleet.invoke(monkeypatch)

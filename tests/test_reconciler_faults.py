@@ -311,7 +311,7 @@ def test_a_conflict_naming_no_vm_on_an_in_doubt_retry_keeps_the_token(aws, monke
             return fault
 
         monkeypatch.setattr(faults, "take", conflict_next)
-        fleet.emulator.inject("RunMicrovm", "lost_response", times=1)  # (a lost response has no caller filter)
+        fleet.emulator.inject("RunMicrovm", "lost_response", times=1)
         runs = fleet.every_minute(monkeypatch, 4)
         calls = [r for r in fleet.emulator.requests if r.operation == "RunMicrovm"]
         assert [r.status for r in calls[:2]] == [500, 409]

@@ -32,7 +32,7 @@ from .clock import RealClock, VirtualClock
 from .consistency import Consistency, page, page_token, read_page_token
 from .exceptions import WireError, conflict, internal, not_found, validation
 from .faults import Fault, Faults
-from .images import PLACEHOLDER_REQUEST, Image, ImageVersion, version_number
+from .images import NO_RAYD, PLACEHOLDER_REQUEST, Image, ImageRuntime, ImageVersion, product_hooks, version_number
 from .lifecycle import ENDED, LIVE, Microvm, advance
 from .measured import Timings
 from .throttling import RateLimiter
@@ -123,6 +123,12 @@ class MicrovmsBackend:
         documented).
     :param seed: seeds ids, fresh-launch times, late reads and fault probabilities. Default: random.
     :param request_log_size: how many requests ``requests`` keeps. Default: 100,000.
+    :param host_vms: run the VMs on this machine (``vm_host.py``): each VM's endpoint is a loopback
+        IP of its own; a VM of an image made with ``create_image(rayd=True)`` answers there with a
+        stand-in ``rayd`` and the product's agent host, any other VM answers nothing. Needs the
+        real clock. Default: False (endpoints are hostnames nobody answers on, nothing runs).
+    :param tls_front: with ``host_vms``, also serve TLS on ``<endpoint>:443`` (needs root or a
+        lowered ``net.ipv4.ip_unprivileged_port_start``), for the product's unmodified CLI.
     """
 
     def __init__(
@@ -151,8 +157,19 @@ class MicrovmsBackend:
         client_token_ttl_seconds: Optional[float] = None,
         seed: Optional[int] = None,
         request_log_size: int = 100_000,
+        host_vms: bool = False,
+        tls_front: bool = False,
     ) -> None:
         self.clock = clock or RealClock()
+        if tls_front and not host_vms:
+            raise ValueError("tls_front=True needs host_vms=True (the front is the hosted VMs' endpoint)")
+        if host_vms and not isinstance(self.clock, RealClock):
+            raise ValueError("host_vms=True runs real processes (the stand-in rayd, the agent host) in real time: "
+                             "it needs RealClock, not VirtualClock")
+        self.host_vms = host_vms
+        self.tls_front = tls_front
+        self._vm_host: Any = None
+        self._auth_tokens: dict[str, tuple[str, float, tuple[Any, ...]]] = {}
         self.region = region
         self.account_id = account_id
         chosen = measured.profile(profile)
@@ -313,21 +330,49 @@ class MicrovmsBackend:
     def image_arn(self, name: str) -> str:
         return f"arn:aws:lambda:{self.region}:{self.account_id}:microvm-image:{name}"
 
-    def create_image(self, name: str, memory_mib: int = 2048, *, version: str = "1.0", fresh: bool = False) -> str:
+    def create_image(self, name: str, memory_mib: int = 2048, *, version: str = "1.0", fresh: bool = False,
+                     rayd: bool = False, hooks: Any = None, app_dir: Any = None,
+                     environment: Optional[Mapping[str, str]] = None) -> str:
         """Create an image with an ACTIVE version right away; returns its ARN. ``fresh=True``: its
         first launches are slow, as those of a freshly published version (default: an image
-        published long ago, whose first launches are behind it)."""
+        published long ago, whose first launches are behind it).
+
+        What its VMs run: ``rayd=True`` is the product's base (rayd as PID 1, every hook ENABLED
+        unless ``hooks`` says otherwise; needs ``host_vms=True``), with ``app_dir`` (a folder) as
+        its ``/opt/agents/app``. ``hooks``: the API's ``hooks`` member (None: the product's hooks
+        with ``rayd``, none without; True: the product's; False: none). ``environment``: its
+        ``environmentVariables``."""
         _check_memory(memory_mib)
+        runtime, request = self._image_contents(memory_mib, rayd, hooks, app_dir, environment)
         now = self.clock.now()
         with self._lock:
             existing = self._images.get(name)
             if existing is not None and not existing.gone(now):
                 raise ValueError(f"image {name!r} already exists")
             image = Image(name, self.image_arn(name), now, busy_until=now)
-            request = dict(PLACEHOLDER_REQUEST, resources=[{"minimumMemoryInMiB": memory_mib}])
-            image.add_version(now, request, memory_mib, 0.0, fresh=fresh, version=version)
+            image.add_version(now, request, memory_mib, 0.0, fresh=fresh, version=version, runtime=runtime)
             self._images[name] = image
             return image.arn
+
+    def _image_contents(self, memory_mib: int, rayd: bool, hooks: Any, app_dir: Any,
+                        environment: Optional[Mapping[str, str]]) -> tuple[ImageRuntime, dict[str, Any]]:
+        if rayd and not self.host_vms:
+            raise ValueError("rayd=True: a VM that runs rayd needs an emulator made with host_vms=True")
+        if app_dir is not None:
+            import pathlib
+
+            app_dir = pathlib.Path(app_dir).resolve()
+            if not app_dir.is_dir():
+                raise ValueError(f"app_dir: {app_dir} is not a folder")
+        request = dict(PLACEHOLDER_REQUEST, resources=[{"minimumMemoryInMiB": memory_mib}])
+        if hooks is True or (hooks is None and rayd):
+            hooks = product_hooks()
+        if hooks:
+            request["hooks"] = copy.deepcopy(dict(hooks))
+        if environment:
+            request["environmentVariables"] = {str(k): str(v) for k, v in environment.items()}
+        return (ImageRuntime(rayd=True, app_dir=app_dir) if rayd else
+                ImageRuntime(app_dir=app_dir) if app_dir is not None else NO_RAYD), request
 
     def has_image(self, name: str) -> bool:
         with self._lock:
@@ -335,10 +380,13 @@ class MicrovmsBackend:
             return image is not None and not image.gone(self.clock.now())
 
     def publish_version(self, name: str, version: Optional[str] = None, *, memory_mib: Optional[int] = None,
-                        fresh: bool = True, build_seconds: float = 0.0) -> str:
+                        fresh: bool = True, build_seconds: float = 0.0, rayd: Optional[bool] = None,
+                        hooks: Any = None, app_dir: Any = None,
+                        environment: Optional[Mapping[str, str]] = None) -> str:
         """A deploy published a new version of image ``name``: ACTIVE once built (``build_seconds``,
         default at once), the latest, so new VMs run it; its first launches are slow (``fresh``).
-        Returns the version."""
+        What it runs is :meth:`create_image`'s (``rayd``, ``hooks``, ``app_dir``,
+        ``environment``); ``rayd=None`` keeps the latest version's runtime. Returns the version."""
         now = self.clock.now()
         with self._lock:
             image = self._image_by_name(name, now)
@@ -347,11 +395,61 @@ class MicrovmsBackend:
             _check_memory(memory)
             if version is not None and version in image.versions:
                 raise ValueError(f"image {name!r} already has a version {version!r}")
-            request = dict(PLACEHOLDER_REQUEST, resources=[{"minimumMemoryInMiB": memory}])
-            made = image.add_version(now, request, memory, build_seconds, fresh=fresh, version=version)
+            previous = latest[-1].runtime if latest else NO_RAYD
+            if rayd is None:
+                rayd = previous.rayd
+                app_dir = previous.app_dir if app_dir is None else app_dir
+            runtime, request = self._image_contents(memory, rayd, hooks, app_dir, environment)
+            made = image.add_version(now, request, memory, build_seconds, fresh=fresh, version=version, runtime=runtime)
             if build_seconds:
                 image.busy_until, image.busy_since_create = now + build_seconds, False
             return made.version
+
+    @property
+    def vm_host(self) -> Any:
+        """The machine the VMs run on (``vm_host.VmHost``; ``host_vms=True`` only, else None),
+        started on first use: ``vm_host.seams`` are the product's seams set to reach it,
+        ``vm_host.guest(id)`` one VM's processes, files, RPCs and rewrites."""
+        if not self.host_vms:
+            return None
+        with self._lock:
+            if self._vm_host is None:
+                from .vm_host import VmHost
+
+                self._vm_host = VmHost(self, tls=self.tls_front)
+            return self._vm_host
+
+    def vm_status(self, microvm_id: str) -> Optional[tuple[str, bool]]:
+        """The true state (applying what is due) and whether its app (PID 1) has exited; None
+        when the VM is unknown or gone. For ``vm_host.py``."""
+        with self._lock:
+            now = self.clock.now()
+            vm = self._vms.get(microvm_id)
+            if vm is None:
+                return None
+            advance(vm, now, self.timings)
+            if self._gone(vm, now):
+                return None
+            return vm.state, vm.exit_at is not None and vm.exit_at <= now
+
+    def auth_token_allows(self, microvm_id: str, token: Optional[str], port: int) -> bool:
+        """Whether the proxy lets ``token`` (``x-aws-proxy-auth``) reach ``port`` of the VM: minted
+        by CreateMicrovmAuthToken for it, unexpired, the port in its ``allowedPorts``."""
+        with self._lock:
+            minted = self._auth_tokens.get(token or "")
+            if minted is None:
+                return False
+            owner, expires, ports = minted
+            if owner != microvm_id or self.clock.now() >= expires:
+                return False
+            return any(_port_allowed(spec, port) for spec in ports)
+
+    def close(self) -> None:
+        """End what runs on this machine for the emulated VMs (``host_vms``); the state stays."""
+        with self._lock:
+            host, self._vm_host = self._vm_host, None
+        if host is not None:
+            host.close()
 
     def inject(self, operation: str, kind: str, **options: Any) -> Fault:
         """Arm a fault on an operation; see :class:`Fault`. Returns it (``remove_fault`` disarms)."""
@@ -524,7 +622,7 @@ class MicrovmsBackend:
         with self._lock:
             now = self.clock.now()
             result = getattr(self, f"_op_{operation}")(params, now, caller)
-            if self._faults and self._faults.take(operation, "lost_response") is not None:
+            if self._faults and self._faults.take(operation, "lost_response", caller=caller) is not None:
                 raise internal()
         return result
 
@@ -598,6 +696,9 @@ class MicrovmsBackend:
             else:
                 del self._by_image[name]
         self._listed = [vm for vm in self._listed if vm.id in self._vms]
+        for token, (owner, _, _) in list(self._auth_tokens.items()):
+            if owner not in self._vms:
+                del self._auth_tokens[token]
         for name, image in list(self._images.items()):
             if image.gone(now):
                 del self._images[name]
@@ -759,7 +860,12 @@ class MicrovmsBackend:
             idle=copy.deepcopy(params.get("idlePolicy")),
         )
         vm.record(now, "PENDING")
-        crash = self._faults.take("RunMicrovm", "crash", image.arn) if self._faults else None
+        if self.host_vms:
+            try:
+                vm.endpoint = self.vm_host.attach(vm, version.runtime)
+            except OSError as exc:
+                raise internal() from exc
+        crash = self._faults.take("RunMicrovm", "crash", image.arn, caller=caller) if self._faults else None
         if crash is not None:
             vm.exit_at = now + crash.after_seconds
             vm.exit_reason = crash.reason or measured.REASON_APP_EXIT.format(code=1)
@@ -840,7 +946,7 @@ class MicrovmsBackend:
         if vm.state != "RUNNING":
             raise self._conflict(vm, f"MicroVM {vm.id} is {vm.state}; only a RUNNING MicroVM can be suspended")
         vm.record(now, "SUSPENDING")
-        hook = self._faults.take("SuspendMicrovm", "suspend_hook_failure", vm.image.arn) if self._faults else None
+        hook = self._faults.take("SuspendMicrovm", "suspend_hook_failure", vm.image.arn, caller=caller) if self._faults else None
         if hook is not None:
             vm.suspend_hook_status = hook.status
         return {}
@@ -872,7 +978,10 @@ class MicrovmsBackend:
         for port in params["allowedPorts"]:
             if len([k for k in ("port", "range", "allPorts") if k in port]) != 1:
                 raise validation("each allowedPorts entry sets exactly one of port, range, allPorts")
-        return {"authToken": {"X-aws-proxy-auth": _token_text(self._rng)}}
+        token = _token_text(self._rng)
+        if self.host_vms:  # the hosted VMs' front checks them (front.py); nobody else reads them
+            self._auth_tokens[token] = (vm.id, now + minutes * 60, tuple(copy.deepcopy(params["allowedPorts"])))
+        return {"authToken": {"X-aws-proxy-auth": token}}
 
     # ================================================================== image operations
 
@@ -1096,6 +1205,15 @@ def _check_memory(memory_mib: int) -> None:
     if memory_mib not in measured.MEMORY_SIZES_MIB:
         sizes = ", ".join(str(s) for s in measured.MEMORY_SIZES_MIB)
         raise ValueError(f"memory_mib: {memory_mib!r} is not one of {sizes} (the sizes the service accepts)")
+
+
+def _port_allowed(spec: Mapping[str, Any], port: int) -> bool:
+    if "allPorts" in spec:
+        return True
+    if "port" in spec:
+        return int(spec["port"]) == port
+    bounds = spec.get("range") or {}
+    return int(bounds.get("startPort", -1)) <= port <= int(bounds.get("endPort", -1))
 
 
 def _token_text(rng: random.Random) -> str:

@@ -16,6 +16,10 @@
 * The first launches of a freshly published version are slow (26-65 s) [M 2026-10-07, Q146].
 * ListMicrovmImageVersions items carry no ``environmentVariables``; GetMicrovmImageVersion does
   [M 2026-10-02, Q118].
+* A version carries what its VMs run (:class:`ImageRuntime`): the product's base with ``rayd`` as
+  PID 1, or not, and the app folder at ``/opt/agents/app`` (``vm_host.py`` runs them). Its hooks
+  are the request's ``hooks``: RunMicrovm with a ``runHookPayload`` on a version whose run hook is
+  not ENABLED is the measured 400 (``backend.py``).
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from __future__ import annotations
 import copy
 import datetime as dt
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Optional
 
 from .exceptions import conflict, not_found, validation
@@ -39,6 +44,29 @@ PLACEHOLDER_REQUEST = {
     "buildRoleArn": "arn:aws:iam::123456789012:role/emulator-build",
     "codeArtifact": {"uri": "s3://emulator/artifact.zip"},
 }
+
+
+@dataclass(frozen=True)
+class ImageRuntime:
+    """What a VM of an image version runs: ``rayd`` (the product's base: rayd as PID 1, what
+    ``rayito image publish`` builds and every agent image inherits) or not (a Dockerfile on the
+    managed base: nothing answers on the endpoint), and ``app_dir``, the folder the image has at
+    ``/opt/agents/app`` (the agent project's source)."""
+
+    rayd: bool = False
+    app_dir: Optional[Path] = None
+
+
+NO_RAYD = ImageRuntime()
+
+
+def product_hooks() -> dict[str, Any]:
+    """The hooks of the product's base, every one ENABLED, in the API's shape (the installed
+    product's ``IMAGE_HOOKS``: port 9000, run/resume/suspend 30 s, terminate 10 s, ready and
+    validate 600 s)."""
+    from rayito._images_publish_domain import IMAGE_HOOKS
+
+    return copy.deepcopy(IMAGE_HOOKS)
 
 
 def _ts(seconds: Optional[float]) -> Optional[dt.datetime]:
@@ -67,6 +95,7 @@ class ImageVersion:
     deleted_at: Optional[float] = None
     updated_at: Optional[float] = None
     tags: dict[str, str] = field(default_factory=dict)
+    runtime: ImageRuntime = NO_RAYD
 
     def state(self, now: float) -> str:
         if self.deleted_at is not None and now >= self.deleted_at:
@@ -186,9 +215,10 @@ class Image:
         raise not_found(f"No active version{suffix} found for MicroVM image {self.arn}", "MicrovmImage", self.arn)
 
     def add_version(self, now: float, request: dict[str, Any], memory_mib: int, build_seconds: float,
-                    *, fresh: bool = True, version: Optional[str] = None) -> ImageVersion:
+                    *, fresh: bool = True, version: Optional[str] = None,
+                    runtime: ImageRuntime = NO_RAYD) -> ImageVersion:
         name = version or self.next_version()
-        made = ImageVersion(name, now, now + build_seconds, request, memory_mib, fresh=fresh)
+        made = ImageVersion(name, now, now + build_seconds, request, memory_mib, fresh=fresh, runtime=runtime)
         self.versions[name] = made
         self.updated_at = now
         return made

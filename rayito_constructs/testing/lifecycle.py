@@ -15,7 +15,7 @@ benchmarks that want ground truth).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from . import measured
 from .images import Image, ImageVersion
@@ -51,6 +51,9 @@ class Microvm:
     exit_reason: Optional[str] = None
     suspend_hook_status: Optional[int] = None
     history: list[tuple[float, str, Optional[str]]] = field(default_factory=list)
+    observer: Optional[Callable[["Microvm", float, str], None]] = None
+    """Called after every transition, under the backend's lock (``vm_host.Guest.observe``: a
+    hosted VM's processes follow its state). It must not call the backend or block."""
 
     @property
     def memory_mib(self) -> int:
@@ -76,6 +79,8 @@ class Microvm:
             self.resume_at = None
             self.resumed = False
         self.history.append((at, state, self.reason))
+        if self.observer is not None:
+            self.observer(self, at, state)
 
     def seen_at(self, at: float) -> tuple[str, Optional[str], Optional[float]]:
         """State, reason and end time as the service's replicas knew them at ``at``."""

@@ -81,14 +81,21 @@ class MicrovmsEmulator(MicrovmsBackend):
             target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, name="microvms-emulator", daemon=True
         )
         self._thread.start()
+        if self.tls_front:
+            try:
+                self.vm_host  # bind 443 now: a front that cannot is an error at start, not at a VM's launch
+            except PermissionError:
+                self.stop()
+                raise
         return self
 
     def stop(self) -> None:
-        """Stop listening."""
+        """Stop listening, and end what runs for the hosted VMs (``host_vms``)."""
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()
             self._server = None
+        self.close()
 
     def __enter__(self) -> "MicrovmsEmulator":
         return self.start()
@@ -158,7 +165,8 @@ class MicrovmsEmulator(MicrovmsBackend):
 
     def _admin(self, method: str, parts: list[str], data: dict[str, Any]) -> tuple[int, dict[str, str], bytes]:
         if method == "POST" and parts == ["images"]:
-            arn = self.create_image(str(data["name"]), int(data.get("memory_mib", 2048)), fresh=bool(data.get("fresh", False)))
+            arn = self.create_image(str(data["name"]), int(data.get("memory_mib", 2048)), fresh=bool(data.get("fresh", False)),
+                                    rayd=bool(data.get("rayd", False)), app_dir=data.get("app_dir"))
             return _json(200, {"imageArn": arn})
         if method == "POST" and len(parts) == 3 and parts[0] == "images" and parts[2] == "versions":
             version = self.publish_version(parts[1], data.get("version"), fresh=bool(data.get("fresh", True)))
@@ -171,6 +179,15 @@ class MicrovmsEmulator(MicrovmsBackend):
             return _json(200, {"now": self.clock.now()})
         if method == "GET" and parts == ["microvms"]:
             return _json(200, {"items": self.microvms()})
+        if method == "GET" and len(parts) == 3 and parts[0] == "microvms" and parts[2] == "rpcs":
+            host = self.vm_host
+            if host is None:
+                return _json(409, {"message": "no VMs run here; start with --host-vms"})
+            try:
+                guest = host.guest(parts[1])
+            except KeyError:
+                return _json(404, {"message": f"no hosted MicroVM {parts[1]}"})
+            return _json(200, {"items": [r.__dict__ for r in guest.calls()], "rewrites": guest.rewrites})
         if method == "POST" and len(parts) == 2 and parts[0] == "traffic":
             return _json(200, {"status": self.traffic(parts[1])})
         if method == "POST" and len(parts) == 3 and parts[0] == "microvms" and parts[2] == "exit":
@@ -216,6 +233,11 @@ def main(argv: Optional[list[str]] = None) -> None:
                         help=f"default: the region's ({DEFAULT_MEMORY_QUOTA_MIB} MiB in us-east-1)")
     parser.add_argument("--no-rate-limits", action="store_true")
     parser.add_argument("--image", action="append", default=[], metavar="NAME[:MEMORY_MIB]", help="create an image at start")
+    parser.add_argument("--host-vms", action="store_true",
+                        help="run the VMs here: loopback endpoints, a stand-in rayd for rayd images")
+    parser.add_argument("--tls-front", action="store_true", help="with --host-vms: TLS on <endpoint>:443 (root)")
+    parser.add_argument("--rayd-image", action="append", default=[], metavar="NAME[:APP_DIR]",
+                        help="with --host-vms: create an image of the product's base (rayd, every hook on)")
     args = parser.parse_args(argv)
     try:
         emulator = MicrovmsEmulator(
@@ -231,6 +253,8 @@ def main(argv: Optional[list[str]] = None) -> None:
             consistency_seconds=args.consistency_seconds,
             memory_quota_mib=args.memory_quota_mib,
             rate_limits=not args.no_rate_limits,
+            host_vms=args.host_vms or args.tls_front or bool(args.rayd_image),
+            tls_front=args.tls_front,
         )
         images = []
         for spec in args.image:
@@ -244,6 +268,14 @@ def main(argv: Optional[list[str]] = None) -> None:
                 print(emulator.create_image(name, memory), flush=True)
             except ValueError as exc:
                 parser.exit(2, f"{parser.prog}: error: --image {name}:{memory}: {exc}\n")
+        for spec in args.rayd_image:
+            name, _, app_dir = spec.partition(":")
+            try:
+                print(emulator.create_image(name, rayd=True, app_dir=app_dir or None), flush=True)
+            except ValueError as exc:
+                parser.exit(2, f"{parser.prog}: error: --rayd-image {spec}: {exc}\n")
+        if emulator.vm_host is not None and emulator.vm_host.ca_file is not None:
+            print(f"test CA: {emulator.vm_host.ca_file}", flush=True)
         print(f"MicroVMs emulator on {emulator.endpoint_url}", flush=True)
         try:
             while True:

@@ -84,6 +84,38 @@ def test_a_fault_narrowed_to_a_caller_spares_the_others(emulator, image) -> None
         ("AKIDRECONCILER", 403), ("AKIDCLIENT", 200), ("AKIDRECONCILER", 403)]
 
 
+@pytest.mark.parametrize("kind", ["lost_response", "crash"])
+def test_faults_taken_after_the_work_honour_their_caller(emulator, image, clock, kind) -> None:
+    """A lost response (done, answered 500) and a crash (the VM it starts crashes) narrowed to a
+    caller hit that caller's requests and only them (they once ignored ``caller=``: never fired)."""
+    emulator.inject("RunMicrovm", kind, times=None, caller="AKIDRECONCILER")
+    reconciler, other = signed_as(emulator, "AKIDRECONCILER"), signed_as(emulator, "AKIDCLIENT")
+    spared = run(other, image)["microvmId"]
+    if kind == "lost_response":
+        assert error(lambda: run(reconciler, image, clientToken="slot-1"))["Error"]["Code"] == "InternalServerException"
+        (hit,) = [vm for vm in emulator.microvms() if vm["clientToken"] == "slot-1"]  # done all the same
+        assert hit["caller"] == "AKIDRECONCILER"
+        clock.advance(3)
+    else:
+        hit = {"microvmId": run(reconciler, image)["microvmId"]}
+        clock.advance(2 + 15 + 3 + 1)  # running, the exit reported 15 s later, terminating
+        assert emulator.state_of(hit["microvmId"]) == "TERMINATED"
+    assert emulator.state_of(spared) == "RUNNING"
+    assert [(r.caller, r.status) for r in emulator.requests if r.operation == "RunMicrovm"] == [
+        ("AKIDCLIENT", 200), ("AKIDRECONCILER", 500 if kind == "lost_response" else 200)]
+
+
+def test_a_suspend_hook_failure_honours_its_caller(emulator, client, image, clock) -> None:
+    emulator.inject("SuspendMicrovm", "suspend_hook_failure", times=None, caller="AKIDRECONCILER")
+    reconciler, other = signed_as(emulator, "AKIDRECONCILER"), signed_as(emulator, "AKIDCLIENT")
+    first, second = run(client, image)["microvmId"], run(client, image)["microvmId"]
+    clock.advance(3)
+    other.suspend_microvm(microvmIdentifier=first)
+    reconciler.suspend_microvm(microvmIdentifier=second)
+    clock.advance(10)
+    assert (emulator.state_of(first), emulator.state_of(second)) == ("SUSPENDED", "TERMINATED")
+
+
 def test_list_lag_omits_young_vms_for_one_caller(emulator, image, clock) -> None:
     lagging, current = signed_as(emulator, "AKIDLAGGING"), signed_as(emulator, "AKIDCURRENT")
     old = run(current, image)["microvmId"]
