@@ -26,6 +26,7 @@ from aws_cdk import aws_cloudwatch as cloudwatch
 from aws_cdk import aws_logs as logs
 from constructs import Construct
 
+from .access_token import FleetAccessToken, token_secret_name
 from .agent_image import DEFAULT_LOG_RETENTION, AgentImage, _usable_log_key
 from .dashboard import FleetDashboard
 from .egress.client import ENVELOPES_ENV, TABLE_ENV
@@ -139,6 +140,22 @@ class _FleetGrants(Construct):
     def grant_publish(self, grantee: iam.IGrantable) -> iam.Grant:
         """What ``ImagePublisherPolicy`` allows: manage the fleet's image, save its recipe."""
         return grant_all(publisher_statements(self.access), grantee, self)
+
+    def grant_read_access_token(self, grantee: iam.IGrantable) -> iam.Grant:
+        """Let ``grantee`` read the fleet's access token (``rayito/agents/<name>/access-token``),
+        what the product's client needs to reach the fleet's VMs (``RAYITO_ACCESS_TOKEN``)."""
+        stack = cdk.Stack.of(self)
+        arn = stack.format_arn(service="secretsmanager", resource="secret",
+                               resource_name=f"{token_secret_name(self.fleet_name)}-??????",
+                               arn_format=cdk.ArnFormat.COLON_RESOURCE_NAME)
+        return iam.Grant.add_to_principal(grantee=grantee, actions=["secretsmanager:GetSecretValue",
+                                                                    "secretsmanager:DescribeSecret"],
+                                          resource_arns=[arn], scope=self)
+
+    @property
+    def access_token_secret_name(self) -> str:
+        """``rayito/agents/<name>/access-token``."""
+        return token_secret_name(self.fleet_name)
 
     @property
     def recipe_parameter_name(self) -> str:
@@ -457,6 +474,9 @@ class AgentFleet(_FleetGrants):
             if recipe_alarm is not False and metrics:
                 self.recipe.add_alarm(option="recipe_alarm=True")
 
+        self.access_token = FleetAccessToken(self, "AccessToken", fleet_name=project.name, encryption_key=recipe_key)
+        """The fleet's access token (its VMs' rayd admits only it): ``rayito/agents/<name>/access-token``."""
+
         self.caller_policy = CallerPolicy(self, "CallerPolicy", fleet_name=project.name, access=self.access)
         """Managed policy for the deployer and the fleet client."""
         self.image_publisher_policy = ImagePublisherPolicy(
@@ -532,6 +552,10 @@ class AgentFleet(_FleetGrants):
                 self, "Dashboard", fleet_name=project.name, reconciler=self.reconciler, recipe=self.recipe,
                 egress_budget=self.egress_budget, queries=self.queries, alarms=self.alarms,
             )
+
+    def grant_read_access_token(self, grantee: iam.IGrantable) -> iam.Grant:
+        """Let ``grantee`` read the fleet's access token (and decrypt it with ``recipe_key``)."""
+        return self.access_token.grant_read(grantee)
 
     @property
     def alarms(self) -> list[cloudwatch.Alarm]:

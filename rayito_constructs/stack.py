@@ -119,6 +119,8 @@ class FleetStack(cdk.Stack):
                           description="what the deploy did with the recipe: saved, or a recipe_* warning code")
             cdk.CfnOutput(self, "RecipeSaved", value=fleet.recipe.saved)
             cdk.CfnOutput(self, "RecipeReason", value=fleet.recipe.reason)
+        cdk.CfnOutput(self, "AccessTokenSecretName", value=fleet.access_token_secret_name,
+                      description="the fleet's access token (RAYITO_ACCESS_TOKEN for the product's client)")
         cdk.CfnOutput(self, "ExecutionRoleArn", value=fleet.execution_role.role_arn)
         cdk.CfnOutput(self, "CallerPolicyArn", value=fleet.caller_policy.managed_policy_arn)
         cdk.CfnOutput(self, "ImagePublisherPolicyArn", value=fleet.image_publisher_policy.managed_policy_arn)
