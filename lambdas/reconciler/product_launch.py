@@ -1,0 +1,115 @@
+"""The product's RunMicrovm requests for this fleet's VMs (rayito 0.17, run here unmodified).
+
+A fleet this stack keeps must be a Rayito fleet: each VM is started as the product's client
+starts one for the project, so that ``rayd`` gets, in its ``/run`` payload, the fleet token's
+sha256, the labels the client recognises members by (``rayito.agent.deployment``,
+``rayito.agent.port``) and the logical lifecycle; and the VM gets the product's idle policy,
+maximum duration and logging. The request is not rebuilt here: the product's own launch path
+builds it (``ProjectService.deploy`` for a member, the pool's ``launch_kwargs`` for a warm slot,
+both ending in ``Sandbox.create``), through the product's ``control_plane=`` seam, which records
+the ``LaunchRequest`` where the product would call RunMicrovm and stops there. The reconciler
+then sends it with its own deterministic ``clientToken`` (the product draws a random one).
+
+A shorter lifetime (a fleet's first VMs are spread so their ends do not coincide) is the
+product's request for a shorter serve timeout: the product derives the lifecycle block, the
+maximum duration and the idle policy from it, as it would for such a project.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from rayito._agent._deployment_base import labels_for
+from rayito._agent._fleet_base import fleet_lifetime, pool_config_for
+from rayito._agent._project_domain import AgentProject
+from rayito._agent._project_service import ProjectService
+from rayito._aws import LaunchRequest
+from rayito._pool_base import launch_kwargs
+from rayito._agent._scaling_domain import ScalingOptions
+from rayito.sandbox_sync import Sandbox
+
+#: The shortest serve timeout the product takes (``validate_timeout``): shorter first lifetimes
+#: are not asked for.
+MIN_TIMEOUT_SECONDS = 60
+
+
+class _Captured(Exception):
+    def __init__(self, request: LaunchRequest) -> None:
+        super().__init__("captured")
+        self.request = request
+
+
+@dataclass
+class _CapturePlane:
+    """The product's control plane seam (``Sandbox.create(control_plane=...)``): it names the
+    image and records the request instead of sending it."""
+
+    region: str
+    image_arn: str
+
+    def resolve_template_arn(self, template: str) -> str:
+        return self.image_arn
+
+    def run_microvm(self, request: LaunchRequest) -> Any:
+        raise _Captured(request)
+
+
+@dataclass
+class ProductLaunch:
+    """How the product's client launches this fleet's VMs, for one project and scaling."""
+
+    project: AgentProject
+    scaling: ScalingOptions
+    access_token: str
+    image_arn: str
+    region: str
+    _requests: dict[tuple[str, Optional[str], Optional[int]], LaunchRequest] = dataclasses.field(
+        default_factory=dict, repr=False)
+
+    def parameters(self, role: str, client_token: str, *, image_version: Optional[str] = None,
+                   lifetime: Optional[int] = None) -> dict[str, Any]:
+        """RunMicrovm parameters of a ``member`` (a base slot: the product's serving VM) or a
+        ``warm`` slot, with ``client_token``; ``lifetime``: a shorter life (the serve timeout
+        the product is asked for: ``lifetime`` less its margin)."""
+        request = self._request(role, image_version, self._timeout(lifetime))
+        return dataclasses.replace(request, client_token=client_token).to_api()
+
+    def maximum_duration(self, role: str, *, lifetime: Optional[int] = None) -> int:
+        """The ``maximumDurationInSeconds`` the product sends for that VM."""
+        return int(self._request(role, None, self._timeout(lifetime)).maximum_duration_seconds)
+
+    def _timeout(self, lifetime: Optional[int]) -> Optional[int]:
+        if lifetime is None:
+            return None
+        full = self.maximum_duration("member")
+        own = int(self.project.serve.timeout_seconds)
+        return max(MIN_TIMEOUT_SECONDS, own - max(0, full - int(lifetime)))
+
+    def _request(self, role: str, image_version: Optional[str], timeout: Optional[int]) -> LaunchRequest:
+        key = (role, image_version, timeout)
+        if key not in self._requests:  # one capture per shape: the product's path is pure but not free
+            self._requests[key] = _capture(self, role, image_version, timeout)
+        return self._requests[key]
+
+
+def _capture(launch: ProductLaunch, role: str, image_version: Optional[str], timeout: Optional[int]) -> LaunchRequest:
+    project = launch.project
+    if timeout is not None and timeout != int(project.serve.timeout_seconds):
+        project = dataclasses.replace(project, serve=dataclasses.replace(project.serve, timeout_seconds=timeout))
+    plane = _CapturePlane(launch.region, launch.image_arn)
+    create = functools.partial(Sandbox.create, control_plane=plane)
+    try:
+        if role == "warm":
+            labels = labels_for(project.name, project.serve.port, raw=False)  # as AgentFleet's pool labels them
+            config = pool_config_for(project, launch.scaling, launch.access_token, labels, template_version=image_version)
+            create(**launch_kwargs(config), access_token=launch.access_token, keep_on_failure=False)
+        else:
+            sandbox_class = type("Capturing", (), {"create": staticmethod(create)})
+            ProjectService(project, sandbox_class=sandbox_class, image_version=image_version).deploy(
+                access_token=launch.access_token, lifetime=fleet_lifetime(project, launch.scaling))
+    except _Captured as captured:
+        return captured.request
+    raise RuntimeError("the product's launch path made no RunMicrovm request")
