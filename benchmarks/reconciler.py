@@ -39,6 +39,7 @@ import os
 import random
 import resource
 import sys
+import threading
 import time
 import uuid
 import warnings
@@ -50,6 +51,7 @@ from botocore.exceptions import ClientError
 
 from benchmarks.simulation import Killed, SimClock, Simulation
 from rayito_constructs.testing import MicrovmsEmulator, RequestRecord, measured, sdk_sleeps_on
+from rayito_constructs.testing import server as _server
 from rayito_constructs.testing.server import install_in_process
 
 _NULL = open(os.devnull, "w")  # noqa: SIM115 - telemetry lines of a day go nowhere
@@ -81,6 +83,23 @@ DUPLICATE_DELIVERY = 0.02  # EventBridge Scheduler delivers at least once
 KILL_PER_INVOCATION = 0.01
 SKEWED_ENVIRONMENTS = 0.1
 SKEW_SECONDS = 30.0
+
+#: CPU seconds the emulator spent serving requests, per thread: the in-process client hands each
+#: request to the emulator in the caller's thread, so an invocation's own CPU is its thread's CPU
+#: less this (``Side.invoke``).
+_EMULATOR_CPU: dict[int, float] = defaultdict(float)
+_handle = _server.handle
+
+
+def _timed_handle(*args: Any, **kwargs: Any) -> Any:
+    started = time.thread_time()
+    try:
+        return _handle(*args, **kwargs)
+    finally:
+        _EMULATOR_CPU[threading.get_ident()] += time.thread_time() - started
+
+
+_server.handle = _timed_handle
 
 
 # =========================================================================================== fleets
@@ -219,6 +238,8 @@ class Side:
         self.invocations = 0
         self.kills = 0
         self.invocation_errors: Counter = Counter()
+        #: CPU seconds of the side's own code in its invocations (the emulator's share left out).
+        self.own_cpu = 0.0
         self.first_error: Optional[str] = None
         self.log = Log(self)
         self.emulator.subscribe(self.log.record)
@@ -269,6 +290,14 @@ class Side:
         held: dict[str, Environment] = {}
 
         def run() -> None:
+            me = threading.get_ident()
+            cpu, served = time.thread_time(), _EMULATOR_CPU[me]
+            try:
+                invocation()
+            finally:
+                self.own_cpu += (time.thread_time() - cpu) - (_EMULATOR_CPU[me] - served)
+
+        def invocation() -> None:
             env = self.environment(fleet)
             held["env"] = env
             env.busy = True
@@ -992,6 +1021,10 @@ def run_side(kind: str, fleets_count: int, seed: int, hours: float, lifetime: in
     result = report(side, claims)
     result["wall_seconds"] = round(time.perf_counter() - started, 2)
     result["cpu_seconds"] = round(time.process_time() - cpu, 2)
+    # The side's own cost: CPU seconds of its invocations (client serialization and parsing, the
+    # stores in memory, telemetry; the emulator's share left out) per fleet and day of the run.
+    result["own_cpu_seconds"] = round(side.own_cpu, 2)
+    result["cpu_seconds_per_fleet_day"] = round(side.own_cpu / (fleets_count * hours / 24), 3)
     result["peak_memory_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
     result["lambda_environments"] = side.envs
     return result
