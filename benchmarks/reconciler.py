@@ -496,6 +496,8 @@ class Ours(Side):
         )
         if "sleep" in self.fields:
             kwargs["sleep"] = lambda seconds: self.clock.sleep_until(self.clock.now() + seconds)
+        if "monotonic" in self.fields:
+            kwargs["monotonic"] = self.sim.now  # the skew is the wall clock's; the deadline's clock has none
         if "siblings" in self.fields:
             kwargs["siblings"] = ()
         env.reconciler = self.Reconciler(**kwargs)

@@ -177,7 +177,9 @@ class Fleet:
             monkeypatch.setitem(sys.modules, "aws_lambda_powertools", None)
         _fresh_powertools_logger()
         reconciler = index.build()
-        reconciler.clock, reconciler.sleep = self.clock.now, self.clock.advance
+        # Virtual time is real time here: the wall clock and the deadline's monotonic one.
+        reconciler.clock = reconciler.monotonic = self.clock.now
+        reconciler.sleep = self.clock.advance
         return reconciler
 
     def invoke(self, monkeypatch: Any, event: Optional[dict[str, Any]] = None, *, timeout: float = 65.0,

@@ -252,13 +252,6 @@ def _jumping_clock(fleet, monkeypatch, at: float, by: float) -> dict:
     return state
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "broken (the hard stop is on the reconciler's clock, time.time, not on the invocation's remaining "
-    "time): min 6 / max 8, RunMicrovm budget one per 10 s; the clock steps back 30 s at 20 s into the "
-    "tick: the tick runs to 70.0 s of real time, with an UpdateItem at 66 s and a ListMicrovms, Query, "
-    "3 TransactWriteItems, a RunMicrovm and 2 UpdateItems at 70 s, after the function's 65 s "
-    "(tick.py:195 _hard_stop = start + ... on self.clock(); context.get_remaining_time_in_millis is "
-    "read once, in index.handler)"))
 def test_a_clock_step_back_keeps_every_call_within_the_lambda_timeout(aws, monkeypatch) -> None:
     catch_crashes(monkeypatch)
     ref: dict = {}
@@ -375,14 +368,9 @@ _LATE_RUN = (
 
 
 @pytest.mark.parametrize("tick_seconds,warm", [
-    pytest.param(2, 4, marks=pytest.mark.xfail(strict=True, reason=_LATE_RUN.format(
-        t=2, to=17, until=9, hs=11, w=4, run=8.05, assume=10.65, running=49.95))),
+    pytest.param(2, 4),
     pytest.param(1, 6),
-    pytest.param(5, 6, marks=pytest.mark.xfail(strict=True, reason=_LATE_RUN.format(
-        t=5, to=20, until=12, hs=14, w=6, run=10.0, assume=12.6, running=48.0) + (
-        "; the overtime's last look (a wake at until - 0.3 s for a park due within 2 s past it, tick.py:271-278) "
-        "is refused too: the 10.6 s step's wake_after is 2.0 s (d2d3367's wake for the assumption, 12.6 - 10.6) "
-        "and the last look's 1.1 s is less"))),
+    pytest.param(5, 6),
 ])
 def test_short_ticks_park_their_pool_soon_with_few_steps_and_no_call_past_the_timeout(aws, monkeypatch, tick_seconds, warm) -> None:
     """``tick_seconds`` of 1-5 (the construct's timeout tick + 15 s), min 1, ``warm`` parked

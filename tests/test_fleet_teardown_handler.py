@@ -149,7 +149,7 @@ def test_a_tick_that_wrote_before_the_delete_and_calls_after_it_makes_no_vm_that
         assert tick.begin_tick(120, 50)
         slots, stats = tick.ledger.load("mi-agente")
         slot = core.admit_run(tick.spec, core.Slot("base-0", core.BASE, queued_at=fleet.clock.now()),
-                              core.Intent("run", "base-0", role=core.BASE), fleet.clock.now())
+                              core.Intent("run", "base-0", role=core.BASE), fleet.clock.now(), tick.run_requests)
         tick.ledger.write("mi-agente", tick.fence, puts=[slot])  # written before the call, as _run does
         token = core.client_token(stats["epoch"], "mi-agente", "base-0", slot.generation)
         deleted = world.invoke(monkeypatch, world.event("Delete"))

@@ -493,11 +493,11 @@ def test_a_retiring_vms_end_comes_from_the_ledger_or_a_whole_lifetime() -> None:
     seen = {"vm-1": core.Observed("vm-1", "RUNNING", 1_000.0), "vm-2": core.Observed("vm-2", "RUNNING", 1_050.0)}
     plan = core.plan(short, {"base-0": slot}, seen.values(), 1_105.0)
     assert not [i for i in plan.intents if i.kind == "run"]
-    assert plan.wake_at == plan.replace_at == 1_120.0 + core.EXPIRY_WAKE_SECONDS
+    assert plan.wake_at() == plan.wake_at(core.Reason.REPLACE) == 1_120.0 + core.EXPIRY_WAKE_SECONDS
     # Its end unknown (a slot written before ends were kept, the VM missing from the list): no wake.
     slot.retiring_ends_at = None
     plan = core.plan(short, {"base-0": slot}, [seen["vm-2"]], 1_105.0)
-    assert plan.replace_at is None and not [i for i in plan.intents if i.kind == "run"]
+    assert plan.wake_at(core.Reason.REPLACE) is None and not [i for i in plan.intents if i.kind == "run"]
 
 
 def test_a_parked_slots_vm_listed_suspending_is_parking() -> None:
@@ -532,15 +532,15 @@ def test_a_successor_without_room_looks_again_before_the_end_when_others_hold_th
     client = core.Observed("vm-c", "RUNNING", start + 20_000)
     held = core.plan(FleetSpec("f", "arn", 1, 2), {"base-0": slot}, [mine, client], end - 100)
     assert held.live_vms == 2  # at max_vms: the successor waits for room (the tick does not run it)
-    assert held.wake_at == held.replace_at == end - core.SUCCESSOR_START_SECONDS
+    assert held.wake_at() == held.wake_at(core.Reason.REPLACE) == end - core.SUCCESSOR_START_SECONDS
     # The look finds the client's VM gone: the successor runs, RUNNING before the end.
     freed = core.plan(FleetSpec("f", "arn", 1, 2), held.slots, [mine], end - core.SUCCESSOR_START_SECONDS)
     assert [i.slot_id for i in freed.intents if i.kind == "run"] == ["base-0"]
     alone = core.plan(FleetSpec("f", "arn", 1, 1), {"base-0": slot}, [mine], end - 100)
-    assert alone.wake_at == alone.replace_at == end + core.EXPIRY_WAKE_SECONDS
+    assert alone.wake_at() == alone.wake_at(core.Reason.REPLACE) == end + core.EXPIRY_WAKE_SECONDS
     # Too close to the end for a look to help: only the end's.
     late = core.plan(FleetSpec("f", "arn", 1, 2), {"base-0": slot}, [mine, client], end - 5)
-    assert late.wake_at == end + core.EXPIRY_WAKE_SECONDS
+    assert late.wake_at() == end + core.EXPIRY_WAKE_SECONDS
 
 
 def test_a_slot_id_asked_for_again_goes_on_from_its_next_generation() -> None:

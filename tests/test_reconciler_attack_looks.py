@@ -175,7 +175,7 @@ def test_a_handover_due_on_a_suspends_only_step_waits_for_a_fresh_list(aws, monk
            "SUCCESSOR_LEAD_SECONDS": "200", "IDLE_SECONDS": "", "BUDGETS": '{"SuspendMicrovm": [0.1, 1]}'}
     # The timeline below was written when 600 s lifetimes were not staggered: first lifetimes all
     # 600 s (staggered since, 413-600 s: a parked slot's successor would come due at 213 s).
-    monkeypatch.setattr(core, "MIN_STAGGER_STEP_SECONDS", float("inf"))
+    monkeypatch.setattr(core.lifetimes, "MIN_STAGGER_STEP_SECONDS", float("inf"))
     with deployed_fleet(aws, env=env, pending_seconds=2, fresh_launches=0) as fleet:
         client = fleet.emulator.direct_client(caller="client")
         t0 = fleet.clock.now()

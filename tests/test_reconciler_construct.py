@@ -156,7 +156,7 @@ def test_asset_holds_the_reconciler_and_its_model_only(synth) -> None:
     key = reconciler_function(template)["Code"]["S3Key"]
     folder = outdir / f"asset.{key.removesuffix('.zip')}"
     files = sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file())
-    assert "reconciler/index.py" in files and "reconciler/core.py" in files
+    assert "reconciler/index.py" in files and "reconciler/core/phases.py" in files
     assert "reconciler/data/lambda-microvms/2025-09-09/service-2.json" in files
     assert not [f for f in files if f.startswith("recipe_writer") or "__pycache__" in f or f.endswith(".pyc")]
 

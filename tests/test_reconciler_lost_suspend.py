@@ -17,7 +17,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from lambdas.reconciler import core
-from lambdas.reconciler.tick import _lost_answer
+from lambdas.reconciler.answers import lost_answer as _lost_answer
 
 from .moto_server import moto_server
 from .reconciler_harness import RECONCILER_CALLER, at_first_call, deployed_fleet, fail_the_next_read
@@ -135,10 +135,10 @@ STATES = ["PENDING", "RUNNING", "SUSPENDING", "SUSPENDED"]
 
 @given(state=st.sampled_from(STATES), sent=st.floats(0, 1e9), after=st.floats(0, 3600))
 def test_a_read_proves_a_lost_suspend_did_not_land_only_before_a_client_could_resume(state, sent, after) -> None:
-    slot = core.Slot("warm-0", core.WARM, phase=core.PARKING, microvm_id="vm", park_doubt_since=sent)
-    events: list = []
-    core.settle_park_doubt(slot, state, sent + after, events)
-    assert slot.park_doubt_since is None and len(events) == 1
+    change = core.settle_park_doubt(core.Slot("warm-0", core.WARM, phase=core.PARKING, microvm_id="vm",
+                                              park_doubt_since=sent), state, sent + after)
+    slot, events = change.slot, change.events
+    assert slot is not None and slot.park_doubt_since is None and len(events) == 1
     if state in ("PENDING", "RUNNING") and (sent + after) - sent < core.SUSPEND_THEN_RESUME_SECONDS:
         assert slot.parking_since is None and events[0]["outcome"] == "not_landed"  # sent again
     else:

@@ -72,7 +72,7 @@ def test_an_end_after_the_deadline_is_replaced_in_overtime(fleet, monkeypatch, i
     runs = _runs_after(fleet, end)
     assert runs and runs[0] - end <= 2.5, (end, runs)  # end + EXPIRY_WAKE_SECONDS (1 s) + the list
     assert len(invocation.events("tick_overtime")) == 1
-    assert fleet.clock.now() - (end - into_tick) <= 57.0 + 1.0  # within the invocation's time, margin kept
+    assert fleet.clock.now() - (end - into_tick) <= 59.0 + 1.0  # within the invocation's time, margin kept
     fleet.every_minute(monkeypatch, 1)
     # Below min_vms only for the wake (1 s) and the successor's PENDING (2 s).
     assert seconds_below(fleet, int(fleet.env["MIN_VMS"]), end - 5, end + 30) <= 3.6
@@ -85,13 +85,13 @@ def _next_end_of(fleet: Any, vm_id: str) -> float:
 
 
 def test_the_overtime_ends_before_the_invocation_does(fleet, monkeypatch) -> None:
-    """With the default timeout (65 s) and margin (8 s), an end at 57 s (wake at 58 s) is past
+    """With the default timeout (65 s) and call margin (6 s), an end at 59 s (wake at 60 s) is past
     the overtime: the next tick (at 60 s) replaces it, at once."""
-    invocation, _, vm_id = _tick_starting_before_end(fleet, monkeypatch, 57.0)
+    invocation, _, vm_id = _tick_starting_before_end(fleet, monkeypatch, 59.0)
     end = _next_end_of(fleet, vm_id)
     assert not invocation.events("tick_overtime")
     assert not _runs_after(fleet, end)
-    tick_start = end - 57.0
+    tick_start = end - 59.0
     fleet.clock.advance(tick_start + 60 - fleet.clock.now())
     fleet.invoke(monkeypatch)
     runs = _runs_after(fleet, end)
@@ -160,10 +160,10 @@ def test_first_fills_that_come_due_past_the_deadline_are_made_in_overtime(aws, m
         invocation = fleet.invoke(monkeypatch)
         runs = [t - start for t in _reconciler_requests(fleet, "RunMicrovm")]
         assert len(runs) == fills, runs
-        assert 50.0 < runs[-1] <= 57.0, runs  # past the deadline, within the invocation's time less its margin
+        assert 50.0 < runs[-1] <= 59.0, runs  # past the deadline, within the invocation's time less its margin
         assert all(b - a >= 1 / rate - 0.2 for a, b in zip(runs, runs[1:])), runs  # as budgeted
         assert invocation.events("tick_overtime") and not fleet.emulator.throttled
-        assert fleet.clock.now() - start <= 57.0 + 1.0
+        assert fleet.clock.now() - start <= 59.0 + 1.0
         assert len(fleet.live()) == fills
 
 
@@ -178,7 +178,7 @@ def test_a_parked_slots_suspend_that_comes_due_past_the_deadline_is_sent_in_over
         invocation = fleet.invoke(monkeypatch)
         suspends = [t - start for t in _reconciler_requests(fleet, "SuspendMicrovm")]
         assert len(suspends) == 2, suspends
-        assert 50.0 < suspends[-1] <= 57.0 and suspends[1] - suspends[0] >= 50 - 0.2, suspends
+        assert 50.0 < suspends[-1] <= 59.0 and suspends[1] - suspends[0] >= 50 - 0.2, suspends
         assert invocation.events("tick_overtime") and not fleet.emulator.throttled
         assert len(fleet.live(("SUSPENDING", "SUSPENDED"))) == 2
 

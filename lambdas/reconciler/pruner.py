@@ -39,8 +39,8 @@ from typing import Any, Mapping, Optional
 
 from botocore.exceptions import BotoCoreError, ClientError
 
+from .aws import MICROVMS_CONFIG, session
 from .custom_resource import BadRequest, check_identity, emit, error_code, log, remaining_seconds, respond, response_url_ok
-from .index import MICROVMS_CONFIG, session
 
 RESOURCE_TYPE = "Custom::RayitoImagePruner"
 NAMESPACE = "Rayito/Fleet"

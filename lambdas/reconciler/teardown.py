@@ -54,14 +54,12 @@ from typing import Any, Mapping, Optional
 from botocore.exceptions import BotoCoreError, ClientError
 
 from . import core
+from .answers import RUN_EVALUATED_NO_VM
+from .aws import MICROVMS_CONFIG, STORE_CONFIG, session
 from .custom_resource import BadRequest, check_identity, emit, error_code, log, remaining_seconds, respond, response_url_ok
-from .index import MICROVMS_CONFIG, STORE_CONFIG, session
 from .ledger import DynamoDBLedger
 
 RESOURCE_TYPE = "Custom::RayitoFleetTeardown"
-#: RunMicrovm errors that come after the service weighed making a VM for the token (capacity, quota):
-#: the only refusals of a lost run's token asked again that show it holds no VM.
-_RUN_EVALUATED_NO_VM = frozenset({"InsufficientCapacityException", "ServiceQuotaExceededException"})
 NAMESPACE = "Rayito/Fleet"
 SERVICE = "rayito-fleet-teardown"
 CLAIM_KEY = "#teardown"
@@ -301,7 +299,7 @@ class Teardown:
                 self.owned[vm] = slot.slot_id
             if slot.microvm_id and slot.vm_started_at:
                 self.started[slot.microvm_id] = float(slot.vm_started_at)
-            if slot.microvm_id is None and core._in_doubt(slot):
+            if slot.microvm_id is None and slot.in_doubt:
                 doubtful.append(slot)
         for vm in sorted(self.owned):
             if self._time_left() <= 0:
@@ -343,7 +341,7 @@ class Teardown:
                     _sleep(min(backoff, max(0.0, until - _now())))
                     backoff = min(8.0, backoff * 2)
                     continue
-                if code in _RUN_EVALUATED_NO_VM:
+                if code in RUN_EVALUATED_NO_VM:
                     # The service weighed a new VM for this token and made none: a VM the lost call
                     # had made would have been returned instead.
                     self.in_doubt[slot.slot_id] = f"no_vm:{code}"
