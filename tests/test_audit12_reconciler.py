@@ -180,6 +180,34 @@ def test_a_base_vm_expiring_while_no_vm_can_be_made_takes_the_parked_vm(aws, mon
         assert not idle_while_below, (below, idle_while_below)
 
 
+@pytest.mark.parametrize("shape", [("2", "1", "3"), ("2", "1", "4"), ("3", "2", "6")], ids=["2-1-3", "2-1-4", "3-2-6"])
+def test_room_freed_by_a_base_vm_that_ends_early_goes_to_its_base_slot(aws, monkeypatch, shape) -> None:
+    """The account's memory quota has room for ``min_vms`` VMs only (402 past it): base slots hold
+    it, parked slots are refused. A base VM ends early (a client ends it between two ticks): the
+    tick that sees the end gives the freed room to that base slot, never to a parked slot, three
+    times in a row: below min_vms for the successor's PENDING (2 s) only. Before, the parked
+    slot's run (first in the start order) took the room, the base slot's run was refused, and the
+    parked VM was suspended: 61 s below min_vms each time, until the next tick handed it over."""
+    min_vms, warm_vms, max_vms = shape
+    env = {"MIN_VMS": min_vms, "WARM_VMS": warm_vms, "MAX_VMS": max_vms, "IDLE_SECONDS": ""}
+    with deployed_fleet(aws, env=env, memory_quota_mib=int(min_vms) * 4096, pending_seconds=2) as fleet:
+        fleet.every_minute(monkeypatch, 4)
+        client = fleet.emulator.client(access_key="client")
+        worst, seen = 0.0, []
+        for _ in range(3):
+            fleet.clock.advance(30)
+            base = sorted(s["microvm_id"] for s in fleet.ledger_slots().values() if s["role"] == "base" and s["microvm_id"])
+            client.terminate_microvm(microvmIdentifier=base[0])
+            fleet.clock.advance(30)
+            since = fleet.clock.now()  # the tick that sees the end
+            fleet.every_minute(monkeypatch, 3)
+            worst = max(worst, seconds_below(fleet, int(min_vms), since, fleet.clock.now()))
+            seen.append(dict(Counter(vm["state"] for vm in fleet.ours())))
+        assert worst <= 2.5, (worst, seen)
+        assert all(states == {"RUNNING": int(min_vms)} for states in seen), seen
+        assert_no_duplicates(fleet)
+
+
 # --------------------------------------------------------------------------- the plan itself (pure)
 
 
@@ -212,6 +240,35 @@ def test_the_plan_hands_parked_vms_to_base_slots_the_account_refused_for_room() 
     alone = {k: v for k, v in slots("ServiceQuotaExceededException: full").items() if k.startswith("base")}
     plan = core.plan(spec, alone, [], 200.0)
     assert {i.slot_id for i in plan.intents if i.kind == "run"} >= {"base-0", "base-1"}
+
+
+def test_a_base_slot_refused_room_takes_a_parked_slots_vm_not_parked_yet() -> None:
+    """``core.plan``: base-0's run was refused for room and warm-0's VM is still being started
+    (PENDING, or RUNNING and about to be suspended): base-0 takes that VM (a handover, no call), the
+    warm slot's suspend is not sent, no parked slot runs. A refusal of a parked slot's run five
+    minutes old still keeps base slots first (the shared backoff after a 402 is only 60 s)."""
+    from lambdas.reconciler import core
+
+    spec = FleetSpec("f", "arn:aws:lambda:us-east-1:123456789012:microvm-image:f", min_vms=2, max_vms=3, warm_vms=1)
+    for state in ("PENDING", "RUNNING"):
+        slots = {
+            "base-0": core.Slot("base-0", core.BASE, phase=core.QUEUED, reason="ServiceQuotaExceededException: full"),
+            "base-1": core.Slot("base-1", core.BASE, phase=core.RUNNING, microvm_id="vm-b", vm_started_at=100.0),
+            "warm-0": core.Slot("warm-0", core.WARM, phase=core.STARTING, microvm_id="vm-w", vm_started_at=190.0,
+                                requested_at=190.0),
+        }
+        seen = [core.Observed("vm-b", "RUNNING", 100.0), core.Observed("vm-w", state, 190.0)]
+        plan = core.plan(spec, slots, seen, 200.0)
+        kinds = [(i.kind, i.slot_id, i.microvm_id) for i in plan.intents]
+        assert kinds == [("handover", "base-0", "vm-w")], (state, kinds)
+    slots = {
+        "base-0": core.Slot("base-0", core.BASE, phase=core.QUEUED, reason="replaced_after_early_end"),
+        "base-1": core.Slot("base-1", core.BASE, phase=core.RUNNING, microvm_id="vm-b", vm_started_at=100.0),
+        "warm-0": core.Slot("warm-0", core.WARM, phase=core.QUEUED, requested_at=-100.0,
+                            reason="ServiceQuotaExceededException: full"),
+    }
+    plan = core.plan(spec, slots, [core.Observed("vm-b", "RUNNING", 100.0)], 200.0)
+    assert [(i.kind, i.slot_id) for i in plan.intents] == [("run", "base-0")]
 
 
 def test_a_dead_lettered_slot_is_probed_sooner_then_less_often() -> None:

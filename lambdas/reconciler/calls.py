@@ -73,6 +73,7 @@ class Calls:
             IntentKind.SUSPEND: self.suspend,
             IntentKind.TERMINATE: self.terminate,
             IntentKind.RESUME: self.resume,
+            IntentKind.HANDOVER: self.handover,
         }
 
     def make(self, step: Step, intents: list[Intent]) -> None:
@@ -86,7 +87,7 @@ class Calls:
             if not self.deadline.allows_intent():
                 break
             began = self.deadline.clock()
-            if step.suspends_only and intent.kind in (IntentKind.TERMINATE, IntentKind.RESUME):
+            if step.suspends_only and intent.kind in (IntentKind.TERMINATE, IntentKind.RESUME, IntentKind.HANDOVER):
                 step.result.add(step.now, Reason.STEP)  # a parked VM a client may have taken since: after a fresh list
                 continue
             table[intent.kind](step, intent)
@@ -257,6 +258,16 @@ class Calls:
         if "ResumeMicrovm" not in step.out:
             self.call(step, intent)
 
+    def handover(self, step: Step, intent: Intent) -> None:
+        """A parked slot's VM not parked yet moves to a base slot: a fenced write, no call."""
+        base, donor = step.slots.get(intent.slot_id), step.slots.get(intent.donor or "")
+        if base is None or donor is None or donor.microvm_id != intent.microvm_id:
+            return
+        base, donor = core.handover(base, donor, step.now)
+        self.shell.write(step.slots, [base, donor])
+        self.shell.emit(core.event("vm_handed_over", base, donor=donor.slot_id,
+                                   reason="the account has no room for the base slot's run"))
+
     def call(self, step: Step, intent: Intent, resend: bool = True) -> None:
         """A suspend, terminate or resume of a slot's VM under the shared budget (a suspend proven
         not landed is sent again once, ``resend=False``, now)."""
@@ -399,8 +410,8 @@ class Calls:
 
 
 def parked_for_base(slots: dict[str, Slot]) -> bool:
-    """A base slot without a VM, and a parked VM it could take (``core.plan``'s handover)."""
+    """A base slot without a VM, and a parked slot's VM it could take (``core.plan``'s handover)."""
     short = any(s.role == BASE and s.microvm_id is None and s.phase != core.DEAD for s in slots.values())
-    return short and any(core.parked_donor(s) for s in slots.values())
+    return short and any(core.parked_donor(s) or core.young_donor(s) for s in slots.values())
 
 

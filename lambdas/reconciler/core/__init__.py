@@ -133,6 +133,7 @@ from .transitions import (
     token_collision,
     vm_ended,
     warm_seen,
+    young_donor,
 )
 
 __all__ = [
@@ -151,5 +152,5 @@ __all__ = [
     "run_answered", "run_failed", "run_lifetime", "run_requested", "schedule_runs", "settle_park_doubt",
     "settle_slots", "shape", "short_slot_due", "since", "slot_order", "stray_is_idle", "stray_keys",
     "successor_lead", "to_confirm", "token_collision", "track", "track_strays", "trim_parked",
-    "unlisted_warm", "vm_ended", "warm_seen",
+    "unlisted_warm", "vm_ended", "warm_seen", "young_donor",
 ]

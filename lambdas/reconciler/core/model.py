@@ -52,12 +52,14 @@ class DeadKind(StrEnum):
 
 
 class IntentKind(StrEnum):
-    """The calls a plan asks for."""
+    """The calls a plan asks for. ``HANDOVER`` moves a parked slot's VM that is not suspended
+    (PENDING, RUNNING, or parking) to a base slot: a fenced write, no call."""
 
     RUN = "run"
     SUSPEND = "suspend"
     TERMINATE = "terminate"
     RESUME = "resume"
+    HANDOVER = "handover"
 
 
 BASE, WARM, MEMBER = Role.BASE, Role.WARM, Role.MEMBER
@@ -207,7 +209,7 @@ class Intent:
     reason: Optional[str] = None
     priority: int = 0
     retry: bool = False  # a RunMicrovm with a token already sent (in doubt): needs no headroom
-    donor: Optional[str] = None  # resume: the warm slot giving its parked VM
+    donor: Optional[str] = None  # resume or handover: the warm slot giving its VM
     expires: float = 0.0  # a successor: when the VM it replaces ends
 
 

@@ -55,6 +55,7 @@ from .transitions import (
     retiring_seen,
     vm_ended,
     warm_seen,
+    young_donor,
 )
 
 #: How soon a step looks again at a parked slot's PENDING VM (measured PENDING: p50 1.85 s, p95
@@ -65,9 +66,11 @@ HANDOVER_LEAD_SECONDS = 120.0
 #: A VM still listed after its expected end (a list that lags, a clock a little off) is looked at
 #: again this long after, not at once.
 LATE_END_POLL_SECONDS = 0.5
-#: How long a parked slot's run refused for room keeps base slots first (their runs take parked
-#: VMs, parked slots wait): the memory quota's shared backoff (60 s).
-ROOM_REFUSED_SECONDS = 60.0
+#: How long the account's refusal of a run for room (402, InsufficientCapacity) keeps base slots
+#: first (their runs before any parked slot's, parked VMs handed to them). The shared backoff after
+#: a 402 is 60 s, one schedule period: a refusal remembered that long was forgotten by the next
+#: tick, whose freed room went to a parked slot (base VMs 58-74 s below min_vms).
+ROOM_REFUSED_SECONDS = 600.0
 
 
 @dataclass
@@ -325,6 +328,7 @@ class Room:
 
     headroom: int
     donors: list[Slot]  # parked VMs (SUSPENDED) a base slot may take
+    young: list[Slot]  # parked slots' VMs not parked yet, for a base slot the account refused room
     frees: list[float]  # when room comes back: ends of VMs of ours being replaced, parked VMs ended for room
     urgent: list[Intent]  # base successors within the handover lead of their VM's end
 
@@ -335,7 +339,7 @@ def allocate_room(d: Draft, no_room: bool) -> None:
     pool dips for a moment instead of min_vms. Then each successor gets headroom, an end of ours
     to run at, a parked VM, or a wake for its VM's end."""
     room = Room(d.spec.max_vms - d.live, [s for s in d.parked if not s.ending and not s.draining and s.retiring_id is None],
-                ends_of_ours(d), [])
+                [s for s in d.slots.values() if young_donor(s)], ends_of_ours(d), [])
     room.urgent = [i for i in d.successors if i.role == BASE and i.reason == "expiring"
                    and i.expires - d.now <= HANDOVER_LEAD_SECONDS]
     for end in d.retiring_waits:
@@ -375,15 +379,19 @@ def room_refused(d: Draft, no_room: bool) -> bool:
 
 
 def base_first(d: Draft, room: Room, no_room: bool) -> None:
-    """While the account refuses room, base slots' new runs take parked VMs and no parked slot
-    runs: a new parked VM would take the room a base slot needs."""
+    """While the account refuses room, base slots' new runs take parked VMs (SUSPENDED ones, then
+    parked slots' own VMs not parked yet) and no parked slot runs: a new parked VM would take the
+    room a base slot needs."""
     refused = room_refused(d, no_room)
     full = [r for r in d.runs if not r.retry and r.role == BASE and (refused or refused_for_room(d.slots[r.slot_id]))]
     if not full:
         return
     d.runs = [r for r in d.runs if r.retry or r.role == BASE]
-    for intent in full[:len(room.donors)]:
-        take_parked(d, room, intent)
+    for intent in full:
+        if room.donors:
+            take_parked(d, room, intent)
+        elif room.young:
+            take_young(d, room, intent)
 
 
 def headroom_for_runs(d: Draft, room: Room) -> None:
@@ -415,6 +423,17 @@ def take_parked(d: Draft, room: Room, intent: Intent) -> None:
     room.donors.remove(donor)
     d.runs.remove(intent)
     d.handovers.append(Intent(IntentKind.RESUME, intent.slot_id, donor.microvm_id, role=BASE, reason="handover",
+                              donor=donor.slot_id))
+
+
+def take_young(d: Draft, room: Room, intent: Intent) -> None:
+    """The base slot of a run the account has no room for takes a parked slot's VM that is not
+    parked yet (PENDING, RUNNING, parking): no call; its suspend, if planned, is not sent."""
+    donor = max(room.young, key=lambda s: lasts(d, s))
+    room.young.remove(donor)
+    d.runs.remove(intent)
+    d.intents = [i for i in d.intents if i.microvm_id != donor.microvm_id]
+    d.handovers.append(Intent(IntentKind.HANDOVER, intent.slot_id, donor.microvm_id, role=BASE, reason="handover",
                               donor=donor.slot_id))
 
 

@@ -488,8 +488,10 @@ def end_accepted(slot: Slot, at: float) -> Slot:
 
 
 def handover(base: Slot, donor: Slot, now: float) -> tuple[Slot, Slot]:
-    """A base slot takes a warm slot's parked VM (written before ResumeMicrovm is called): the only
-    way a VM changes slots, always between two slots of this ledger, explicitly."""
+    """A base slot takes a warm slot's VM (written before any call): the only way a VM changes
+    slots, always between two slots of this ledger, explicitly. A SUSPENDED VM is then resumed
+    (ResumeMicrovm); one still PENDING, RUNNING or parking needs no call (a base slot resumes a VM
+    it holds once it shows SUSPENDED: :func:`base_seen`)."""
     base, donor = _copy(base), _copy(donor)
     if base.microvm_id:
         base.retiring_id = base.microvm_id
@@ -512,3 +514,9 @@ def parked_donor(slot: Slot) -> bool:
     return (slot.role == WARM and slot.phase == PARKED and slot.microvm_id is not None and not slot.draining
             and not slot.ending)
 
+
+def young_donor(slot: Slot) -> bool:
+    """A parked slot's own VM not parked yet (PENDING, RUNNING, or its suspend on the way): a base
+    slot the account refused room may take it too, with no call at all."""
+    return (slot.role == WARM and slot.phase in (STARTING, PARKING) and slot.microvm_id is not None
+            and not slot.draining and not slot.ending and slot.retiring_id is None)
