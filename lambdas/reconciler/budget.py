@@ -10,6 +10,7 @@ every reconciler sharing the table sees.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import threading
 from dataclasses import dataclass
@@ -412,7 +413,8 @@ class DynamoDBBudget(_Gcra):
         return Deferral(operation, max(interval, tat - admission_limit(now, horizon, interval, burst, cost)), "budget_empty"), old
 
     def backoff(self, operation: str, until: float, reason: str) -> None:
-        try:
+        # A longer backoff already in force is kept (the condition refuses the write).
+        with contextlib.suppress(self._ddb.exceptions.ConditionalCheckFailedException):
             self._ddb.update_item(
                 TableName=self._table,
                 Key={"operation": {"S": operation}},
@@ -422,8 +424,6 @@ class DynamoDBBudget(_Gcra):
                 ExpressionAttributeValues={":until": _n(until), ":why": {"S": reason},
                                            ":far": _n(until + MAX_BACKOFF_SECONDS + SKEW_SLACK_SECONDS)},
             )
-        except self._ddb.exceptions.ConditionalCheckFailedException:
-            pass  # a longer backoff is already in force
 
     def remaining(self, operation: str, now: float) -> float:
         interval, burst = self.shape(operation)

@@ -24,11 +24,11 @@ def to_confirm(slots: Mapping[str, Slot], observed: Mapping[str, Observed], now:
             vm = observed.get(vm_id)
             current = vm_id == slot.microvm_id
             started = slot.vm_started_at if current else None
-            if vm is None and (started is None or now - started >= CONSISTENCY_SECONDS):
-                out.add(vm_id)
-            elif (vm is not None and vm.state in ENDED and vm.reason is None and current and slot.role != MEMBER
-                  and not slot.ending
-                  and (started or vm.started_at) + (slot.lifetime or 0) > now + EXPIRY_MARGIN_SECONDS):
+            missed = vm is None and (started is None or now - started >= CONSISTENCY_SECONDS)
+            early = (vm is not None and vm.state in ENDED and vm.reason is None and current and slot.role != MEMBER
+                     and not slot.ending
+                     and (started or vm.started_at) + (slot.lifetime or 0) > now + EXPIRY_MARGIN_SECONDS)
+            if missed or early:
                 out.add(vm_id)
     return sorted(out)
 
