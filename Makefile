@@ -35,6 +35,7 @@ WORKERS ?= $(shell echo $$(( $$(nproc) + 1 )))
 COVERAGE_FLOOR ?= 1
 test: $(STAMP)/python
 	$(BIN)/ruff check rayito_constructs lambdas benchmarks tests app.py
+	$(BIN)/mypy
 	rm -rf $(STAMP)/coverage && mkdir -p $(STAMP)/coverage
 	$(BIN)/python -m coverage run -m pytest -n $(WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 	$(BIN)/python -m coverage combine --quiet

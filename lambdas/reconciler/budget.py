@@ -212,7 +212,7 @@ class MemoryBudget(_Gcra):
             first = queued and holder == asker
             limit = admission_limit(now, self._bonus(horizon, horizon_cap) if first else horizon, interval, burst, cost)
             if tat > limit:
-                if queued and not first and self._line_free(asker, holder, held_until, now):
+                if asker is not None and queued and not first and self._line_free(asker, holder, held_until, now):
                     limit = admission_limit(now, self._bonus(horizon, horizon_cap), interval, burst, cost)
                     self._line[operation] = (asker, now + max(0.0, tat - limit))
                 return Deferral(operation, max(MIN_RETRY_SECONDS, tat - limit), "budget_empty")

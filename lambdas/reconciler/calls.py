@@ -147,8 +147,8 @@ class Calls:
         clock = self.deadline.clock()
         if clock + core.PENDING_POLL_SECONDS <= self.deadline.hard:
             return True
-        next_tick = self.deadline.start + self.shell.spec.look_period_seconds
-        return next_tick - (clock + core.PENDING_POLL_SECONDS) <= PARK_LATE_SECONDS
+        next_tick = self.deadline.start + float(self.shell.spec.look_period_seconds)
+        return bool(next_tick - (clock + core.PENDING_POLL_SECONDS) <= PARK_LATE_SECONDS)
 
     def start(self, step: Step, slot: Slot, intent: Intent, want: int) -> str | Deferral:
         """One RunMicrovm of the slot's generation: written (fenced) before the call, so a step

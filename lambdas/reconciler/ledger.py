@@ -67,7 +67,7 @@ class MemoryLedger:
                 raise FleetOff(fleet)
             lease.update(holder=holder, expires_at=now + lease_seconds, fence=lease["fence"] + 1,
                          tick_until=tick_until)
-            return lease["fence"]
+            return int(lease["fence"])
 
     def busy_until(self, fleet: str) -> Optional[float]:
         """When the tick holding the lease said it would end (None: free, or not said)."""
@@ -81,7 +81,7 @@ class MemoryLedger:
             lease = self._leases.setdefault(fleet, {"holder": None, "expires_at": 0.0, "fence": 0})
             lease.update(holder=marker, expires_at=0.0, fence=lease["fence"] + 1, off=marker, off_at=now,
                          tick_until=None)
-            return lease["fence"]
+            return int(lease["fence"])
 
     def turn_on(self, fleet: str) -> None:
         with self._lock:

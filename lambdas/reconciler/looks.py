@@ -187,7 +187,7 @@ class Looks:
             return Choice(looked, suspends_only=parking_only)
         if not ready and (peeked := self.peek(now)) is not None:
             return Choice(peeked, fresh=True)
-        observed = self.list(now)
+        observed = self.list_image(now)
         if not isinstance(observed, Deferral):
             return Choice(observed, fresh=True)
         if (ready and listed_age is not None and observed.reason == "budget_empty"
@@ -203,7 +203,7 @@ class Looks:
             return None
         return self.view(Source.LIST, Source.RUN, Source.PEEK) if self.peeked_at is not None else self.list_view()
 
-    def list(self, now: float) -> list[Observed] | Deferral:
+    def list_image(self, now: float) -> list[Observed] | Deferral:
         """Every page of the image's VMs (TERMINATED ones stay listed 20 minutes: churn multiplies
         them). A page after the first waits for its token within the tick, the pages read kept (a
         retry of the whole list past the budget's burst read about one page more each time: 484

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any, Callable, Iterable, Optional, Protocol, Union
 
 from .budget import Deferral, Granted
-from .core import Slot
+from .core import FleetSpec, Slot
 
 Decision = Union[Granted, Deferral]
 Stats = dict[str, Any]
@@ -76,11 +76,12 @@ class Shell(Protocol):
     """What the shell's mechanisms (admission, looks, calls, letters) share: the fleet's stores and
     clients, the shared clock, and the calls that count, tell and write."""
 
-    spec: Any
+    spec: FleetSpec
     ledger: Ledger
     budget: Budget
     telemetry: Telemetry
     fence: Optional[int]
+    api_calls: int
 
     def now(self) -> float:
         """The service's time (VM start times are the service's)."""

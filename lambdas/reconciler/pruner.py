@@ -137,7 +137,8 @@ class Pruner:
 
     def image_state(self) -> Optional[dict[str, Any]]:
         try:
-            return self._call("get_microvm_image", imageIdentifier=self.image_arn)
+            state: dict[str, Any] = self._call("get_microvm_image", imageIdentifier=self.image_arn)
+            return state
         except ClientError as exc:
             if error_code(exc) == "ResourceNotFoundException":
                 return None

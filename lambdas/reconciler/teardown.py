@@ -651,8 +651,8 @@ def handler(event: Mapping[str, Any], context: Any) -> None:
         except Exception as exc:  # noqa: BLE001 - the ledger could not be reached: the deploy must know
             log({"event": "teardown_claim_failed", "fleet": fleet, "service": SERVICE, "code": error_code(exc)})
             # A failed create leaves a physical id no Delete acts on.
-            failed = physical if kind == "Update" else f"rayito-teardown-failed:{event.get('RequestId', '')}"
-            respond(event, "FAILED", failed, {}, f"could not claim fleet {fleet} in the ledger: {error_code(exc)}")
+            failed_id = physical if kind == "Update" else f"rayito-teardown-failed:{event.get('RequestId', '')}"
+            respond(event, "FAILED", failed_id, {}, f"could not claim fleet {fleet} in the ledger: {error_code(exc)}")
             return
         log({"event": "teardown_armed", "fleet": fleet, "service": SERVICE, **outcome})
         respond(event, "SUCCESS", physical, outcome, "armed")

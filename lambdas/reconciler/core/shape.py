@@ -42,7 +42,7 @@ def first_lifetime(spec: FleetSpec, slot_id: str, role: str) -> int:
     """The lifetime of a slot's first VM (:func:`.lifetimes.first_lifetime` by its rank in the
     start order), so VMs started together (a fleet from empty) do not all expire together."""
     life = spec.max_lifetime_seconds
-    ids = [s for s, r in sorted(desired_slot_ids(spec), key=lambda s: slot_order(*s, spec))]
+    ids = [s for s, r in sorted(desired_slot_ids(spec), key=lambda s: slot_order(s[0], s[1], spec))]
     if not spec.stagger or slot_id not in ids:
         return life
     return lifetimes.first_lifetime(life, successor_lead(spec), ids.index(slot_id), len(ids))

@@ -421,13 +421,13 @@ def run_failed(spec: FleetSpec, slot: Slot, intent: Intent, failure: Failure, no
 
 def retry_delay(errors: int) -> float:
     """Backoff of a slot after ``errors`` failed RunMicrovm calls in a row."""
-    return min(RETRY_CAP_SECONDS, RETRY_BASE_SECONDS * 4 ** max(0, errors - 1))
+    return min(RETRY_CAP_SECONDS, RETRY_BASE_SECONDS * 4.0 ** max(0, errors - 1))
 
 
 def dead_probe_delay(probes_failed: int) -> float:
     """When a slot dead-lettered for the service's failures is tried again: 60 s after it was
     dead-lettered, then twice as long after each failed probe, at most DEAD_PROBE_SECONDS."""
-    return min(DEAD_PROBE_SECONDS, DEAD_PROBE_FIRST_SECONDS * 2 ** max(0, min(probes_failed, 16)))
+    return min(DEAD_PROBE_SECONDS, DEAD_PROBE_FIRST_SECONDS * 2.0 ** max(0, min(probes_failed, 16)))
 
 
 # ------------------------------------------------------------------------------ parking, handover, ends
