@@ -78,7 +78,7 @@ def short_lifetime_problems(project: AgentProject, lifetime: float, lead: float,
       predecessor's end (measured: min 3 / max 4 with 700 s VMs looked at every 5 minutes, 736 s
       below min_vms in 55 minutes; min 1 / max 2 with 320 s VMs, 42 s).
 
-    Measured through the handler (tests/test_reconciler_attack_short.py): with the default lead
+    Measured through the handler (tests/reconciler/test_short_lifetimes.py): with the default lead
     and schedule, every shape spread 20 s a slot or more held, from 90 s VMs (30 s starts from
     120 s) up."""
     problems = []
@@ -117,7 +117,7 @@ def rollout_problems(project: AgentProject, lifetime: float, lead: float, period
     the end before their own, with first lifetimes less than a stagger step and a slow start apart
     (75 s). Told as an info (``short_lifetime_rollout``), not a warning: outside a rollout these
     shapes hold, and ``cdk synth --strict`` fails on warnings. Measured through the handler
-    (tests/test_reconciler_attack_round10.py): min 3 / max 4 with 180 s VMs (20 s a slot), 42 s
+    (tests/reconciler/test_room_for_successors.py): min 3 / max 4 with 180 s VMs (20 s a slot), 42 s
     below min_vms in 13 minutes; min 5 / max 6 with 600 s VMs (56 s a slot), 6.4 s."""
     slots, headroom, spread = _first_spread(project, lifetime, effective_lead(lifetime, lead, period))
     step = _MIN_STAGGER_STEP_SECONDS + SLOW_START_SECONDS - SUCCESSOR_START_SECONDS

@@ -5,25 +5,18 @@ cannot work without it), never a crash."""
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from typing import Iterator
 
 import pytest
 
-from rayito_constructs import AgentProject
+from .verify_fakes import _project
+
 from rayito_constructs.verify import Status, TargetNotFound
 
 from . import verify_world as vw
 from .verify_world import finding, statuses
 
 MISSING = f"arn:aws:lambda:us-east-1:{vw.ACCOUNT}:microvm-image:not-there"
-
-
-def _project(root: Any, name: str, toml: str) -> AgentProject:
-    folder = root / name
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "Dockerfile").write_text("FROM scratch\n")
-    (folder / "rayito-agent.toml").write_text(toml)
-    return AgentProject.load(folder)
 
 
 @pytest.fixture(scope="module")

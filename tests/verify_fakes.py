@@ -397,3 +397,14 @@ def inject_error(events: Any, service: str, operation: str, code: str, *, status
 
     events.register_first(f"before-send.{service}.{operation}", send)
     return seen
+
+
+def _project(root: Any, name: str, toml: str) -> Any:
+    """An agent folder named ``name`` under ``root`` with this ``rayito-agent.toml``, loaded."""
+    from rayito_constructs import AgentProject
+
+    folder = root / name
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "Dockerfile").write_text("FROM scratch\n")
+    (folder / "rayito-agent.toml").write_text(toml)
+    return AgentProject.load(folder)

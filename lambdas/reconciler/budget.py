@@ -40,7 +40,7 @@ SKEW_SLACK_SECONDS = 5.0
 #: The asker next in line for an operation (one per bucket, ``acquire``'s ``asker``) reserves on a
 #: line this much later than the others. Under saturation the line is ``now + horizon``, and the
 #: asks of a process whose clock runs even 0.1 s ahead were admitted on a later line and took every
-#: refill while the other process starved (0-1 grants in 15 s, round 4's attack). The place in line
+#: refill while the other process starved (0-1 grants in 15 s). The place in line
 #: goes to the first asker refused while it is free and ends with its grant: an order no clock
 #: decides. Others are never held back by it, so an asker that goes away costs nothing.
 NEXT_IN_LINE_BONUS_SECONDS = 2.0
@@ -56,7 +56,7 @@ MAX_HORIZON_SECONDS = 2.0 + NEXT_IN_LINE_BONUS_SECONDS
 #: memory quota's 402 backs off 60 s, InsufficientCapacity 5 s). A stored ``backoff_until``
 #: further ahead than this and SKEW_SLACK_SECONDS was written by a clock that runs ahead (past the
 #: 300 s the service's Date corrects) and is not believed: one fleet whose clock ran 400 s ahead
-#: held every fleet's runs back 400 s after one InsufficientCapacity (audit 13).
+#: held every fleet's runs back 400 s after one InsufficientCapacity.
 MAX_BACKOFF_SECONDS = 60.0
 
 

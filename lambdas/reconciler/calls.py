@@ -108,7 +108,7 @@ class Calls:
         if step.runs >= spec.max_starts_per_step:
             step.result.add(step.now, Reason.STEP)
             return
-        if slot.role == WARM and not intent.retry and not self.parks_in_time():
+        if slot.role == WARM and not intent.retry and self.deadline.overtime and not self.parks_in_time():
             self.note(step, slot, "no_time_to_park", intent)
             step.later.add(slot.slot_id)
             return
@@ -139,11 +139,12 @@ class Calls:
             step.result.add(step.now + core.retry_delay(max(1, held.errors)), Reason.RETRY)
 
     def parks_in_time(self) -> bool:
-        """Whether a parked slot's VM run now is parked soon: by this tick (assumed RUNNING
-        ``PENDING_POLL_SECONDS`` after its run), or by the next scheduled tick within
-        ``PARK_LATE_SECONDS`` of running. Run later than that, it would run unparked until the next
-        tick (a 2 s tick with a 17 s timeout: about 50 s RUNNING); left queued, the next tick runs
-        and parks it."""
+        """Whether a parked slot's VM run now, in the tick's overtime, is parked soon: by this tick
+        (assumed RUNNING ``PENDING_POLL_SECONDS`` after its run), or by the next scheduled tick
+        within ``PARK_LATE_SECONDS`` of running. Run later than that, it would run unparked until
+        the next tick (a 2 s tick with a 17 s timeout: about 50 s RUNNING); left queued, the next
+        tick runs and parks it. Before the soft bound a run always goes out (a tick shorter than a
+        start would otherwise never run one)."""
         clock = self.deadline.clock()
         if clock + core.PENDING_POLL_SECONDS <= self.deadline.hard:
             return True

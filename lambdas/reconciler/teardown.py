@@ -437,7 +437,7 @@ class Teardown:
                 answer = self._call("get_microvm", microvmIdentifier=vm)
             except ClientError as exc:
                 code = error_code(exc)
-                # uncovered: 439->441, a GetMicrovm error other than a throttle (or a 404 on a young VM) here; no test injects one at this call
+                # uncovered: a GetMicrovm error other than a throttle (or a 404 on a young VM) here; no test injects one at this call
                 # uncovered: GetMicrovm 404 on an old VM while waiting after an accepted terminate (the emulator lists it TERMINATED for 20 min);
                 if code == "ResourceNotFoundException" and self._old_enough(vm):
                     self.state[vm] = "GONE"
@@ -469,7 +469,7 @@ class Teardown:
                 vm, state = item["microvmId"], item["state"]
                 if vm in self.owned:
                     seen.add(vm)
-                    # uncovered: 467->463, a foreign VM listed already ended (another fleet's TERMINATED VM of the image) during a teardown
+                    # uncovered: a foreign VM listed already ended (another fleet's TERMINATED VM of the image) during a teardown
                     if not (self.ended(vm) and state not in ENDED):  # never back from an end
                         self.state[vm] = state
                 elif state in core.LIVE:
