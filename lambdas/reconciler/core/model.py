@@ -140,9 +140,12 @@ class Slot:
     letter: Optional[dict[str, Any]] = None  # its dead letter, until the queue took it (sent again)
 
     def __post_init__(self) -> None:
-        self.role = Role(self.role)
-        self.phase = Phase(self.phase)
-        if self.dead_kind is not None:
+        # A slot read from the ledger has strings here; one made in code, the enums already.
+        if type(self.role) is not Role:
+            self.role = Role(self.role)
+        if type(self.phase) is not Phase:
+            self.phase = Phase(self.phase)
+        if self.dead_kind is not None and type(self.dead_kind) is not DeadKind:
             self.dead_kind = DeadKind(self.dead_kind)
 
     def to_dict(self) -> dict[str, Any]:
@@ -155,8 +158,7 @@ class Slot:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Slot:
-        names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in names})
+        return cls(**{k: v for k, v in data.items() if k in _SLOT_FIELDS})
 
     @property
     def in_doubt(self) -> bool:
@@ -170,6 +172,9 @@ class Slot:
         """When the slot's current VM ends by itself (its start, or now, plus its lifetime)."""
         start = self.vm_started_at if self.vm_started_at is not None else now
         return start + (self.lifetime or default_lifetime)
+
+
+_SLOT_FIELDS = frozenset(f.name for f in fields(Slot))
 
 
 def in_doubt(slot: Slot) -> bool:

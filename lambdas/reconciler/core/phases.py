@@ -400,8 +400,8 @@ def headroom_for_runs(d: Draft, room: Room) -> None:
     new_runs = [r for r in d.runs if not r.retry]
     base_runs = [r for r in new_runs if r.role == BASE]
     if room.urgent:
-        late = [r for r in new_runs if r.role != BASE][max(0, room.headroom - len(base_runs) - len(room.urgent)):]
-        d.runs = [r for r in d.runs if r not in late]
+        late = {id(r) for r in [r for r in new_runs if r.role != BASE][max(0, room.headroom - len(base_runs) - len(room.urgent)):]}
+        d.runs = [r for r in d.runs if id(r) not in late]
     if sum(1 for r in d.runs if not r.retry) <= room.headroom:
         return
     d.runs.sort(key=lambda r: (r.retry is False, r.role != BASE))
