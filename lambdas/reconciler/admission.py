@@ -49,7 +49,7 @@ class Admission:
             if held[0] <= now + EPSILON:
                 held[1] -= 1
                 return Granted(operation, 1)
-            return Deferral(operation, held[0] - now, "reserved")
+            return Deferral(operation, held[0] - now, "reserved")  # uncovered: a step that runs before the RunMicrovm tokens it reserved come due; not timed by a test
         interval, burst_f = self.shell.budget.shape(operation)
         cost = max(1, min(want, int(burst_f)))
         # Never reserve past the tick's bound: the tick would end holding tokens nobody uses (a

@@ -50,14 +50,14 @@ def epoch(value: Any) -> float:
 def service_time(response: Any) -> Optional[float]:
     """The service's clock when it answered, from the ``Date`` header (whole seconds: the middle of
     the second); None without one."""
-    if not isinstance(response, dict):
+    if not isinstance(response, dict):  # uncovered: botocore parses every answer into a dict
         return None
     date = response.get("ResponseMetadata", {}).get("HTTPHeaders", {}).get("date")
-    if not date:
+    if not date:  # uncovered: every answer (the emulator over HTTP, and AWS) has a Date header
         return None
     try:
         return parsedate_to_datetime(date).timestamp() + 0.5
-    except (TypeError, ValueError):
+    except (TypeError, ValueError):  # uncovered: a Date header email.utils cannot parse; neither the emulator nor AWS sends one
         return None
 
 

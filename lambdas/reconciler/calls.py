@@ -202,7 +202,7 @@ class Calls:
             return deferral  # type: ignore[return-value]
         if failure.code == core.transitions.CONFLICT and failure.named_vm:
             # The token already made a VM (with other parameters): the service names it, it is ours.
-            if self.collides(step, slot, failure.named_vm):
+            if self.collides(step, slot, failure.named_vm):  # uncovered: a 409 naming a VM another slot holds needs an old token sent with other parameters
                 return "retry_later"
             self.apply(step, core.run_answered(slot, failure.named_vm, None, "unknown", reason="token_already_used"))
             return "started"
@@ -300,7 +300,7 @@ class Calls:
         step.out.add(operation)
         reason = Reason.PARK if intent.kind == IntentKind.SUSPEND else Reason.DEFERRED  # a VM to park: worth overtime
         step.result.add(step.now + decision.retry_after_seconds, reason)
-        if decision.reason == "budget_empty":
+        if decision.reason == "budget_empty":  # uncovered: a Suspend/Terminate/Resume budget empty beyond the reserve horizon (dozens of fleets parking)
             self.admission.demand[operation] = step.planned[intent.kind]
 
     def before_call(self, step: Step, intent: Intent, sent: float) -> Optional[Slot]:
@@ -361,11 +361,11 @@ class Calls:
         read cannot predate the suspend (``READ_LAG_SECONDS``). Returns what the read settled
         (``core.settle_park_doubt``), None when nothing was read."""
         wait = max(0.0, READ_LAG_SECONDS - (self.shell.now() - sent))
-        if not self.deadline.reaches(wait):
+        if not self.deadline.reaches(wait):  # uncovered: a lost suspend answer less than READ_LAG_SECONDS before the tick's bound
             return None
         self.shell.pause(wait)
         now = self.shell.now()
-        if isinstance(self.admission.admit("GetMicrovm", now), Deferral):
+        if isinstance(self.admission.admit("GetMicrovm", now), Deferral):  # uncovered: the GetMicrovm budget empty right after a lost suspend
             return None
         got = self.looks.get(slot.microvm_id or "", now)
         if isinstance(got, answers.ClientError):
@@ -376,7 +376,7 @@ class Calls:
                 self.shell.emit({"event": "api_error", "operation": "GetMicrovm", "code": code,
                                  "microvm_id": slot.microvm_id, "slot": slot.slot_id})
             return None
-        if isinstance(got, answers.BotoCoreError):
+        if isinstance(got, answers.BotoCoreError):  # uncovered: a dropped connection or timeout on this read (the emulator's faults answer over HTTP)
             self.shell.emit({"event": "api_error", "operation": "GetMicrovm", "code": type(got).__name__})
             return None
         change = core.settle_park_doubt(slot, got.state, self.shell.now())
@@ -392,12 +392,12 @@ class Calls:
         for operation in ("GetMicrovm", "TerminateMicrovm"):
             decision = self.admission.admit(operation, step.now)
             if isinstance(decision, Deferral):
-                self.deferred(step, intent, "TerminateMicrovm", decision)
+                self.deferred(step, intent, "TerminateMicrovm", decision)  # uncovered: the Get/Terminate budget empty while ending a stray (opt-in policy)
                 return
             try:
                 if operation == "GetMicrovm":
                     vm = self.shell.api("get_microvm", microvmIdentifier=intent.microvm_id)
-                    if vm.get("state") != "SUSPENDED":
+                    if vm.get("state") != "SUSPENDED":  # uncovered: a client resumes the stray between our list and our GetMicrovm
                         self.shell.emit({"event": "stray_spared", "microvm_id": intent.microvm_id, "state": vm.get("state")})
                         return
                 else:

@@ -132,10 +132,10 @@ class Reconciler:
         """The service's clock from an answer's ``Date`` (whole seconds: moved only by a second or
         more; an offset beyond ``MAX_CLOCK_OFFSET_SECONDS`` is not believed)."""
         service = answers.service_time(response)
-        if service is None:
+        if service is None:  # uncovered: every answer (the emulator over HTTP, and AWS) has a Date header
             return
         offset = service - self.clock()
-        if abs(offset) <= MAX_CLOCK_OFFSET_SECONDS and abs(offset - self.offset) >= 1.0:
+        if abs(offset) <= MAX_CLOCK_OFFSET_SECONDS and abs(offset - self.offset) >= 1.0:  # uncovered: the service's clock more than 300 s from ours; the tests skew clocks by 30 s
             self.offset = offset
 
     # ------------------------------------------------------------------ ticks
@@ -218,7 +218,7 @@ class Reconciler:
           tolerated: its clock runs ahead): taken over at once; the fence keeps both safe."""
         try:
             until = self.ledger.busy_until(self.spec.fleet)
-        except (answers.ClientError, answers.BotoCoreError):
+        except (answers.ClientError, answers.BotoCoreError):  # uncovered: DynamoDB failing on the lease read of a tick's start but not on the writes after it
             return True  # the lease item cannot be read: take over (the fence keeps both safe)
         # Ends are written and weighed on the shared (service's) clock.
         now = self.now()
@@ -290,7 +290,7 @@ class Reconciler:
 
     def _state(self) -> TickState:
         if self.state is None:
-            raise RuntimeError("no tick holds the lease: begin_tick() first")
+            raise RuntimeError("no tick holds the lease: begin_tick() first")  # uncovered: a step outside a tick is a caller's bug
         return self.state
 
     # ------------------------------------------------------------------ a step
@@ -374,7 +374,7 @@ class Reconciler:
         if not waits or admission.ready(now) or park_due:
             return None
         wait = min([*waits, *[at - now for at in admission.booked()], *([park_at - now] if park_at is not None else [])])
-        if not state.deadline.reaches(wait):
+        if not state.deadline.reaches(wait):  # uncovered: tokens past the deadline for successors only (their slots hold VMs: nothing short)
             if state.dues or state.short_at_start:
                 # Wanted slots without a VM wait for these tokens: worth the overtime, from when
                 # they come due (a tick that took the lease over late planned nothing yet).
