@@ -33,6 +33,10 @@ MAX_OVERTIME_LISTS = 3
 MAX_OVERTIME_QUIET_STEPS = 10
 #: Overtime steps come at least this far apart, unless tokens the tick booked come due sooner.
 OVERTIME_SPACING_SECONDS = 0.5
+#: In the overtime a step's own waits and its reservations of the shared budget reach no closer
+#: than this to the hard bound: a token due there is left unused by a tick that ends first
+#: (measured: reaching the hard bound itself made 100 fleets converge 1.3 s later, seed 3).
+STEP_RESERVE_SECONDS = 2.0
 #: Reasons that wake a step. The others only make a step worth taking past the soft bound, when
 #: the step's own waits come later than it.
 _WAKES = frozenset(set(Reason) - {Reason.SHORT, Reason.PARK_DUE, Reason.OWED})
@@ -62,8 +66,9 @@ class Deadline:
 
     @property
     def bound(self) -> float:
-        """What a wait, a reservation or a page may reach now: the soft bound, the hard one in overtime."""
-        return self.hard if self.overtime else self.soft
+        """What a wait, a reservation or a page may reach now: the soft bound, or in the overtime the
+        hard one less a step's reserve."""
+        return max(self.soft, self.hard - STEP_RESERVE_SECONDS) if self.overtime else self.soft
 
     def left(self) -> float:
         return self.bound - self.clock()
