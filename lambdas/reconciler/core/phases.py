@@ -15,8 +15,7 @@ import copy
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Optional
 
-from . import lifetimes
-from .lifetimes import EXPIRY_WAKE_SECONDS, SUCCESSOR_START_SECONDS
+from .lifetimes import EXPIRY_WAKE_SECONDS, SUCCESSOR_START_SECONDS, look_in_time
 from .model import (
     BASE,
     DEAD,
@@ -275,7 +274,7 @@ def schedule_runs(d: Draft) -> None:
             # A VM so short-lived that its successor is due while the VM it replaced still runs
             # (two VMs a slot at most): the successor runs when that one ends, woken for it.
             end = retiring_end(slot, d.seen, d.spec)
-            if end is not None and not lifetimes.look_in_time(d.spec.look_period_seconds, end, expires):
+            if end is not None and not look_in_time(d.spec.look_period_seconds, end, expires):
                 d.retiring_waits.append(end)
         if ready and slot.retiring_id is None:
             successor(d, slot, current, expires, lead)
@@ -455,7 +454,7 @@ def place_successor(d: Draft, room: Room, intent: Intent) -> None:
         # A VM of ours ends in time for this successor to be RUNNING before its VM ends: woken for
         # that end when the next scheduled look after it could be too late.
         room.frees.remove(free)
-        if not lifetimes.look_in_time(d.spec.look_period_seconds, free, expires):
+        if not look_in_time(d.spec.look_period_seconds, free, expires):
             d.wake(max(free + EXPIRY_WAKE_SECONDS, d.now + LATE_END_POLL_SECONDS))
         return
     if expires - d.now > HANDOVER_LEAD_SECONDS:

@@ -6,7 +6,8 @@ from __future__ import annotations
 import hashlib
 from typing import Mapping, Optional
 
-from . import lifetimes
+from .lifetimes import first_lifetime as lifetime_at_rank
+from .lifetimes import successor_lead as lead_of
 from .model import BASE, DEAD, MEMBER, WARM, FleetSpec, Observed, Role, Slot
 
 
@@ -22,7 +23,7 @@ def desired_slot_ids(spec: FleetSpec) -> list[tuple[str, Role]]:
 
 def successor_lead(spec: FleetSpec) -> float:
     """:func:`.lifetimes.successor_lead` of the spec's lifetime, lead and schedule period."""
-    return lifetimes.successor_lead(spec.max_lifetime_seconds, spec.successor_lead_seconds, spec.look_period_seconds)
+    return lead_of(spec.max_lifetime_seconds, spec.successor_lead_seconds, spec.look_period_seconds)
 
 
 def slot_order(slot_id: str, role: str, spec: Optional[FleetSpec] = None) -> tuple[float, bool, str]:
@@ -45,7 +46,7 @@ def first_lifetime(spec: FleetSpec, slot_id: str, role: str) -> int:
     ids = [s for s, r in sorted(desired_slot_ids(spec), key=lambda s: slot_order(s[0], s[1], spec))]
     if not spec.stagger or slot_id not in ids:
         return life
-    return lifetimes.first_lifetime(life, successor_lead(spec), ids.index(slot_id), len(ids))
+    return lifetime_at_rank(life, successor_lead(spec), ids.index(slot_id), len(ids))
 
 
 def ledger_demand(spec: FleetSpec, slots: Mapping[str, Slot], now: float) -> int:
