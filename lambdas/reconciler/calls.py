@@ -231,8 +231,7 @@ class Calls:
         if emit_first:
             for told in change.events:
                 self.shell.emit(told)
-        if change.slot is not None:
-            self.shell.write(step.slots, [change.slot])
+        self.shell.write(step.slots, [change.slot] if change.slot is not None else [])
         if not emit_first:
             for told in change.events:
                 self.shell.emit(told)
@@ -243,12 +242,12 @@ class Calls:
         slot = step.slots.get(intent.slot_id)
         if "SuspendMicrovm" in step.out or intent.microvm_id in self.looks.suspend_failed:
             return  # failed ambiguously in this tick (sent again once at most): the next tick's turn
-        if slot is not None and slot.microvm_id != intent.microvm_id:
+        if slot is not None and slot.microvm_id != intent.microvm_id:  # uncovered: a guard: the plan drops the suspend of a VM it hands over
             return  # handed over since
         self.call(step, intent)
 
     def terminate(self, step: Step, intent: Intent) -> None:
-        if "TerminateMicrovm" in step.out:
+        if "TerminateMicrovm" in step.out:  # uncovered: two ends in one step after the TerminateMicrovm budget said no (10/s)
             return
         if intent.slot_id not in step.slots:
             self.end_stray(step, intent)
@@ -262,7 +261,7 @@ class Calls:
     def handover(self, step: Step, intent: Intent) -> None:
         """A parked slot's VM not parked yet moves to a base slot: a fenced write, no call."""
         base, donor = step.slots.get(intent.slot_id), step.slots.get(intent.donor or "")
-        if base is None or donor is None or donor.microvm_id != intent.microvm_id:
+        if base is None or donor is None or donor.microvm_id != intent.microvm_id:  # uncovered: a guard: the plan names slots of its ledger
             return
         base, donor = core.handover(base, donor, step.now)
         self.shell.write(step.slots, [base, donor])
@@ -291,7 +290,7 @@ class Calls:
             self.shell.emit({"event": "vm_terminated", "slot": intent.slot_id, "microvm_id": intent.microvm_id,
                              "reason": intent.reason})
             return
-        if slot is not None:
+        if slot is not None:  # uncovered: a suspend or resume is always of a slot's VM (only a stray's end has none)
             self.shell.write(step.slots, [core.park_answered(slot, now)])
         self.shell.emit({"event": "park_requested" if intent.kind == IntentKind.SUSPEND else "resume_requested",
                          "slot": intent.slot_id, "microvm_id": intent.microvm_id})
@@ -308,7 +307,7 @@ class Calls:
         VM), the end asked for (ours, not a crash), a suspend's doubt (a tick that dies after
         sending it leaves the doubt to the next one)."""
         slot = step.slots.get(intent.slot_id)
-        if slot is None:
+        if slot is None:  # uncovered: only a stray's end has no slot, and it takes end_stray
             return None
         if intent.kind == IntentKind.RESUME and intent.donor and intent.donor in step.slots:
             base, donor = core.handover(slot, step.slots[intent.donor], step.now)

@@ -132,7 +132,7 @@ class Looks:
 
     def view(self, *sources: Source) -> list[Observed]:
         """The newest of ``sources`` per VM since the last list (the listed VMs first, in order)."""
-        if self.listed_at is None:
+        if self.listed_at is None:  # uncovered: a view before the tick's first list; every caller lists first
             return []
         since = self.listed_at
         out: dict[str, Observed] = {}
@@ -402,7 +402,7 @@ class Looks:
                     if vm not in started_warm and vm not in self.relooked]
         self.relooked.update(unlisted)
         for vm in unlisted + self.too_early:
-            if vm not in pending:
+            if vm not in pending:  # uncovered: a VM both missed by the look and refused its suspend in one step
                 pending.append(vm)
             result.add(now + PENDING_POLL_SECONDS, Reason.LOOK)
         self.too_early = []

@@ -259,7 +259,7 @@ class Reconciler:
 
     def end_tick(self) -> None:
         """Release the lease; reservations not used are given up with the tick's state."""
-        if self.state is not None:
+        if self.state is not None:  # uncovered: end_tick() without begin_tick() (both callers take the lease first)
             self.no_room_until = max(self.no_room_until, self.state.admission.no_room_until)
         self.state = None
         try:

@@ -177,11 +177,6 @@ class Slot:
 _SLOT_FIELDS = frozenset(f.name for f in fields(Slot))
 
 
-def in_doubt(slot: Slot) -> bool:
-    """:attr:`Slot.in_doubt` (the teardown resolves such slots by their token)."""
-    return slot.in_doubt
-
-
 @dataclass(frozen=True)
 class Observed:
     """One VM as ListMicrovms (or GetMicrovm) shows it."""

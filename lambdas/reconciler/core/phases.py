@@ -280,7 +280,7 @@ def schedule_runs(d: Draft) -> None:
             successor(d, slot, current, expires, lead)
         if slot.role == WARM and slot.retiring_id and slot.phase == PARKED:
             retiring = d.seen.get(slot.retiring_id)
-            if retiring is not None and retiring.state in ("SUSPENDING", "SUSPENDED"):
+            if retiring is not None and retiring.state in ("SUSPENDING", "SUSPENDED"):  # uncovered: its replaced VM missing from the look, or not suspended
                 d.intents.append(Intent(IntentKind.TERMINATE, slot.slot_id, slot.retiring_id,
                                         reason="replaced_parked_slot"))
     # The VM closest to its end first: room under max_vms freed by one end goes to the next.
