@@ -39,7 +39,8 @@ synth: $(STAMP)/synth $(STAMP)/node
 WORKERS ?= $(shell echo $$(( $$(nproc) + 1 )))
 COVERAGE_FLOOR ?= 1
 test: $(STAMP)/python
-	$(BIN)/ruff check --select F,E9 rayito_constructs lambdas benchmarks tests app.py
+	$(BIN)/ruff check rayito_constructs lambdas benchmarks tests app.py
+	$(BIN)/mypy
 	rm -rf $(STAMP)/coverage && mkdir -p $(STAMP)/coverage
 	$(BIN)/python -m coverage run -m pytest -n $(WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 	$(BIN)/python -m coverage combine --quiet

@@ -85,7 +85,7 @@ def reconciler(hours: float, metrics: bool) -> dict[str, Any]:
     import pytest
 
     from tests.moto_server import moto_server
-    from tests.reconciler_harness import deployed_fleet
+    from tests.reconciler.harness import deployed_fleet
 
     monkeypatch = pytest.MonkeyPatch()
     hours_with_data: dict[tuple, set[int]] = defaultdict(set)

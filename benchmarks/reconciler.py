@@ -39,6 +39,7 @@ import os
 import random
 import resource
 import sys
+import threading
 import time
 import uuid
 import warnings
@@ -50,6 +51,7 @@ from botocore.exceptions import ClientError
 
 from benchmarks.simulation import Killed, SimClock, Simulation
 from rayito_constructs.testing import MicrovmsEmulator, RequestRecord, measured, sdk_sleeps_on
+from rayito_constructs.testing import server as _server
 from rayito_constructs.testing.server import install_in_process
 
 _NULL = open(os.devnull, "w")  # noqa: SIM115 - telemetry lines of a day go nowhere
@@ -81,6 +83,23 @@ DUPLICATE_DELIVERY = 0.02  # EventBridge Scheduler delivers at least once
 KILL_PER_INVOCATION = 0.01
 SKEWED_ENVIRONMENTS = 0.1
 SKEW_SECONDS = 30.0
+
+#: CPU seconds the emulator spent serving requests, per thread: the in-process client hands each
+#: request to the emulator in the caller's thread, so an invocation's own CPU is its thread's CPU
+#: less this (``Side.invoke``).
+_EMULATOR_CPU: dict[int, float] = defaultdict(float)
+_handle = _server.handle
+
+
+def _timed_handle(*args: Any, **kwargs: Any) -> Any:
+    started = time.thread_time()
+    try:
+        return _handle(*args, **kwargs)
+    finally:
+        _EMULATOR_CPU[threading.get_ident()] += time.thread_time() - started
+
+
+_server.handle = _timed_handle
 
 
 # =========================================================================================== fleets
@@ -219,6 +238,8 @@ class Side:
         self.invocations = 0
         self.kills = 0
         self.invocation_errors: Counter = Counter()
+        #: CPU seconds of the side's own code in its invocations (the emulator's share left out).
+        self.own_cpu = 0.0
         self.first_error: Optional[str] = None
         self.log = Log(self)
         self.emulator.subscribe(self.log.record)
@@ -269,6 +290,14 @@ class Side:
         held: dict[str, Environment] = {}
 
         def run() -> None:
+            me = threading.get_ident()
+            cpu, served = time.thread_time(), _EMULATOR_CPU[me]
+            try:
+                invocation()
+            finally:
+                self.own_cpu += (time.thread_time() - cpu) - (_EMULATOR_CPU[me] - served)
+
+        def invocation() -> None:
             env = self.environment(fleet)
             held["env"] = env
             env.busy = True
@@ -467,6 +496,8 @@ class Ours(Side):
         )
         if "sleep" in self.fields:
             kwargs["sleep"] = lambda seconds: self.clock.sleep_until(self.clock.now() + seconds)
+        if "monotonic" in self.fields:
+            kwargs["monotonic"] = self.sim.now  # the skew is the wall clock's; the deadline's clock has none
         if "siblings" in self.fields:
             kwargs["siblings"] = ()
         env.reconciler = self.Reconciler(**kwargs)
@@ -537,10 +568,8 @@ class Naive(Side):
             except ClientError:
                 break
         for vm in running[::-1][: max(0, min(len(running) - min_vms, warm_vms - len(parked)))]:
-            try:
+            with contextlib.suppress(ClientError):
                 client.suspend_microvm(microvmIdentifier=vm["microvmId"])
-            except ClientError:
-                pass
 
 
 class Clients:
@@ -582,18 +611,14 @@ class Clients:
         _, max_vms, _ = fleet.spec_at(sim.now() - self.side.start)
         # Clients are the scenario, not under test: they keep within max_vms by the service's truth.
         for _ in range(max(0, min(max_vms - self._true_live(fleet), rng.randint(0, 3)))):
-            try:
+            with contextlib.suppress(ClientError):
                 ends.append(client.run_microvm(imageIdentifier=fleet.image, clientToken=f"client-{uuid.UUID(int=rng.getrandbits(128))}")["microvmId"])
-            except ClientError:
-                pass
         for vm in ends:
             sim.spawn_at(sim.now() + rng.uniform(600, 2400), lambda v=vm: self._end(client, v), "client-end")
 
     def _end(self, client: Any, vm: str) -> None:
-        try:
+        with contextlib.suppress(ClientError):
             client.terminate_microvm(microvmIdentifier=vm)
-        except ClientError:
-            pass
 
     def other_app(self, fleet: Fleet, end: float) -> None:
         """Another app on the same image keeps one VM of its own (2-hour lifetime) when there is room."""
@@ -891,27 +916,10 @@ class _Timeline:
                 j += 1
                 if what == "first_list":
                     out["list_pages"] += max(1, math.ceil(counts["listed"] / 50))
-                    continue
-                if what == "change":
-                    old = fleet.spec_at(t - start - 1e-6)
-                    new = fleet.spec_at(t - start)
-                    if new[0] + new[2] < old[0] + old[2]:
-                        # Base VMs above a lowered min_vms may be serving: they end by themselves.
-                        shrink_until, shrink_extra = t + self.lifetime, (old[0] + old[2]) - (new[0] + new[2])
-                    continue
-                min_vms, max_vms, warm = fleet.spec_at(t - start)
-                out["samples"] += 1
-                if counts["live"] > fleet.max_allowed(t - start):
-                    out["violations"] += 1
-                    if counts["own"] - counts["retiring"] <= min_vms:
-                        # Nothing of the side's could have been ended (its base VMs may serve):
-                        # clients' and other apps' VMs of the image are what is above max_vms.
-                        out["violations_by_others"] += 1
-                out["list_pages"] += max(1, math.ceil(counts["listed"] / 50))
-                allowance = min_vms + warm + (shrink_extra if t < shrink_until else 0)
-                excess = max(0, counts["own"] - counts["retiring"] - allowance)
-                out["duplicates_peak"] = max(out["duplicates_peak"], excess)
-                out["duplicate_minutes"] += excess
+                elif what == "change":
+                    shrink_until, shrink_extra = self._change(t, shrink_until, shrink_extra)
+                else:
+                    self._sample(out, counts, t, shrink_extra if t < shrink_until else 0)
                 continue
             min_vms, max_vms, warm = fleet.spec_at(t - start)
             if converged is None and counts["running"] >= min_vms and counts["parked"] >= warm:
@@ -922,10 +930,37 @@ class _Timeline:
         return out
 
 
+    def _change(self, t: float, shrink_until: float, shrink_extra: int) -> tuple[float, int]:
+        """A spec change at ``t``: base VMs above a lowered min_vms may be serving and end by
+        themselves, so for a lifetime they are no duplicates."""
+        old = self.fleet.spec_at(t - self.start - 1e-6)
+        new = self.fleet.spec_at(t - self.start)
+        if new[0] + new[2] < old[0] + old[2]:
+            return t + self.lifetime, (old[0] + old[2]) - (new[0] + new[2])
+        return shrink_until, shrink_extra
+
+    def _sample(self, out: dict[str, Any], counts: Counter, t: float, shrink_extra: int) -> None:
+        """The minute's sample at ``t``: above max_vms (by the side or by others), the list pages
+        owed, and the side's VMs beyond one per slot."""
+        fleet = self.fleet
+        min_vms, _max_vms, warm = fleet.spec_at(t - self.start)
+        out["samples"] += 1
+        if counts["live"] > fleet.max_allowed(t - self.start):
+            out["violations"] += 1
+            if counts["own"] - counts["retiring"] <= min_vms:
+                # Nothing of the side's could have been ended (its base VMs may serve): clients'
+                # and other apps' VMs of the image are what is above max_vms.
+                out["violations_by_others"] += 1
+        out["list_pages"] += max(1, math.ceil(counts["listed"] / 50))
+        excess = max(0, counts["own"] - counts["retiring"] - (min_vms + warm + shrink_extra))
+        out["duplicates_peak"] = max(out["duplicates_peak"], excess)
+        out["duplicate_minutes"] += excess
+
+
 def _intervals(vm: dict[str, Any]) -> list[tuple[float, float, str]]:
     history = vm["history"]
     spans = []
-    for (a, state, _), nxt in zip(history, history[1:] + [(math.inf, None, None)]):
+    for (a, state, _), nxt in zip(history, history[1:] + [(math.inf, None, None)], strict=True):
         spans.append((a, nxt[0], state))
     return spans
 
@@ -992,6 +1027,10 @@ def run_side(kind: str, fleets_count: int, seed: int, hours: float, lifetime: in
     result = report(side, claims)
     result["wall_seconds"] = round(time.perf_counter() - started, 2)
     result["cpu_seconds"] = round(time.process_time() - cpu, 2)
+    # The side's own cost: CPU seconds of its invocations (client serialization and parsing, the
+    # stores in memory, telemetry; the emulator's share left out) per fleet and day of the run.
+    result["own_cpu_seconds"] = round(side.own_cpu, 2)
+    result["cpu_seconds_per_fleet_day"] = round(side.own_cpu / (fleets_count * hours / 24), 3)
     result["peak_memory_mb"] = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
     result["lambda_environments"] = side.envs
     return result

@@ -21,11 +21,13 @@ from pathlib import Path
 from typing import Any
 
 KEYS = [
-    ("hours", "h"), ("convergence_seconds", "conv s"), ("lower_bound_seconds", "bound s"), ("violations_max_vms", "> max"), ("violations_max_vms_by_others", "of which others"),
+    ("hours", "h"), ("convergence_seconds", "conv s"), ("lower_bound_seconds", "bound s"),
+    ("convergence_ratio", "conv/bound"), ("violations_max_vms", "> max"), ("violations_max_vms_by_others", "of which others"),
     ("duplicate_vms", "dup"), ("dips_below_min", "dips s"),
     ("dips_below_min_without_headroom", "of which max=min"), ("foreign_vms_touched", "foreign"),
     ("amplification", "ampl"), ("throttles_under_default_quotas", "429"), ("requests_held", "held"),
-    ("api_calls_ratio", "calls/min"), ("wall_seconds", "wall s"), ("peak_memory_mb", "MB"),
+    ("api_calls_ratio", "calls/min"), ("cpu_seconds_per_fleet_day", "CPU s/fleet-day"),
+    ("wall_seconds", "wall s"), ("peak_memory_mb", "MB"),
 ]
 
 

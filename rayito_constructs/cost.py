@@ -26,12 +26,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Optional
 
+from ._lambdas.reconciler.core import lifetimes
 from .options import MICROVM_MAX_LIFETIME_SECONDS
 
 if TYPE_CHECKING:
     from .project import AgentProject
 
 HOURS_PER_MONTH = 730
+#: The reconciler's schedule the estimate assumes (the construct's default: every minute).
+DEFAULT_SCHEDULE_SECONDS = 60.0
 DAYS_PER_MONTH = HOURS_PER_MONTH / 24
 SECONDS_PER_MONTH = HOURS_PER_MONTH * 3600
 
@@ -131,9 +134,8 @@ def base_vm_seconds(
     successor_lead_seconds: int = DEFAULT_SUCCESSOR_LEAD_SECONDS,
 ) -> tuple[float, float]:
     """``(running, suspended)`` VM-seconds of ``min_vms`` base slots in a month with no traffic."""
-    # The reconciler caps the lead at half a lifetime (lambdas/reconciler/core.py, successor_lead).
-    lead = min(successor_lead_seconds, vm_lifetime_seconds / 2)
-    cycle = max(1, vm_lifetime_seconds - lead)  # a new VM per slot this often
+    # A new VM per slot this often: a successor starts the reconciler's lead before its VM's end.
+    cycle = lifetimes.replacement_cycle(vm_lifetime_seconds, successor_lead_seconds, DEFAULT_SCHEDULE_SECONDS)
     vms = min_vms * SECONDS_PER_MONTH / cycle
     running = min(idle, vm_lifetime_seconds) if idle else vm_lifetime_seconds
     return vms * running, vms * (vm_lifetime_seconds - running)

@@ -28,6 +28,7 @@ from aws_cdk import aws_sqs as sqs
 from constructs import Construct
 
 from ._function import library_function
+from ._lambdas.reconciler.core import lifetimes
 from ._nag import acknowledge_wildcard_resources
 from .control_plane_budget import ControlPlaneBudget
 from .fleet_ledger import FleetLedger
@@ -42,33 +43,21 @@ def _check_whole(option: str, value: object, *, optional: bool = False) -> None:
         raise ValueError(f"{option}: {value!r} is not a whole number" + (" (None: no reservation)" if optional else ""))
 
 
-#: Mirror of lambdas/reconciler/core.py's MIN_STAGGER_STEP_SECONDS (the Lambda's code cannot
-#: import the library): what first_lifetime spreads expiries by, at least.
-_MIN_STAGGER_STEP_SECONDS = 20.0
-#: Mirror of core's SUCCESSOR_START_SECONDS: the start a successor's lead keeps beyond a look.
-SUCCESSOR_START_SECONDS = 10.0
-
-
-def effective_lead(lifetime: float, lead: float, period: float) -> float:
-    """How long before a VM's end the reconciler starts its successor (core.successor_lead), with
-    ticks ``period`` s apart: ``lead``, at most half a lifetime, but at least a look and a start
-    when ``lead`` is that long. (A lead over half a lifetime starts no more VMs than half a
-    lifetime would: a slot runs two VMs at most, so cost.py's estimate keeps the half.)"""
-    return max(min(lead, lifetime / 2), min(lead, period + SUCCESSOR_START_SECONDS))
-
-
-#: Mirror of core's SLOW_START_SECONDS: a new image version's first launches are PENDING 26-65 s.
-SLOW_START_SECONDS = 65.0
-#: How far past ``tick_seconds`` a tick may work (its timeout is ``tick_seconds`` + 15 s, less the
-#: handler's 8 s margin): the part of each period a tick can be woken in for an end.
-_OVERTIME_SECONDS = 7.0
+#: The reconciler's own rule (lambdas/reconciler/core/lifetimes.py, shipped in the wheel as
+#: rayito_constructs._lambdas): the successor lead, the stagger step, the slowest start, and how far
+#: past ``tick_seconds`` a tick may be woken for an end (its overtime).
+_MIN_STAGGER_STEP_SECONDS = lifetimes.MIN_STAGGER_STEP_SECONDS
+SUCCESSOR_START_SECONDS = lifetimes.SUCCESSOR_START_SECONDS
+SLOW_START_SECONDS = lifetimes.SLOW_START_SECONDS
+_OVERTIME_SECONDS = lifetimes.OVERTIME_SECONDS
+effective_lead = lifetimes.successor_lead
 
 
 def _first_spread(project: AgentProject, lifetime: float, effective: float) -> tuple[int, int, float]:
     """The fleet's slots, its headroom above them, and the seconds its first lifetimes are
     spread over (core.first_lifetime, with the successor lead ``effective``)."""
     slots = project.scaling.min_vms + project.scaling.warm_vms
-    return slots, project.scaling.max_vms - slots, min(lifetime / 2, lifetime - (effective + _MIN_STAGGER_STEP_SECONDS))
+    return slots, project.scaling.max_vms - slots, lifetimes.first_spread(lifetime, effective)
 
 
 def short_lifetime_problems(project: AgentProject, lifetime: float, lead: float, period: float,
@@ -89,7 +78,7 @@ def short_lifetime_problems(project: AgentProject, lifetime: float, lead: float,
       predecessor's end (measured: min 3 / max 4 with 700 s VMs looked at every 5 minutes, 736 s
       below min_vms in 55 minutes; min 1 / max 2 with 320 s VMs, 42 s).
 
-    Measured through the handler (tests/test_reconciler_attack_short.py): with the default lead
+    Measured through the handler (tests/reconciler/test_short_lifetimes.py): with the default lead
     and schedule, every shape spread 20 s a slot or more held, from 90 s VMs (30 s starts from
     120 s) up."""
     problems = []
@@ -128,7 +117,7 @@ def rollout_problems(project: AgentProject, lifetime: float, lead: float, period
     the end before their own, with first lifetimes less than a stagger step and a slow start apart
     (75 s). Told as an info (``short_lifetime_rollout``), not a warning: outside a rollout these
     shapes hold, and ``cdk synth --strict`` fails on warnings. Measured through the handler
-    (tests/test_reconciler_attack_round10.py): min 3 / max 4 with 180 s VMs (20 s a slot), 42 s
+    (tests/reconciler/test_room_for_successors.py): min 3 / max 4 with 180 s VMs (20 s a slot), 42 s
     below min_vms in 13 minutes; min 5 / max 6 with 600 s VMs (56 s a slot), 6.4 s."""
     slots, headroom, spread = _first_spread(project, lifetime, effective_lead(lifetime, lead, period))
     step = _MIN_STAGGER_STEP_SECONDS + SLOW_START_SECONDS - SUCCESSOR_START_SECONDS

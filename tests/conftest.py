@@ -129,20 +129,22 @@ def _share_botocore_data_files() -> None:
 #: 15 s timeout, retries; test_verify.py 65; then 41-55 each). ``--dist loadfile`` with
 #: ``--no-loadscope-reorder`` (the Makefile) hands files out in collection order, so these go first
 #: and the last file to start is a short one: started last (xdist's default order is by count of
-#: tests, and this file has few), test_contract_reconciler.py ended the run 40 s after the other
+#: tests, and this file has few), the reconciler's contract tests ended the run 40 s after the other
 #: workers were done. A stale list only orders; it changes nothing a test sees (each file keeps
 #: its own order).
 LONGEST_FILES = (
-    "tests/test_contract_reconciler.py", "tests/test_verify.py", "tests/test_reconciler_handler.py",
-    "tests/test_reconciler_attack_round10.py", "tests/test_reconciler_attack_overtime.py",
-    "tests/test_reconciler_attack_short.py",
-    "tests/test_monitoring.py", "tests/test_reconciler.py", "tests/test_fleet_teardown_handler.py",
-    "tests/test_reconciler_attack.py", "tests/test_policies.py", "tests/test_fleet.py",
-    "tests/test_lifecycle_requests.py", "tests/test_reconciler_faults.py", "tests/test_verify_scenarios.py",
-    # 10-20 s each on their own (measured 2026-11-30): after the longer ones, before the rest
-    "tests/test_reconciler_attack_round8.py", "tests/test_reconciler_attack_assume.py",
-    "tests/test_reconciler_overtime.py", "tests/test_reconciler_attack_looks.py",
-    "tests/test_reconciler_paths.py", "tests/test_reconciler_lost_suspend.py", "tests/test_reconciler_short_lifetimes.py",
+    "tests/reconciler/test_contract.py", "tests/test_verify.py", "tests/reconciler/test_handler.py",
+    "tests/reconciler/test_room_for_successors.py", "tests/reconciler/test_overtime.py",
+    "tests/reconciler/test_short_lifetimes.py", "tests/reconciler/test_slow_calls.py",
+    "tests/test_monitoring.py", "tests/reconciler/test_reconcile.py", "tests/test_fleet_teardown_handler.py",
+    "tests/reconciler/test_budget_admission.py", "tests/test_policies.py", "tests/test_fleet.py",
+    "tests/test_lifecycle_requests.py", "tests/reconciler/test_faults.py", "tests/test_verify_scenarios.py",
+    "tests/reconciler/test_room.py", "tests/reconciler/test_letters_and_lists.py", "tests/reconciler/test_store_failures.py",
+    # 10-20 s each on their own: after the longer ones, before the rest
+    "tests/reconciler/test_overtime_bounds.py", "tests/reconciler/test_parking_assumed.py",
+    "tests/reconciler/test_overtime_replaces.py", "tests/reconciler/test_parking_looks.py",
+    "tests/reconciler/test_handler_paths.py", "tests/reconciler/test_lost_suspends.py",
+    "tests/reconciler/test_short_lifetimes_headroom.py", "tests/reconciler/test_ownership.py",
     # the stand-in rayd's (20-30 s each on their own, measured 2026-12-02), mostly waiting on real
     # processes and the product client's polls
     "tests/testing/test_rayd_cli.py", "tests/testing/test_rayd.py", "tests/testing/test_rayd_fleet.py",

@@ -19,12 +19,13 @@ import contextlib
 import filecmp
 import json
 import os
+import socket
 import subprocess
 import sys
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
 from .conftest import ROOT
 
@@ -229,3 +230,14 @@ def run_lambda(code: Path, resource: dict[str, Any], env: dict[str, str], events
             records.append(json.loads(line))
     assert len(results) + len(errors) == len(events), proc.stdout[-4000:] + proc.stderr[-4000:]
     return Run(results, errors, records, proc.stdout, proc.stderr)
+
+
+@contextlib.contextmanager
+def refusing_port() -> Iterator[str]:
+    """A port bound and not listening: every connection is refused (held bound, so no one takes it)."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    try:
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        sock.close()

@@ -13,7 +13,7 @@ from email.utils import formatdate
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable, Iterator, Optional
 
-from rayito_constructs.egress import store_client
+from rayito_constructs.egress import BudgetClient, store_client
 from .moto_server import untraced
 
 
@@ -245,3 +245,24 @@ def hammer(endpoint: str, table: str, target: str, rate: float, burst: int, skew
         else:
             time.sleep(min(decision.retry_after_seconds, 0.05))
     results.put(("done", skew, client.stats.calls))
+
+
+_SEED = 0
+
+
+def new_client(store, table, clock, *, local=None, warm=True, **kwargs) -> BudgetClient:
+    """A client whose store runs on ``clock``; its own clock is ``local`` (default: the same).
+    ``warm``: it has seen the store's clock turn a second (as the background calibration does)."""
+    client = ddb(store.endpoint)
+    virtual_store_time(client, clock)
+    global _SEED
+    _SEED += 1
+    budget = BudgetClient(table, client, clock=local or clock, seed=_SEED, calibrate=False, **kwargs)
+    if warm:
+        now = clock.now
+        clock.now = float(int(now)) - 0.001
+        budget.sync_clock()
+        clock.now = float(int(now)) + 1.0
+        budget.sync_clock()
+        clock.now = max(now, clock.now)
+    return budget

@@ -26,7 +26,7 @@ from lambdas.reconciler import pruner, teardown
 from rayito_constructs.testing import VirtualClock
 
 from .moto_server import client as aws_client
-from .reconciler_harness import Fleet, LambdaContext
+from .reconciler.harness import Fleet, LambdaContext
 
 TEARDOWN_ARN = "arn:aws:lambda:us-east-1:123456789012:function:MiAgente-FleetTeardown"
 PRUNER_ARN = "arn:aws:lambda:us-east-1:123456789012:function:MiAgente-FleetImagePruner"

@@ -90,7 +90,7 @@ def measure_teardown(aws: str, cfn: Any, vms: int) -> dict[str, Any]:
     from lambdas.reconciler import index, teardown
 
     from .lifecycle_harness import teardown_world
-    from .reconciler_harness import deployed_fleet
+    from .reconciler.harness import deployed_fleet
 
     warm = max(1, vms // 4)
     env = {"MIN_VMS": str(vms - warm), "WARM_VMS": str(warm), "MAX_VMS": str(vms)}

@@ -95,7 +95,7 @@ def untraced_requests(emulator: Any) -> Any:
     """A started MicrovmsEmulator whose request threads run without coverage's trace function,
     as moto's (``untraced``): on Python 3.11 the tracer is called for every function
     of every thread, and the reconciler's tests send thousands of requests (the handler's own
-    code, which coverage measures, runs in the caller's thread). tests/test_reconciler_handler.py
+    code, which coverage measures, runs in the caller's thread). tests/reconciler/test_handler.py
     on its own: 54.7 CPU-s under coverage, 46.2 with these threads untraced, 37.7 without coverage. The
     emulator's own tests (tests/testing/) keep their threads traced. Returns the emulator."""
     server = emulator._server

@@ -11,7 +11,7 @@ import pytest
 
 from rayito_constructs.egress import BudgetClient, Deferral, Envelope, Granted, RateError, TargetError
 
-from .egress_support import Clock, conforms, counting_store, ddb, hung_store, virtual_store_time
+from .egress_support import Clock, conforms, counting_store, ddb, hung_store, new_client, virtual_store_time
 
 API = "https://api.example.com"
 SEARCH = f"{API}/v1/search?region"
@@ -28,27 +28,6 @@ def table(store) -> str:
     name = f"egress-{uuid.uuid4().hex[:8]}"
     BudgetClient.create_table(ddb(store.endpoint), name)
     return name
-
-
-_SEED = 0
-
-
-def new_client(store, table, clock, *, local=None, warm=True, **kwargs) -> BudgetClient:
-    """A client whose store runs on ``clock``; its own clock is ``local`` (default: the same).
-    ``warm``: it has seen the store's clock turn a second (as the background calibration does)."""
-    client = ddb(store.endpoint)
-    virtual_store_time(client, clock)
-    global _SEED
-    _SEED += 1
-    budget = BudgetClient(table, client, clock=local or clock, seed=_SEED, calibrate=False, **kwargs)
-    if warm:
-        now = clock.now
-        clock.now = float(int(now)) - 0.001
-        budget.sync_clock()
-        clock.now = float(int(now)) + 1.0
-        budget.sync_clock()
-        clock.now = max(now, clock.now)
-    return budget
 
 
 def tries(client, url, n, clock, step=0.002) -> list[bool]:

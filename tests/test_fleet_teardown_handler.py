@@ -1,7 +1,7 @@
 """Off means off, through the deployed entry point: ``teardown.handler`` with the example stack's
 synthesized environment and properties, its own clients, CloudFormation's response endpoint over
 TLS, moto (ledger, schedule, stack) and the MicroVMs emulator, next to the fleet's real reconciler
-(``index.handler``, tests/reconciler_harness.py). Every assertion comes from the emulator (VMs and
+(``index.handler``, tests/reconciler/harness.py). Every assertion comes from the emulator (VMs and
 their states, calls), moto (ledger items, the schedule) or what CloudFormation received.
 
 Each attack of issue #13's teardown is a test: a delete while a tick runs, a tick that started
@@ -24,7 +24,7 @@ from rayito_constructs.testing import MicrovmsEmulator, VirtualClock
 from .lifecycle_harness import teardown_world
 from .moto_server import moto_server, untraced_requests
 from .recipe_writer_helpers import CFN_HOST, CloudFormationEndpoint
-from .reconciler_harness import deployed_fleet
+from .reconciler.harness import deployed_fleet
 
 LIVE = ("PENDING", "RUNNING", "SUSPENDING", "SUSPENDED")
 ENDED = ("TERMINATING", "TERMINATED")
@@ -149,7 +149,7 @@ def test_a_tick_that_wrote_before_the_delete_and_calls_after_it_makes_no_vm_that
         assert tick.begin_tick(120, 50)
         slots, stats = tick.ledger.load("mi-agente")
         slot = core.admit_run(tick.spec, core.Slot("base-0", core.BASE, queued_at=fleet.clock.now()),
-                              core.Intent("run", "base-0", role=core.BASE), fleet.clock.now())
+                              core.Intent("run", "base-0", role=core.BASE), fleet.clock.now(), tick.run_requests)
         tick.ledger.write("mi-agente", tick.fence, puts=[slot])  # written before the call, as _run does
         token = core.client_token(stats["epoch"], "mi-agente", "base-0", slot.generation)
         deleted = world.invoke(monkeypatch, world.event("Delete"))

@@ -25,8 +25,8 @@ from rayito_constructs.testing import MicrovmsEmulator, VirtualClock
 from .lifecycle_harness import aws_client, teardown_world
 from .moto_server import moto_server, untraced_requests
 from .recipe_writer_helpers import CloudFormationEndpoint
-from .reconciler_harness import deployed_fleet
-from .test_contract_recipe_writer import refusing_port
+from .reconciler.harness import deployed_fleet
+from .contract_support import refusing_port
 
 LIVE = ("PENDING", "RUNNING", "SUSPENDING", "SUSPENDED")
 

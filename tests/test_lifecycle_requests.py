@@ -30,7 +30,7 @@ from rayito_constructs.testing import MicrovmsEmulator, VirtualClock
 from .lifecycle_harness import pruner_world, teardown_world
 from .moto_server import moto_server
 from .recipe_writer_helpers import CloudFormationEndpoint
-from .reconciler_harness import deployed_fleet
+from .reconciler.harness import deployed_fleet
 
 REGION = "us-east-1"
 GOOD = "https://cloudformation-custom-resource-response-useast1.s3.amazonaws.com/arn%3A/req?X-Amz-Signature=a"

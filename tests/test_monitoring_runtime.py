@@ -39,7 +39,7 @@ from .conftest import EXAMPLE, ROOT
 from .egress_support import Clock, counting_store, ddb, virtual_store_time
 from .logs_insights import events_from_lines, parse
 from .moto_server import moto_server
-from .reconciler_harness import deployed_fleet
+from .reconciler.harness import deployed_fleet
 from .test_monitoring import dashboard_body, resources, widget_metrics
 
 API = "https://api.example.com"
@@ -223,8 +223,14 @@ def test_every_graphed_or_alarmed_fleet_metric_is_sent(day_on, template_on) -> N
             assert units == {"Seconds"}, name
 
 
+def _reconciler_source() -> str:
+    """The reconciler's code (its shell and its core), not the teardown's or the pruner's."""
+    folder = ROOT / "lambdas" / "reconciler"
+    return "".join(p.read_text() for p in sorted(folder.rglob("*.py")) if p.name not in ("teardown.py", "pruner.py"))
+
+
 def test_every_operation_on_the_dashboard_is_one_the_reconciler_calls() -> None:
-    source = (ROOT / "lambdas" / "reconciler" / "tick.py").read_text()
+    source = _reconciler_source()
     from lambdas.reconciler.budget import DEFAULT_BUDGETS
 
     for operation in OPERATIONS:
@@ -232,7 +238,7 @@ def test_every_operation_on_the_dashboard_is_one_the_reconciler_calls() -> None:
 
 
 def test_the_problem_events_are_ones_the_reconciler_emits() -> None:
-    source = "".join((ROOT / "lambdas" / "reconciler" / f).read_text() for f in ("core.py", "tick.py", "index.py"))
+    source = _reconciler_source()
     for event in PROBLEM_EVENTS:
         assert f'"{event}"' in source, event
 

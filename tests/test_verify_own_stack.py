@@ -5,27 +5,18 @@ cannot work without it), never a crash."""
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from typing import Iterator
 
 import pytest
 
-from rayito_constructs import AgentProject
+from .verify_fakes import _project
+
 from rayito_constructs.verify import Status, TargetNotFound
 
 from . import verify_world as vw
 from .verify_world import finding, statuses
 
 MISSING = f"arn:aws:lambda:us-east-1:{vw.ACCOUNT}:microvm-image:not-there"
-
-
-def _project(root: Any, name: str, toml: str, **flags: Any) -> AgentProject:
-    """A product project ``name`` with the tables of ``toml`` and deploy ``flags``."""
-    import tomllib
-
-    from .projects import write_project
-
-    tables = {k: v for k, v in tomllib.loads(toml).items() if k != "name"}
-    return AgentProject.load(write_project(root / name, name=name, tables=tables, dockerfile=True), **flags)
 
 
 @pytest.fixture(scope="module")

@@ -397,3 +397,16 @@ def inject_error(events: Any, service: str, operation: str, code: str, *, status
 
     events.register_first(f"before-send.{service}.{operation}", send)
     return seen
+
+
+def _project(root: Any, name: str, toml: str, **flags: Any) -> Any:
+    """A product project named ``name`` under ``root`` with the tables of ``toml`` and deploy
+    ``flags``, loaded."""
+    import tomllib
+
+    from rayito_constructs import AgentProject
+
+    from .projects import write_project
+
+    tables = {k: v for k, v in tomllib.loads(toml).items() if k != "name"}
+    return AgentProject.load(write_project(root / name, name=name, tables=tables, dockerfile=True), **flags)

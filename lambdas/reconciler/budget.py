@@ -10,6 +10,7 @@ every reconciler sharing the table sees.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import threading
 from dataclasses import dataclass
@@ -39,7 +40,7 @@ SKEW_SLACK_SECONDS = 5.0
 #: The asker next in line for an operation (one per bucket, ``acquire``'s ``asker``) reserves on a
 #: line this much later than the others. Under saturation the line is ``now + horizon``, and the
 #: asks of a process whose clock runs even 0.1 s ahead were admitted on a later line and took every
-#: refill while the other process starved (0-1 grants in 15 s, round 4's attack). The place in line
+#: refill while the other process starved (0-1 grants in 15 s). The place in line
 #: goes to the first asker refused while it is free and ends with its grant: an order no clock
 #: decides. Others are never held back by it, so an asker that goes away costs nothing.
 NEXT_IN_LINE_BONUS_SECONDS = 2.0
@@ -55,7 +56,7 @@ MAX_HORIZON_SECONDS = 2.0 + NEXT_IN_LINE_BONUS_SECONDS
 #: memory quota's 402 backs off 60 s, InsufficientCapacity 5 s). A stored ``backoff_until``
 #: further ahead than this and SKEW_SLACK_SECONDS was written by a clock that runs ahead (past the
 #: 300 s the service's Date corrects) and is not believed: one fleet whose clock ran 400 s ahead
-#: held every fleet's runs back 400 s after one InsufficientCapacity (audit 13).
+#: held every fleet's runs back 400 s after one InsufficientCapacity.
 MAX_BACKOFF_SECONDS = 60.0
 
 
@@ -211,7 +212,7 @@ class MemoryBudget(_Gcra):
             first = queued and holder == asker
             limit = admission_limit(now, self._bonus(horizon, horizon_cap) if first else horizon, interval, burst, cost)
             if tat > limit:
-                if queued and not first and self._line_free(asker, holder, held_until, now):
+                if asker is not None and queued and not first and self._line_free(asker, holder, held_until, now):
                     limit = admission_limit(now, self._bonus(horizon, horizon_cap), interval, burst, cost)
                     self._line[operation] = (asker, now + max(0.0, tat - limit))
                 return Deferral(operation, max(MIN_RETRY_SECONDS, tat - limit), "budget_empty")
@@ -412,7 +413,8 @@ class DynamoDBBudget(_Gcra):
         return Deferral(operation, max(interval, tat - admission_limit(now, horizon, interval, burst, cost)), "budget_empty"), old
 
     def backoff(self, operation: str, until: float, reason: str) -> None:
-        try:
+        # A longer backoff already in force is kept (the condition refuses the write).
+        with contextlib.suppress(self._ddb.exceptions.ConditionalCheckFailedException):
             self._ddb.update_item(
                 TableName=self._table,
                 Key={"operation": {"S": operation}},
@@ -422,8 +424,6 @@ class DynamoDBBudget(_Gcra):
                 ExpressionAttributeValues={":until": _n(until), ":why": {"S": reason},
                                            ":far": _n(until + MAX_BACKOFF_SECONDS + SKEW_SLACK_SECONDS)},
             )
-        except self._ddb.exceptions.ConditionalCheckFailedException:
-            pass  # a longer backoff is already in force
 
     def remaining(self, operation: str, now: float) -> float:
         interval, burst = self.shape(operation)

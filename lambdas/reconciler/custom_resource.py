@@ -118,7 +118,7 @@ def respond(event: Mapping[str, Any], status: str, physical: str, data: Mapping[
     request = urllib.request.Request(
         event["ResponseURL"], data=body, method="PUT", headers={"Content-Type": "", "Content-Length": str(len(body))}
     )
-    # uncovered: 121->exit, the loop never runs out: its last attempt returns or raises
+    # uncovered: the loop never runs out: its last attempt returns or raises
     for attempt in range(RESPONSE_ATTEMPTS):
         try:
             with urllib.request.build_opener().open(request, timeout=RESPONSE_TIMEOUT) as response:  # noqa: S310

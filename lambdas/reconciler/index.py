@@ -12,10 +12,8 @@ say which VMs are theirs), ``TERMINATE_STRAYS`` (``1``: end idle foreign VMs),
 ``STRAY_GRACE_SECONDS``, ``SCHEDULE_SECONDS`` (how often the schedule ticks; 60 when unset), ``RAYITO_METRICS`` (``on``: send the custom metrics; off or unset: send
 none, print no EMF line; the log lines are the same either way).
 
-The Lambda Python runtime's bundled botocore may predate ``lambda-microvms`` (botocore 1.43.35):
-the service model ships with this function (``data/``) and is put first on botocore's search path.
-Clients make one attempt per call: the reconciler's own budget and backoff decide retries, and
-every call it makes is one the budget admitted and the metrics count.
+The clients (:mod:`.aws`) make one attempt per call: the reconciler's own budget and backoff decide
+retries, and every call it makes is one the budget admitted and the metrics count.
 
 Events: the scheduler's ``{"source": "schedule", ...}`` runs a tick; ``{"action": "redrive"}``
 resets dead-lettered slots to queued; anything else runs a tick on demand. Once the fleet's
@@ -27,50 +25,31 @@ from __future__ import annotations
 
 import json
 import os
-from pathlib import Path
+import time
 from typing import Any, Optional
 
-import boto3
-import botocore.session
-from botocore.config import Config
-
+from . import core
+from .aws import LETTER_CONFIG, MICROVMS_CONFIG, STORE_CONFIG, session
 from .budget import DynamoDBBudget
-from .core import DEAD, QUEUED, FleetSpec
+from .core import DEAD, FleetSpec
+from .core.lifetimes import CALL_MARGIN_SECONDS
 from .ledger import DynamoDBLedger, FencedOut, FleetOff
+from .ports import DeadLetters, Telemetry
+from .run_requests import RunRequests
 from .tick import Reconciler
 
-DATA_DIR = Path(__file__).resolve().parent / "data"
-#: One attempt per MicroVMs call (botocore's ``total_max_attempts`` counts the first one):
-#: a 429 or 500 comes back to the reconciler, which decides, under the shared budget.
-MICROVMS_CONFIG = Config(retries={"total_max_attempts": 1, "mode": "standard"}, connect_timeout=5, read_timeout=15)
-#: The stores: a few quick attempts (throttling of the tables is rare and retrying it is safe:
-#: every write is conditional), and timeouts so a hung store cannot hold the tick.
-STORE_CONFIG = Config(retries={"total_max_attempts": 3, "mode": "standard"}, connect_timeout=3, read_timeout=5)
-#: The dead-letter queue: one quick attempt (a letter the queue does not take stays in the ledger
-#: and is sent again by the next tick), so a queue that hangs costs a tick at most 5 s.
-LETTER_CONFIG = Config(retries={"total_max_attempts": 1, "mode": "standard"}, connect_timeout=2, read_timeout=3)
-#: Seconds a tick leaves before the invocation's own timeout.
-DEADLINE_MARGIN_SECONDS = 8.0
-
-
-def session() -> boto3.Session:
-    """A boto3 session whose botocore knows ``lambda-microvms`` whatever its version."""
-    core_session = botocore.session.get_session()
-    loader = core_session.get_component("data_loader")
-    # uncovered: 57->59, each call makes a new botocore session (a new loader) that never has DATA_DIR yet
-    if str(DATA_DIR) not in loader.search_paths:
-        loader.search_paths.insert(0, str(DATA_DIR))
-    return boto3.Session(botocore_session=core_session)
+__all__ = ["LETTER_CONFIG", "MICROVMS_CONFIG", "STORE_CONFIG", "build", "handler", "redrive", "session",
+           "spec_from_env", "telemetry_for"]
 
 
 def spec_from_env(env: Optional[dict[str, str]] = None) -> FleetSpec:
     env = dict(os.environ if env is None else env)
 
-    def number(key: str, default: Optional[float] = None) -> Optional[float]:
+    def number(key: str, default: float) -> float:
         value = env.get(key)
         return float(value) if value not in (None, "") else default
 
-    idle = number("IDLE_SECONDS")
+    idle = number("IDLE_SECONDS", 0)
     return FleetSpec(
         fleet=env["FLEET_NAME"],
         image_arn=env["IMAGE_ARN"],
@@ -94,10 +73,10 @@ def spec_from_env(env: Optional[dict[str, str]] = None) -> FleetSpec:
     )
 
 
-def telemetry_for(fleet: str, env: Optional[dict[str, str]] = None) -> Any:
+def telemetry_for(fleet: str, env: Optional[dict[str, str]] = None) -> Telemetry:
     """Powertools when its layer is there; otherwise EMF and JSON lines of our own, same format.
     Metrics only when ``RAYITO_METRICS`` says on."""
-    from .telemetry import metrics_enabled
+    from .telemetry import EmfTelemetry, metrics_enabled
 
     metrics = metrics_enabled(env)
     try:
@@ -107,12 +86,10 @@ def telemetry_for(fleet: str, env: Optional[dict[str, str]] = None) -> Any:
     except ImportError:
         # The Powertools layer is missing (a wrong ARN, a region without it): keep ticking and
         # keep telling, in the same format.
-        from .telemetry import EmfTelemetry
-
         return EmfTelemetry(fleet, metrics=metrics)
 
 
-def build(env: Optional[dict[str, str]] = None, telemetry: Any = None) -> Reconciler:
+def build(env: Optional[dict[str, str]] = None, telemetry: Optional[Telemetry] = None) -> Reconciler:
     """A reconciler for the fleet the environment names."""
     env = dict(os.environ if env is None else env)
     aws = session()
@@ -126,13 +103,6 @@ def build(env: Optional[dict[str, str]] = None, telemetry: Any = None) -> Reconc
     spec = spec_from_env(env)
     telemetry = telemetry if telemetry is not None else telemetry_for(spec.fleet, env)
     queue_url = env.get("DEAD_LETTER_QUEUE_URL")
-    sqs = aws.client("sqs", config=LETTER_CONFIG) if queue_url else None
-
-    def dead_letter(record: dict[str, Any]) -> None:
-        # uncovered: 120->exit, no DEAD_LETTER_QUEUE_URL: the construct always sets it; kept for running by hand
-        if sqs is not None:
-            sqs.send_message(QueueUrl=queue_url, MessageBody=json.dumps(record, default=str, sort_keys=True))
-
     budget = DynamoDBBudget(dynamodb, env["BUDGET_TABLE"], budgets)
     if budget.rejected:
         # A bad entry keeps the documented quota (never "no limit", never a crash on every tick).
@@ -145,7 +115,9 @@ def build(env: Optional[dict[str, str]] = None, telemetry: Any = None) -> Reconc
         ledger=DynamoDBLedger(dynamodb, env["LEDGER_TABLE"]),
         budget=budget,
         telemetry=telemetry,
-        dead_letters=dead_letter,
+        monotonic=time.monotonic,
+        dead_letters=letters_to(aws.client("sqs", config=LETTER_CONFIG), queue_url) if queue_url else None,
+        run_requests=RunRequests.of(spec),
         siblings=tuple(json.loads(env.get("SHARED_WITH") or "[]")),
     )
 
@@ -153,31 +125,40 @@ def build(env: Optional[dict[str, str]] = None, telemetry: Any = None) -> Reconc
         # DynamoDB dates its answers on AWS's clock too: a fresh execution environment knows the
         # shared time from the lease and ledger reads, before its first reservation in the shared
         # budget (a clock 30 s off reset the buckets: a second burst at once) and before it weighs
-        # another tick's recorded end. The MicroVMs answers refine it.
-        reconciler._learn_offset(parsed)
+        # another tick's recorded end. The MicroVMs lists refine it.
+        reconciler.learn_offset(parsed)
 
     dynamodb.meta.events.register("after-call.dynamodb", learn_offset)
     return reconciler
 
 
+def letters_to(sqs: Any, queue_url: str) -> DeadLetters:
+    """Dead letters as messages of the fleet's dead-letter queue (JSON, keys sorted)."""
+
+    def send(record: dict[str, Any]) -> None:
+        sqs.send_message(QueueUrl=queue_url, MessageBody=json.dumps(record, default=str, sort_keys=True))
+
+    return send
+
+
 def redrive(reconciler: Reconciler, lease_seconds: float = 60.0) -> dict[str, Any]:
-    """Reset dead-lettered slots so the next step tries them again (under the tick lease)."""
+    """Dead-lettered slots tried again (``core.redrive``, under the tick lease): the next tick fills
+    them; a slot that was in doubt keeps its token."""
     fleet = reconciler.spec.fleet
-    if not reconciler.begin_tick(lease_seconds, lease_seconds):
-        return {"fleet": fleet, "skipped": "tick_in_progress"}  # pragma: no cover - both ledgers' acquire_tick always takes the lease (a fenced takeover)
+    reconciler.begin_tick(lease_seconds, lease_seconds)
     reset = []
     try:
         slots, _ = reconciler.ledger.load(fleet)
         changed = []
-        for slot in slots.values():
+        now = reconciler.now()
+        for slot in sorted(slots.values(), key=lambda s: s.slot_id):
             if slot.phase == DEAD:
-                slot.phase, slot.errors, slot.crashes, slot.reason, slot.noted = QUEUED, 0, 0, "redriven", None
-                slot.dead_kind, slot.retry_at = None, None
-                if slot.in_doubt_since is None:
-                    slot.generation += 1  # in doubt, the same token first: it may have made a VM
-                    slot.request = None
-                changed.append(slot)
+                change = core.redrive(slot, now, "redriven")
+                assert change.slot is not None
+                changed.append(change.slot)
                 reset.append(slot.slot_id)
+                for told in change.events:
+                    reconciler.emit(told)
         reconciler.ledger.write(fleet, reconciler.fence, puts=changed)
         reconciler.telemetry.event(fleet, {"event": "slots_redriven", "slots": reset})
     except FencedOut:
@@ -194,20 +175,21 @@ def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
     global _RECONCILER
     if _RECONCILER is None:
         # Clients, the bundled model and Powertools load once per execution environment; each
-        # tick resets the reconciler's own state (lease holder, reservations) in begin_tick.
+        # tick makes its own state when it takes the lease.
         _RECONCILER = build()
     reconciler = _RECONCILER
     try:
         if isinstance(event, dict) and event.get("action") == "redrive":
             return redrive(reconciler)
+        # The tick's time: the invocation's, read once here and counted on a monotonic clock by
+        # the tick (a step of the wall clock moves neither bound). No call starts in its last
+        # CALL_MARGIN_SECONDS; steps past tick_seconds only for a wait worth overtime.
         remaining = context.get_remaining_time_in_millis() / 1000 if context is not None else 60.0
-        deadline = min(float(os.environ.get("TICK_SECONDS", "50")), max(1.0, remaining - DEADLINE_MARGIN_SECONDS))
+        hard = max(1.0, remaining - CALL_MARGIN_SECONDS)
+        deadline = min(float(os.environ.get("TICK_SECONDS", "50")), hard)
         # The lease covers the whole invocation; past it, the fence (not the clock) keeps a late
         # tick from writing or calling.
-        # Past the deadline, what the invocation has left (its margin kept) may go to replacing
-        # a base VM that nothing could replace before its end (Reconciler.tick).
-        overtime = max(0.0, remaining - DEADLINE_MARGIN_SECONDS - deadline)
-        return reconciler.tick(deadline_seconds=deadline, lease_seconds=remaining + 5, overtime_seconds=overtime)
+        return reconciler.tick(deadline_seconds=deadline, lease_seconds=remaining + 5, overtime_seconds=hard - deadline)
     except FleetOff:
         # The fleet's teardown turned it off: the lease was never taken, nothing was called.
         fleet = reconciler.spec.fleet

@@ -25,6 +25,7 @@ write (:class:`FencedOut`), and a tick that starts later cannot take the lease
 
 from __future__ import annotations
 
+import contextlib
 import json
 import secrets
 import threading
@@ -66,7 +67,7 @@ class MemoryLedger:
                 raise FleetOff(fleet)
             lease.update(holder=holder, expires_at=now + lease_seconds, fence=lease["fence"] + 1,
                          tick_until=tick_until)
-            return lease["fence"]
+            return int(lease["fence"])
 
     def busy_until(self, fleet: str) -> Optional[float]:
         """When the tick holding the lease said it would end (None: free, or not said)."""
@@ -80,7 +81,7 @@ class MemoryLedger:
             lease = self._leases.setdefault(fleet, {"holder": None, "expires_at": 0.0, "fence": 0})
             lease.update(holder=marker, expires_at=0.0, fence=lease["fence"] + 1, off=marker, off_at=now,
                          tick_until=None)
-            return lease["fence"]
+            return int(lease["fence"])
 
     def turn_on(self, fleet: str) -> None:
         with self._lock:
@@ -237,7 +238,8 @@ class DynamoDBLedger:
         return until or None
 
     def release_tick(self, fleet: str, holder: str) -> None:
-        try:
+        # Refused: taken over already, and the fence keeps the other tick safe.
+        with contextlib.suppress(self._ddb.exceptions.ConditionalCheckFailedException):
             self._ddb.update_item(
                 TableName=self._table,
                 Key=self._key(fleet, "#tick"),
@@ -245,8 +247,6 @@ class DynamoDBLedger:
                 ConditionExpression="holder = :holder",
                 ExpressionAttributeValues={":holder": {"S": holder}, ":zero": {"N": "0"}},
             )
-        except self._ddb.exceptions.ConditionalCheckFailedException:
-            pass  # taken over already: the fence keeps the other tick safe
 
     def _query(self, fleet: str, prefix: Optional[str] = None) -> list[dict[str, Any]]:
         kwargs: dict[str, Any] = {

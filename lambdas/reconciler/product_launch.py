@@ -20,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Optional, cast
 
 from rayito._agent._deployment_base import labels_for
 from rayito._agent._fleet_base import fleet_lifetime, pool_config_for
@@ -99,7 +99,8 @@ def _capture(launch: ProductLaunch, role: str, image_version: Optional[str], tim
     project = launch.project
     if timeout is not None and timeout != int(project.serve.timeout_seconds):
         project = dataclasses.replace(project, serve=dataclasses.replace(project.serve, timeout_seconds=timeout))
-    plane = _CapturePlane(launch.region, launch.image_arn)
+    # The product types the seam as its ControlPlane class; it calls only these two methods of it.
+    plane = cast(Any, _CapturePlane(launch.region, launch.image_arn))
     create = functools.partial(Sandbox.create, control_plane=plane)
     try:
         if role == "warm":

@@ -39,8 +39,8 @@ from typing import Any, Mapping, Optional
 
 from botocore.exceptions import BotoCoreError, ClientError
 
+from .aws import MICROVMS_CONFIG, session
 from .custom_resource import BadRequest, check_identity, emit, error_code, log, remaining_seconds, respond, response_url_ok
-from .index import MICROVMS_CONFIG, session
 
 RESOURCE_TYPE = "Custom::RayitoImagePruner"
 NAMESPACE = "Rayito/Fleet"
@@ -76,7 +76,7 @@ def _now() -> float:
 
 
 def _sleep(seconds: float) -> None:
-    # uncovered: 79->exit, every caller passes a positive wait (wait_idle checks ahead > 0; polls start above 0)
+    # uncovered: every caller passes a positive wait (wait_idle checks ahead > 0; polls start above 0)
     if seconds > 0:
         SLEEP(seconds)
 
@@ -137,7 +137,8 @@ class Pruner:
 
     def image_state(self) -> Optional[dict[str, Any]]:
         try:
-            return self._call("get_microvm_image", imageIdentifier=self.image_arn)
+            state: dict[str, Any] = self._call("get_microvm_image", imageIdentifier=self.image_arn)
+            return state
         except ClientError as exc:
             if error_code(exc) == "ResourceNotFoundException":
                 return None
@@ -170,13 +171,13 @@ class Pruner:
         token: Optional[str] = None
         while True:
             kwargs: dict[str, Any] = {"imageIdentifier": self.image_arn, "maxResults": 50}
-            # uncovered: 170->171, 175->168: a second page needs more than 50 versions of one image; no test builds that many
+            # uncovered: a second page needs more than 50 versions of one image; no test builds that many
             if token:
                 kwargs["nextToken"] = token
             page = self._call("list_microvm_image_versions", **kwargs)
             out += page.get("items") or []
             token = page.get("nextToken")
-            # uncovered: 175->168, the same second page (more than 50 versions)
+            # uncovered: the same second page (more than 50 versions)
             if not token:
                 return out
 
@@ -351,7 +352,7 @@ def handler(event: Mapping[str, Any], context: Any) -> Optional[dict[str, Any]]:
     """Lambda entry point: CloudFormation's requests (before each build) and the schedule's."""
     global _CLIENT
     env = os.environ
-    # uncovered: 346->348, a warm start (second invocation in one process, client cached); each test invocation starts fresh
+    # uncovered: a warm start (second invocation in one process, client cached); each test invocation starts fresh
     if _CLIENT is None:
         _CLIENT = client()
     if not (isinstance(event, Mapping) and "RequestType" in event):

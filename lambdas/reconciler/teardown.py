@@ -54,14 +54,12 @@ from typing import Any, Mapping, Optional
 from botocore.exceptions import BotoCoreError, ClientError
 
 from . import core
+from .answers import RUN_EVALUATED_NO_VM
+from .aws import MICROVMS_CONFIG, STORE_CONFIG, session
 from .custom_resource import BadRequest, check_identity, emit, error_code, log, remaining_seconds, respond, response_url_ok
-from .index import MICROVMS_CONFIG, STORE_CONFIG, session
 from .ledger import DynamoDBLedger
 
 RESOURCE_TYPE = "Custom::RayitoFleetTeardown"
-#: RunMicrovm errors that come after the service weighed making a VM for the token (capacity, quota):
-#: the only refusals of a lost run's token asked again that show it holds no VM.
-_RUN_EVALUATED_NO_VM = frozenset({"InsufficientCapacityException", "ServiceQuotaExceededException"})
 NAMESPACE = "Rayito/Fleet"
 SERVICE = "rayito-fleet-teardown"
 CLAIM_KEY = "#teardown"
@@ -301,7 +299,7 @@ class Teardown:
                 self.owned[vm] = slot.slot_id
             if slot.microvm_id and slot.vm_started_at:
                 self.started[slot.microvm_id] = float(slot.vm_started_at)
-            if slot.microvm_id is None and core._in_doubt(slot):
+            if slot.microvm_id is None and slot.in_doubt:
                 doubtful.append(slot)
         for vm in sorted(self.owned):
             if self._time_left() <= 0:
@@ -343,7 +341,7 @@ class Teardown:
                     _sleep(min(backoff, max(0.0, until - _now())))
                     backoff = min(8.0, backoff * 2)
                     continue
-                if code in _RUN_EVALUATED_NO_VM:
+                if code in RUN_EVALUATED_NO_VM:
                     # The service weighed a new VM for this token and made none: a VM the lost call
                     # had made would have been returned instead.
                     self.in_doubt[slot.slot_id] = f"no_vm:{code}"
@@ -439,7 +437,7 @@ class Teardown:
                 answer = self._call("get_microvm", microvmIdentifier=vm)
             except ClientError as exc:
                 code = error_code(exc)
-                # uncovered: 439->441, a GetMicrovm error other than a throttle (or a 404 on a young VM) here; no test injects one at this call
+                # uncovered: a GetMicrovm error other than a throttle (or a 404 on a young VM) here; no test injects one at this call
                 # uncovered: GetMicrovm 404 on an old VM while waiting after an accepted terminate (the emulator lists it TERMINATED for 20 min);
                 if code == "ResourceNotFoundException" and self._old_enough(vm):
                     self.state[vm] = "GONE"
@@ -471,7 +469,7 @@ class Teardown:
                 vm, state = item["microvmId"], item["state"]
                 if vm in self.owned:
                     seen.add(vm)
-                    # uncovered: 467->463, a foreign VM listed already ended (another fleet's TERMINATED VM of the image) during a teardown
+                    # uncovered: a foreign VM listed already ended (another fleet's TERMINATED VM of the image) during a teardown
                     if not (self.ended(vm) and state not in ENDED):  # never back from an end
                         self.state[vm] = state
                 elif state in core.LIVE:
@@ -653,8 +651,8 @@ def handler(event: Mapping[str, Any], context: Any) -> None:
         except Exception as exc:  # noqa: BLE001 - the ledger could not be reached: the deploy must know
             log({"event": "teardown_claim_failed", "fleet": fleet, "service": SERVICE, "code": error_code(exc)})
             # A failed create leaves a physical id no Delete acts on.
-            failed = physical if kind == "Update" else f"rayito-teardown-failed:{event.get('RequestId', '')}"
-            respond(event, "FAILED", failed, {}, f"could not claim fleet {fleet} in the ledger: {error_code(exc)}")
+            failed_id = physical if kind == "Update" else f"rayito-teardown-failed:{event.get('RequestId', '')}"
+            respond(event, "FAILED", failed_id, {}, f"could not claim fleet {fleet} in the ledger: {error_code(exc)}")
             return
         log({"event": "teardown_armed", "fleet": fleet, "service": SERVICE, **outcome})
         respond(event, "SUCCESS", physical, outcome, "armed")

@@ -26,7 +26,7 @@ SERVICE = "rayito-reconciler"
 METRICS_ENV = "RAYITO_METRICS"
 
 
-def metrics_enabled(env: Optional[dict] = None) -> bool:
+def metrics_enabled(env: Optional[dict[str, str]] = None) -> bool:
     """Whether this function sends custom metrics (``RAYITO_METRICS``)."""
     import os
 
@@ -60,7 +60,7 @@ METRICS = {
 RESERVED = frozenset(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {"message", "asctime"}
 
 
-def safe_fields(event: dict) -> dict:
+def safe_fields(event: dict[str, Any]) -> dict[str, Any]:
     """The event's fields, with any name logging reserves renamed (``message`` -> ``message_``)."""
     return {(f"{k}_" if k in RESERVED else k): v for k, v in event.items()}
 

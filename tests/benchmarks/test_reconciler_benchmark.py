@@ -217,8 +217,11 @@ def test_a_short_day_of_both_sides_from_ground_truth() -> None:
         for key in ("violations_max_vms", "violations_max_vms_by_others", "samples", "duplicate_vms", "dips_below_min", "dips_below_min_without_headroom", "dips_below_min_at_max_vms", "foreign_vms_touched",
                     "amplification", "run_attempts", "units_filled", "throttles_received",
                     "throttles_under_default_quotas", "convergence_seconds", "lower_bound_seconds", "api_calls",
-                    "api_calls_minimum", "wall_seconds", "peak_memory_mb"):
+                    "api_calls_minimum", "wall_seconds", "peak_memory_mb", "own_cpu_seconds",
+                    "cpu_seconds_per_fleet_day"):
             assert key in result, key
+        # The side's own CPU is part of the process's, the emulator's share left out.
+        assert 0 < result["own_cpu_seconds"] <= result["cpu_seconds"] + 0.05, result
         assert result["samples"] == 2 * 30
         assert result["units_filled"] >= sum(f.min_vms + f.warm_vms for f in bench.make_fleets(2, random.Random(3)))
         # (Not ">= lower_bound_seconds": a side that bursts past the documented quotas is held, not

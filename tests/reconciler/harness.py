@@ -1,0 +1,404 @@
+"""The reconciler as it runs in AWS, here: the Lambda handler (``index.handler``) with a Lambda
+context, its default telemetry (Powertools, or the fallback when the layer is missing), the
+clients ``index.build()`` makes (one attempt each, the bundled model), and the environment the
+construct synthesizes for the example fleet, with only the table names, the queue URL and the
+image ARN swapped for moto's and the emulator's.
+
+Only time is virtual: the built reconciler's ``clock`` and ``sleep`` are the emulator's
+:class:`VirtualClock`, and the Lambda context's remaining time counts down on it. Everything the
+tests assert comes from the emulator (calls, VMs), moto (ledger items, dead letters in SQS) and
+stdout (log lines and EMF records as Powertools prints them).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import io
+import json
+import logging
+import os
+import shutil
+import sys
+import time
+import uuid
+from contextlib import contextmanager, redirect_stdout
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Callable, Iterator, Optional
+
+from lambdas.reconciler import index
+from lambdas.reconciler.budget import DynamoDBBudget
+from lambdas.reconciler.ledger import DynamoDBLedger
+from rayito_constructs.testing import MicrovmsEmulator, VirtualClock
+
+from ..moto_server import client as aws_client
+from ..moto_server import untraced_requests
+
+#: Environment keys whose template values are CloudFormation references, and what stands for them.
+SUBSTITUTED = {"LEDGER_TABLE", "BUDGET_TABLE", "DEAD_LETTER_QUEUE_URL", "IMAGE_ARN", "EXECUTION_ROLE_ARN",
+               "IMAGE_VERSION"}
+ROLE_ARN = "arn:aws:iam::123456789012:role/mi-agente-microvm"
+
+
+#: Synthesized environments shared by the workers of one run (a synth costs about 5 CPU-s).
+SYNTH_CACHE = Path(__file__).resolve().parents[2] / ".make" / "test-synth-cache"
+
+
+@lru_cache(maxsize=None)
+def _sources_digest() -> str:
+    """What a synthesized template depends on: the library, the Lambdas it bundles, the example
+    agent, the CDK's version. A change to any of them is a new cache key."""
+    from importlib.metadata import version
+
+    root = Path(__file__).resolve().parents[2]
+    digest = hashlib.sha256(version("aws-cdk-lib").encode())
+    for folder in ("rayito_constructs", "lambdas", "examples"):
+        for path in sorted((root / folder).rglob("*")):
+            if path.is_file() and "__pycache__" not in path.parts:
+                digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()
+
+
+@lru_cache(maxsize=None)
+def synthesized_environment(metrics: bool = True, **overrides: Any) -> tuple[tuple[str, Any], ...]:
+    """The reconciler function's ``Environment.Variables`` from the example fleet's template,
+    synthesized with ``metrics`` (on here, so the tests can read the EMF the handler prints; the
+    default fleet's ``metrics=False`` is run in tests/test_monitoring_runtime.py). Synthesized once
+    per run for all its xdist workers (the first under a file lock, the others read its answer),
+    keyed by the sources' digest and the arguments."""
+    # One run's workers share an answer, never two runs: the synth also records the template for
+    # the session's cfn-lint gate (tests/conftest.py), which a run must not skip.
+    run = os.environ.get("PYTEST_XDIST_TESTRUNUID") or f"solo-{os.getpid()}"
+    folder = SYNTH_CACHE / run
+    folder.mkdir(parents=True, exist_ok=True)
+    for old in SYNTH_CACHE.iterdir():  # earlier runs' answers
+        if old != folder and old.is_dir() and old.stat().st_mtime < time.time() - 3600:
+            shutil.rmtree(old, ignore_errors=True)
+    key = json.dumps([metrics, sorted(overrides.items())], default=repr)
+    path = folder / (hashlib.sha256((_sources_digest() + key).encode()).hexdigest()[:32] + ".json")
+    with open(folder / "lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if path.exists():
+            return tuple((k, v) for k, v in json.loads(path.read_text()))
+        value = _synthesize_environment(metrics, **overrides)
+        partial = path.with_suffix(f".{os.getpid()}.tmp")
+        partial.write_text(json.dumps(value))
+        partial.replace(path)
+    return value
+
+
+def _synthesize_environment(metrics: bool, **overrides: Any) -> tuple[tuple[str, Any], ...]:
+    from aws_cdk.assertions import Template
+
+    from rayito_constructs import AgentProject, FleetStack
+
+    from ..cdk_helpers import new_app, stack_props
+    from ..conftest import EXAMPLE
+
+    app = new_app()
+    stack = FleetStack(app, "MiAgente", project=AgentProject.load(EXAMPLE, **overrides), metrics=metrics,
+                       **stack_props())
+    template = Template.from_stack(stack).to_json()
+    (function,) = [r for r in template["Resources"].values() if r["Type"] == "AWS::Lambda::Function"
+                   and r["Properties"].get("Handler") == "reconciler.index.handler"]
+    return tuple(sorted(function["Properties"]["Environment"]["Variables"].items()))
+
+
+class LambdaContext:
+    """What Lambda passes the handler: the deadline counts down on the virtual clock."""
+
+    def __init__(self, clock: VirtualClock, timeout_seconds: float) -> None:
+        self._clock = clock
+        self._deadline = clock.now() + timeout_seconds
+        self.function_name = "MiAgenteReconciler"
+        self.function_version = "$LATEST"
+        self.invoked_function_arn = f"arn:aws:lambda:us-east-1:123456789012:function:{self.function_name}"
+        self.memory_limit_in_mb = 256
+        self.aws_request_id = str(uuid.uuid4())
+        self.log_group_name = "/aws/lambda/MiAgenteReconciler"
+        self.log_stream_name = "2026/11/30/[$LATEST]0"
+
+    def get_remaining_time_in_millis(self) -> int:
+        return max(0, int((self._deadline - self._clock.now()) * 1000))
+
+
+@dataclass
+class Invocation:
+    result: dict[str, Any]
+    records: list[dict[str, Any]]
+    calls: dict[str, int]
+
+    def events(self, kind: Optional[str] = None) -> list[dict[str, Any]]:
+        lines = [r for r in self.records if "_aws" not in r and "message" in r]
+        return [r for r in lines if kind is None or r["message"] == kind]
+
+    def metrics(self, name: str) -> list[tuple[float, str]]:
+        """(value, unit) of every EMF point of ``name``."""
+        out = []
+        for record in self.records:
+            for directive in record.get("_aws", {}).get("CloudWatchMetrics", []):
+                for metric in directive["Metrics"]:
+                    if metric["Name"] == name:
+                        values = record[name] if isinstance(record[name], list) else [record[name]]
+                        out += [(float(v), metric.get("Unit", "None")) for v in values]
+        return out
+
+
+@dataclass
+class Fleet:
+    """One deployed fleet: the handler's environment, its stores and the emulator."""
+
+    emulator: MicrovmsEmulator
+    clock: VirtualClock
+    aws: str
+    env: dict[str, str]
+    ddb: Any = None
+    sqs: Any = None
+    invocations: list[Invocation] = field(default_factory=list)
+    _built_env: Any = None
+    _environment: Any = None  # this fleet's warm execution environment (its built reconciler)
+    _stdout: io.StringIO = field(default_factory=io.StringIO)
+
+    @property
+    def fleet(self) -> str:
+        return self.env["FLEET_NAME"]
+
+    @property
+    def image(self) -> str:
+        return self.env["IMAGE_ARN"]
+
+    def reconciler(self, monkeypatch: Any, *, powertools: bool = True) -> Any:
+        """``index.build()`` as the handler makes it, on the virtual clock."""
+        for key, value in self.env.items():
+            monkeypatch.setenv(key, value)
+        if not powertools:
+            monkeypatch.setitem(sys.modules, "aws_lambda_powertools", None)
+        _fresh_powertools_logger()
+        reconciler = index.build()
+        # Virtual time is real time here: the wall clock and the deadline's monotonic one.
+        reconciler.clock = reconciler.monotonic = self.clock.now
+        reconciler.sleep = self.clock.advance
+        return reconciler
+
+    def invoke(self, monkeypatch: Any, event: Optional[dict[str, Any]] = None, *, timeout: float = 65.0,
+               powertools: bool = True, cold: Optional[bool] = None) -> Invocation:
+        """One invocation of ``index.handler``, as the scheduler sends it: in a new execution
+        environment the first time and whenever the environment changed (a deploy), in the
+        same warm one otherwise, as Lambda does (``cold`` forces either)."""
+        out = self._stdout  # one stdout per execution environment, as in Lambda
+        start = out.tell()
+        before = dict(self.emulator.calls)
+        with redirect_stdout(out):
+            changed = self._built_env != (self.env, powertools)
+            if cold or (cold is None and changed) or self._environment is None:
+                self._environment = self.reconciler(monkeypatch, powertools=powertools)
+                self._built_env = (dict(self.env), powertools)
+            if cold is False and index._RECONCILER is not None:
+                self._environment = index._RECONCILER  # the test set up this environment itself
+            index._RECONCILER = self._environment
+            result = index.handler(event if event is not None else {"source": "schedule"},
+                                   LambdaContext(self.clock, timeout))
+        records = [json.loads(line) for line in out.getvalue()[start:].splitlines() if line.startswith("{")]
+        calls = {k: v - before.get(k, 0) for k, v in self.emulator.calls.items() if v != before.get(k, 0)}
+        invocation = Invocation(result, records, calls)
+        self.invocations.append(invocation)
+        return invocation
+
+    def every_minute(self, monkeypatch: Any, minutes: int, **kwargs: Any) -> list[Invocation]:
+        """The schedule: one invocation a minute (each tick uses up to TICK_SECONDS of it)."""
+        out = []
+        for _ in range(minutes):
+            start = self.clock.now()
+            out.append(self.invoke(monkeypatch, **kwargs))
+            rest = start + 60 - self.clock.now()
+            if rest > 0:
+                self.clock.advance(rest)
+        return out
+
+    # ------------------------------------------------------------------ ground truth
+
+    def live(self, states: tuple[str, ...] = ("PENDING", "RUNNING", "SUSPENDING", "SUSPENDED")) -> list[dict]:
+        return [vm for vm in self.emulator.microvms() if vm["state"] in states and vm["imageArn"] == self.image]
+
+    def ours(self) -> list[dict]:
+        """Live VMs a token of this fleet's reconciler started."""
+        return [vm for vm in self.live() if (vm["clientToken"] or "").startswith("rz1-")]
+
+    def dead_letters(self) -> list[dict[str, Any]]:
+        messages = self.sqs.receive_message(QueueUrl=self.env["DEAD_LETTER_QUEUE_URL"], MaxNumberOfMessages=10,
+                                            WaitTimeSeconds=0).get("Messages", [])
+        return [json.loads(m["Body"]) for m in messages]
+
+    def ledger_slots(self) -> dict[str, dict[str, Any]]:
+        items = self.ddb.query(TableName=self.env["LEDGER_TABLE"], KeyConditionExpression="fleet = :f",
+                               ExpressionAttributeValues={":f": {"S": self.fleet}}, ConsistentRead=True)["Items"]
+        return {i["key"]["S"][5:]: json.loads(i["doc"]["S"]) for i in items if i["key"]["S"].startswith("slot#")}
+
+
+def _fresh_powertools_logger() -> None:
+    """A new execution environment: Powertools' Logger configures its stdlib logger only once per
+    process (it marks it ``init``); forget that so this one writes to this invocation's stdout."""
+    logger = logging.getLogger("rayito-reconciler")
+    for handler in list(logger.handlers):
+        logger.removeHandler(handler)
+    for attribute in ("init", "powertools_handler"):
+        if hasattr(logger, attribute):
+            delattr(logger, attribute)
+
+
+def emulator_env(aws: str, endpoint: str) -> dict[str, str]:
+    return {
+        "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_REGION": "us-east-1", "AWS_ENDPOINT_URL_DYNAMODB": aws, "AWS_ENDPOINT_URL_SQS": aws,
+        "AWS_ENDPOINT_URL_LAMBDA_MICROVMS": endpoint,
+    }
+
+
+@contextmanager
+def deployed_fleet(aws: str, *, clock: Optional[VirtualClock] = None, emulator: Optional[MicrovmsEmulator] = None,
+                   fleet: str = "mi-agente", overrides: Optional[dict[str, Any]] = None,
+                   env: Optional[dict[str, str]] = None, metrics: bool = True,
+                   **emulator_options: Any) -> Iterator[Fleet]:
+    """The example fleet's reconciler environment (synthesized with ``metrics``) against moto and
+    a (new) emulator."""
+    clock = clock or (emulator.clock if emulator is not None else VirtualClock())
+    own = emulator is None
+    if own:
+        emulator_options.setdefault("pending_seconds", 12)
+        emulator_options.setdefault("suspending_seconds", 1)
+        emulator_options.setdefault("terminating_seconds", 3)
+        emulator = untraced_requests(MicrovmsEmulator(clock=clock, seed=emulator_options.pop("seed", 7),
+                                                      **emulator_options).start())
+    try:
+        template_env = dict(synthesized_environment(metrics, **(overrides or {})))
+        tokens = {k for k, v in template_env.items() if not isinstance(v, str)}
+        assert tokens <= SUBSTITUTED, f"the construct sets {tokens - SUBSTITUTED} from references: substitute them"
+        ddb, sqs = aws_client("dynamodb", aws), aws_client("sqs", aws)
+        suffix = uuid.uuid4().hex[:8]
+        ledger, budget = f"ledger-{suffix}", f"budget-{suffix}"
+        DynamoDBLedger.create_table(ddb, ledger)
+        DynamoDBBudget.create_table(ddb, budget)
+        queue = sqs.create_queue(QueueName=f"dlq-{suffix}")["QueueUrl"]
+        if not emulator.has_image(fleet):
+            emulator.create_image(fleet, memory_mib=4096)
+        values = {k: v for k, v in template_env.items() if isinstance(v, str)}
+        values.update(LEDGER_TABLE=ledger, BUDGET_TABLE=budget, DEAD_LETTER_QUEUE_URL=queue,
+                      IMAGE_ARN=emulator.image_arn(fleet), FLEET_NAME=fleet)
+        if "EXECUTION_ROLE_ARN" in template_env:
+            values["EXECUTION_ROLE_ARN"] = ROLE_ARN
+        if "IMAGE_VERSION" in template_env:
+            values["IMAGE_VERSION"] = "1.0"  # the version the emulator's image has active
+        values.update(emulator_env(aws, emulator.endpoint_url))
+        values.update(env or {})
+        yield Fleet(emulator, clock, aws, values, ddb, sqs)
+    finally:
+        index._RECONCILER = None
+        if own:
+            emulator.stop()
+
+
+#: The access key the handler's clients sign with (``emulator_env``): the emulator's faults can
+#: be narrowed to it, so a fault hits the reconciler and not the test's own client.
+RECONCILER_CALLER = "testing"
+
+
+def list_lag(fleet: Fleet, seconds: float) -> Any:
+    """ListMicrovms answers to the reconciler omit VMs younger than ``seconds`` (eventually
+    consistent lists), injected in the emulator so the lists show in its request log."""
+    return fleet.emulator.inject("ListMicrovms", "list_lag", seconds=seconds, times=None, caller=RECONCILER_CALLER)
+
+
+def at_first_call(fleet: "Fleet", operation: str, action: Callable[[Any], None]) -> list[str]:
+    """Run ``action(record)`` once, right after the reconciler's first ``operation`` request is
+    carried out (before its answer reaches the reconciler); returns the list that then holds that
+    request's MicroVM ID (empty until it happens)."""
+    seen: list[str] = []
+
+    def on_request(record: Any) -> None:
+        if record.operation == operation and record.caller == RECONCILER_CALLER and not seen:
+            seen.append(record.microvm_id)
+            action(record)
+
+    fleet.emulator.subscribe(on_request)
+    return seen
+
+
+def fail_the_next_read(fleet: "Fleet") -> Callable[[Any], None]:
+    """An ``at_first_call`` action: the reconciler's next GetMicrovm is answered 500."""
+    return lambda record: fleet.emulator.inject("GetMicrovm", "InternalServer", times=1, caller=RECONCILER_CALLER)
+
+
+def end_the_vm(fleet: "Fleet") -> Callable[[Any], None]:
+    """An ``at_first_call`` action: a client ends the request's VM, gone from the service 0.3 s later."""
+    def end(record: Any) -> None:
+        fleet.emulator.terminating_seconds = 0.1
+        fleet.emulator.terminated_linger_seconds = 0.2
+        fleet.emulator.direct_client(caller="client").terminate_microvm(microvmIdentifier=record.microvm_id)
+    return end
+
+
+def peak_live(fleet: "Fleet", mine: bool = False) -> int:
+    """The most VMs of the fleet's image alive (not ending or ended) at once, over every VM's
+    history (ground truth); ``mine``: only those a token of the reconciler started."""
+    edges = []
+    for vm in fleet.emulator.microvms_ever():
+        if vm["imageArn"] != fleet.image or (mine and not (vm["clientToken"] or "").startswith("rz1-")):
+            continue
+        born = vm["history"][0][0]
+        gone = next((at for at, state, _ in vm["history"] if state in ("TERMINATING", "TERMINATED")), float("inf"))
+        edges += [(born, 1), (gone, -1)]
+    edges.sort(key=lambda e: (e[0], e[1]))
+    peak = count = 0
+    for _, step in edges:
+        count += step
+        peak = max(peak, count)
+    return peak
+
+
+def seconds_below(fleet: "Fleet", floor: int, since: float, until: float) -> float:
+    """Seconds between ``since`` and ``until`` with fewer than ``floor`` VMs of the fleet's image
+    RUNNING, over every VM's history (ground truth, as the benchmark's ``dips_below_min``)."""
+    edges = []
+    for vm in fleet.emulator.microvms_ever():
+        if vm["imageArn"] != fleet.image:
+            continue
+        running = None
+        for at, state, _ in vm["history"]:
+            if state == "RUNNING" and running is None:
+                running = at
+            elif state != "RUNNING" and running is not None:
+                edges += [(running, 1), (at, -1)]
+                running = None
+        if running is not None:
+            edges.append((running, 1))
+    edges.sort()
+    below, count, last = 0.0, 0, since
+    for at, step in edges + [(until, 0)]:
+        at = min(max(at, since), until)
+        if count < floor:
+            below += at - last
+        count, last = count + step, at
+    return below
+
+
+def act_during_sleep(fleet: "Fleet", after: float, action: Callable[[], None]) -> list[float]:
+    """The warm environment's reconciler sleeps on the virtual clock; ``action`` runs at ``after``
+    (or when the sleep that spans it begins, if later): what happens while that tick sleeps. An
+    action that advances the clock past the sleep's end delays the tick's wake to then. Returns
+    the list that then holds when the action ran."""
+    reconciler = fleet._environment
+    done: list[float] = []
+    advance = fleet.clock.advance
+
+    def sleep(seconds: float) -> None:
+        wake = fleet.clock.now() + seconds
+        if not done and wake >= after:
+            advance(max(0.0, after - fleet.clock.now()))  # the action comes during the sleep
+            done.append(fleet.clock.now())
+            action()
+        advance(max(0.0, wake - fleet.clock.now()))
+
+    reconciler.sleep = sleep
+    return done

@@ -1,0 +1,427 @@
+"""Round 5 attack (#11, API calls): rec's one look at the VMs a tick started for parked slots
+(2.6 s after the runs; GetMicrovm for one VM, a list for more), suspends that act on that look
+when their tokens come due after it (``suspends_only``: nothing ended or resumed on it), and
+``parking_unseen`` (no look of its own for our suspends). Since, those VMs are assumed RUNNING
+2.6 s after their runs with no look at all (the look is left for slow starts, whose suspend is
+refused): the tests choreograph the assumption where they choreographed the look, with the same
+safety assertions, and slow starts (PENDING 4 s) where they need the look itself. Everything through ``index.handler``
+(Powertools, one-attempt clients) against the emulator and moto on a virtual clock."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import pytest
+
+from lambdas.reconciler import core
+
+from .harness import RECONCILER_CALLER, act_during_sleep, deployed_fleet, list_lag, peak_live
+from .support import ours
+from .support import assert_no_duplicates
+
+
+
+
+
+#: SuspendMicrovm at one a 4 s (burst 1): the second parked slot's suspend comes due after the look
+#: that saw both VMs RUNNING, so it is sent by a suspends-only step standing on that look.
+SLOW_SUSPENDS = '{"SuspendMicrovm": [0.25, 1]}'
+
+
+def test_a_client_resuming_a_parked_vm_before_a_suspends_only_step_keeps_its_session(aws, monkeypatch) -> None:
+    """Both parked slots' VMs are assumed RUNNING 2.6 s after their runs (no look); warm-0's is
+    suspended at once, warm-1's 4 s later on the same list. Between the two, a client resumes
+    warm-0's VM (now SUSPENDED): the suspends-only step sees it RUNNING (assumed), within the park
+    grace, and leaves it alone (never suspended again); the next tick makes it a member and
+    refills the pool."""
+    env = {"MIN_VMS": "1", "WARM_VMS": "2", "MAX_VMS": "5", "BUDGETS": SLOW_SUSPENDS}
+    with deployed_fleet(aws, env=env, pending_seconds=2, fresh_launches=0) as fleet:
+        resumed: list[str] = []
+
+        def on_request(record: Any) -> None:
+            if record.operation == "SuspendMicrovm" and record.caller == RECONCILER_CALLER and not resumed:
+                vm = record.microvm_id
+                fleet.clock.advance(1.5)  # SUSPENDING -> SUSPENDED (1 s here)
+                fleet.emulator.direct_client(caller="client").resume_microvm(microvmIdentifier=vm)
+                resumed.append(vm)
+
+        fleet.emulator.subscribe(on_request)
+        first = fleet.invoke(monkeypatch)
+        suspends = ours(fleet, "SuspendMicrovm")
+        assert len(suspends) == 2 and suspends[0].microvm_id == resumed[0] != suspends[1].microvm_id
+        assert first.calls.get("ListMicrovms") == 1  # the second suspend stood on the first list
+        fleet.clock.advance(60)
+        fleet.every_minute(monkeypatch, 2)
+        # The client's session was never suspended again, and it is a member now.
+        assert [r for r in ours(fleet, "SuspendMicrovm") if r.microvm_id == resumed[0]] == suspends[:1]
+        assert fleet.emulator.state_of(resumed[0]) == "RUNNING"
+        slots = fleet.ledger_slots()
+        assert any(s["role"] == "member" and s["microvm_id"] == resumed[0] for s in slots.values())
+        assert Counter(vm["state"] for vm in fleet.live()) == {"RUNNING": 2, "SUSPENDED": 2}
+        assert_no_duplicates(fleet)
+
+
+def test_a_vm_that_ends_between_the_look_and_its_suspend_is_replaced(aws, monkeypatch) -> None:
+    """warm-1's VM, assumed RUNNING, ends (a client terminates it: a crash or expiry looks the
+    same) before its suspend comes due: the suspend is refused (Conflict), told, the VM looked at,
+    and a new VM started for the slot and parked; no more than max_vms, no duplicate."""
+    env = {"MIN_VMS": "1", "WARM_VMS": "2", "MAX_VMS": "4", "BUDGETS": SLOW_SUSPENDS}
+    with deployed_fleet(aws, env=env, pending_seconds=2, fresh_launches=0) as fleet:
+        ended: list[str] = []
+
+        def on_request(record: Any) -> None:
+            if record.operation == "SuspendMicrovm" and record.caller == RECONCILER_CALLER and not ended:
+                slots = fleet.ledger_slots()
+                other = [s["microvm_id"] for k, s in slots.items()
+                         if s["role"] == "warm" and s["microvm_id"] and s["microvm_id"] != record.microvm_id]
+                fleet.emulator.direct_client(caller="client").terminate_microvm(microvmIdentifier=other[0])
+                ended.append(other[0])
+
+        fleet.emulator.subscribe(on_request)
+        first = fleet.invoke(monkeypatch)
+        refused = [r for r in ours(fleet, "SuspendMicrovm") if r.microvm_id == ended[0]]
+        assert refused and {r.status for r in refused} == {409}
+        assert [e for e in first.events("api_error") if e.get("microvm_id") == ended[0]]
+        fleet.clock.advance(60)
+        fleet.every_minute(monkeypatch, 2)
+        assert Counter(vm["state"] for vm in fleet.live()) == {"RUNNING": 1, "SUSPENDED": 2}
+        assert_no_duplicates(fleet)
+
+
+@pytest.mark.parametrize("warm", [2, 3])
+def test_parked_slots_vms_a_lagging_list_misses_are_still_parked_in_the_tick(aws, monkeypatch, warm) -> None:
+    """Lists omit VMs younger than 6 s (#11.2's lagging lists): the one look at the VMs a tick
+    started for its parked slots is a list when there are several, and that list misses them.
+    They must still be looked at (GetMicrovm answers for each, lists do not lag them) and parked
+    in the same tick, not left RUNNING until the next one."""
+    env = {"MIN_VMS": "1", "WARM_VMS": str(warm), "MAX_VMS": str(warm + 2)}
+    with deployed_fleet(aws, env=env, pending_seconds=2, fresh_launches=0) as fleet:
+        list_lag(fleet, 6)
+        t0 = fleet.clock.now()
+        fleet.invoke(monkeypatch)
+        suspends = ours(fleet, "SuspendMicrovm")
+        assert len(suspends) == warm, fleet.emulator.calls
+        assert all(r.time <= t0 + 15 for r in suspends)
+        fleet.clock.advance(60)
+        fleet.invoke(monkeypatch)
+        assert Counter(vm["state"] for vm in fleet.live()) == {"RUNNING": 1, "SUSPENDED": warm}
+        assert_no_duplicates(fleet)
+
+
+def test_a_throttled_peek_is_told_and_the_step_lists_instead(aws, monkeypatch) -> None:
+    """A slow start (PENDING 4 s): the parked slot's VM, assumed RUNNING at 2.6 s, refuses its
+    suspend (409); the single GetMicrovm peek at it is throttled (429): the step lists instead
+    and still parks the VM, and the throttle is told (api_error, Throttles metric) like every
+    other refused call, not swallowed."""
+    with deployed_fleet(aws, env={"MIN_VMS": "1", "WARM_VMS": "1", "MAX_VMS": "3"},
+                        pending_seconds=4, fresh_launches=0) as fleet:
+        fleet.emulator.set_rate_limit("GetMicrovm", 1 / 600, 1, surge=0)
+        try:  # the one token of the bucket: taken by a client of the test
+            fleet.emulator.direct_client(caller="client").get_microvm(microvmIdentifier="nope")
+        except Exception:
+            pass
+        run = fleet.invoke(monkeypatch)
+        assert [r.status for r in ours(fleet, "GetMicrovm")] == [429]
+        assert [r.status for r in ours(fleet, "SuspendMicrovm")] == [409, 200]
+        assert [e for e in run.events("api_error") if e.get("operation") == "GetMicrovm"]
+        assert run.metrics("Throttles")
+        fleet.clock.advance(60)
+        fleet.invoke(monkeypatch)
+        assert Counter(vm["state"] for vm in fleet.live()) == {"RUNNING": 1, "SUSPENDED": 1}
+
+
+@pytest.mark.parametrize("skew", [30.0, -30.0])
+def test_a_skewed_clock_parks_on_one_look_and_suspends_only_on_it(aws, monkeypatch, skew) -> None:
+    """A cold execution environment whose clock is 30 s off: the list's age, the runs' answers,
+    the suspend tokens' due time and the park poll are all reckoned on the shared clock (learned
+    from the first answers), so the tick parks its VMs without a look of its own, sends the second
+    suspend on the first list 4 s later (a 30 s skew read as a list 34 s old would list again,
+    -26 s one would act on it forever), and parks both, as with no skew."""
+    from .support import dynamodb_dates_on
+
+    env = {"MIN_VMS": "2", "WARM_VMS": "2", "MAX_VMS": "5", "BUDGETS": SLOW_SUSPENDS}
+    with deployed_fleet(aws, env=env, pending_seconds=2, fresh_launches=0) as fleet:
+        reconciler = fleet.reconciler(monkeypatch)
+        dynamodb_dates_on(reconciler, fleet.clock)
+        reconciler.clock = lambda: fleet.clock.now() + skew
+        fleet._environment, fleet._built_env = reconciler, (dict(fleet.env), True)
+        first = fleet.invoke(monkeypatch)
+        assert first.calls == {"ListMicrovms": 1, "RunMicrovm": 4, "SuspendMicrovm": 2}
+        suspends = ours(fleet, "SuspendMicrovm")
+        assert 3.9 <= suspends[1].time - suspends[0].time <= 4.5
+        fleet.clock.advance(60)
+        second = fleet.invoke(monkeypatch)
+        assert second.calls == {"ListMicrovms": 1}
+        assert Counter(vm["state"] for vm in fleet.live()) == {"RUNNING": 2, "SUSPENDED": 2}
+        assert_no_duplicates(fleet)
+
+
+def test_a_handover_due_on_a_suspends_only_step_waits_for_a_fresh_list(aws, monkeypatch) -> None:
+    """A time-driven resume on a suspends-only step: base-0's VM comes within the handover lead of
+    its end (no headroom: a client VM and two members fill max_vms) just when a deferred suspend
+    comes due after a list 11 s old. The parked VM the list shows SUSPENDED was resumed by a client
+    since: a handover on that list would put the client's session in base-0. The handover waits
+    for a fresh list, which shows the VM taken: it is a member, never resumed by us nor in a slot."""
+    env = {"MIN_VMS": "1", "WARM_VMS": "2", "MAX_VMS": "5", "MAX_LIFETIME_SECONDS": "600",
+           "SUCCESSOR_LEAD_SECONDS": "200", "IDLE_SECONDS": "", "BUDGETS": '{"SuspendMicrovm": [0.1, 1]}'}
+    # The timeline below was written when 600 s lifetimes were not staggered: first lifetimes all
+    # 600 s (staggered since, 413-600 s: a parked slot's successor would come due at 213 s).
+    monkeypatch.setattr(core.lifetimes, "MIN_STAGGER_STEP_SECONDS", float("inf"))
+    with deployed_fleet(aws, env=env, pending_seconds=2, fresh_launches=0) as fleet:
+        client = fleet.emulator.direct_client(caller="client")
+        t0 = fleet.clock.now()
+
+        def at(seconds: float) -> None:
+            fleet.clock.advance(max(0.0, t0 + seconds - fleet.clock.now()))
+
+        def parked(slot: str) -> str:
+            return fleet.ledger_slots()[slot]["microvm_id"]
+
+        fleet.invoke(monkeypatch)
+        at(60)
+        fleet.invoke(monkeypatch)
+        assert Counter(vm["state"] for vm in fleet.live()) == {"RUNNING": 1, "SUSPENDED": 2}
+        assert {s["lifetime"] for s in fleet.ledger_slots().values()} == {600}  # not staggered (above)
+        at(100)
+        client.resume_microvm(microvmIdentifier=parked("warm-1"))  # warm-1 taken: refilled at 105
+        at(105)
+        fleet.invoke(monkeypatch)
+        at(165)
+        fleet.invoke(monkeypatch)
+        donor = parked("warm-1")
+        assert fleet.emulator.state_of(donor) == "SUSPENDED"
+        at(390)
+        own_vm = client.run_microvm(imageIdentifier=fleet.image, clientToken="client-own")["microvmId"]
+        at(402)
+        fleet.invoke(monkeypatch)  # base-0 wants a successor, no headroom: hand over at 480
+        at(465)
+        client.terminate_microvm(microvmIdentifier=own_vm)
+        client.resume_microvm(microvmIdentifier=parked("warm-0"))  # warm-0 taken: refilled at 470
+        at(470)
+        # The SuspendMicrovm budget is busy until 481 (other fleets parking): the refilled slot's
+        # suspend (its VM assumed RUNNING at 472.6) comes due after the handover's time, on the
+        # list of 470.
+        fleet.ddb.put_item(TableName=fleet.env["BUDGET_TABLE"],
+                           Item={"operation": {"S": "SuspendMicrovm"}, "tat": {"N": repr(t0 + 481)}})
+        taken: list[float] = []
+
+        def on_request(record: Any) -> None:
+            if record.operation == "ListMicrovms" and record.caller == RECONCILER_CALLER and not taken:
+                taken.append(record.time)  # the list has shown the donor SUSPENDED
+                client.resume_microvm(microvmIdentifier=donor)  # a client takes the parked VM
+
+        fleet.emulator.subscribe(on_request)
+        run = fleet.invoke(monkeypatch)
+        lists = [r.time - t0 for r in ours(fleet, "ListMicrovms", t0 + 470)]
+        suspends = [r.time - t0 for r in ours(fleet, "SuspendMicrovm", t0 + 470)]
+        assert taken and suspends and suspends[0] >= 480.9  # on its budget, after the handover's time
+        assert not [t for t in lists if taken[0] - t0 < t < suspends[0]]  # the suspend stood on the list
+        assert [t for t in lists if t >= suspends[0]]  # the handover waited for a fresh list
+        assert not [r for r in ours(fleet, "ResumeMicrovm") if r.microvm_id == donor]
+        assert not run.events("vm_handed_over")
+        slots = fleet.ledger_slots()
+        assert any(s["role"] == "member" and s["microvm_id"] == donor for s in slots.values())
+        assert slots["base-0"]["microvm_id"] != donor
+        assert fleet.emulator.state_of(donor) == "RUNNING"
+        assert_no_duplicates(fleet)
+
+
+def test_a_suspend_deferred_past_the_peek_ttl_lists_again_first(aws, monkeypatch) -> None:
+    """SuspendMicrovm at one per 20 s: the second parked slot's suspend comes due 20 s after the
+    step that assumed its VM RUNNING, past PEEK_TTL_SECONDS (12 s) after the last list: the step
+    lists again before it (a VM may have ended or been taken since), and both VMs are parked."""
+    env = {"MIN_VMS": "1", "WARM_VMS": "2", "MAX_VMS": "4", "BUDGETS": '{"SuspendMicrovm": [0.05, 1]}'}
+    with deployed_fleet(aws, env=env, pending_seconds=2, fresh_launches=0) as fleet:
+        first = fleet.invoke(monkeypatch)
+        suspends = [r.time for r in ours(fleet, "SuspendMicrovm")]
+        lists = [r.time for r in ours(fleet, "ListMicrovms")]
+        assert len(suspends) == 2 and suspends[1] - suspends[0] >= 19.9
+        assert [t for t in lists if suspends[0] < t <= suspends[1]]  # a fresh list before the second
+        assert first.calls == {"ListMicrovms": 2, "RunMicrovm": 3, "SuspendMicrovm": 2}
+        fleet.clock.advance(60)
+        fleet.invoke(monkeypatch)
+        assert Counter(vm["state"] for vm in fleet.live()) == {"RUNNING": 1, "SUSPENDED": 2}
+
+
+def test_a_look_that_still_says_pending_looks_again_and_parks_in_the_tick(aws, monkeypatch) -> None:
+    """A slow start (PENDING 4 s) and every read 1.5 s late (on top of the measured 0.5 s): the VM
+    assumed RUNNING at 2.6 s refuses its suspend (409); the look a poll later still says PENDING.
+    The step looks again (GetMicrovm, one VM) and parks the VM in the same tick; no second VM,
+    no other suspend of a PENDING VM."""
+    with deployed_fleet(aws, env={"MIN_VMS": "1", "WARM_VMS": "1", "MAX_VMS": "3"},
+                        pending_seconds=4, fresh_launches=0) as fleet:
+        fleet.emulator.stale_seconds = 1.5
+        first = fleet.invoke(monkeypatch)
+        gets = ours(fleet, "GetMicrovm")
+        assert len(gets) >= 2 and first.calls.get("SuspendMicrovm") == 2
+        assert [r.status for r in ours(fleet, "SuspendMicrovm")] == [409, 200]
+        fleet.clock.advance(60)
+        fleet.invoke(monkeypatch)
+        assert Counter(vm["state"] for vm in fleet.live()) == {"RUNNING": 1, "SUSPENDED": 1}
+        assert_no_duplicates(fleet)
+
+
+def test_a_vm_neither_lists_nor_gets_show_is_looked_at_again_once_per_tick(aws, monkeypatch) -> None:
+    """A slow start (PENDING 4 s: the VM assumed RUNNING refuses its suspend), lists 60 s late
+    and every GetMicrovm refused (500): the parked slots' VMs the look missed are looked at again
+    once (one get, refused and told, then a list), not every poll until the tick's deadline; the
+    next tick parks them when they show."""
+    with deployed_fleet(aws, env={"MIN_VMS": "1", "WARM_VMS": "2", "MAX_VMS": "4"},
+                        pending_seconds=4, fresh_launches=0) as fleet:
+        lag = list_lag(fleet, 60)
+        refused = fleet.emulator.inject("GetMicrovm", "InternalServer", times=None, caller=RECONCILER_CALLER)
+        first = fleet.invoke(monkeypatch)
+        assert len(ours(fleet, "GetMicrovm")) == 1 and first.calls.get("ListMicrovms") == 3
+        assert [r.status for r in ours(fleet, "SuspendMicrovm")] == [409]  # one assumption, then none
+        assert [e for e in first.events("api_error") if e.get("operation") == "GetMicrovm"]
+        fleet.emulator.remove_fault(lag)
+        fleet.emulator.remove_fault(refused)
+        fleet.clock.advance(60)
+        fleet.every_minute(monkeypatch, 2)
+        assert Counter(vm["state"] for vm in fleet.live()) == {"RUNNING": 1, "SUSPENDED": 2}
+        assert_no_duplicates(fleet)
+
+
+def test_a_suspend_whose_answer_is_lost_never_suspends_the_session_a_client_resumed(aws, monkeypatch) -> None:
+    """The service suspends warm-0's VM and the answer is lost (the emulator's lost response: the
+    work done, then a 500); a client resumes the VM before the reconciler looks again. The
+    reconciler's GetMicrovm 0.6 s after the failure reads SUSPENDED (the client's resume keeps it
+    SUSPENDED until /resume returns): the suspend landed, and the VM seen RUNNING after the park
+    grace is the client's (a member, the pool refilled), never suspended again. (Before, the slot
+    was PARKING with no ``parking_since``, and the next step suspended the client's session.)"""
+    env = {"MIN_VMS": "1", "WARM_VMS": "1", "MAX_VMS": "4"}
+    with deployed_fleet(aws, env=env, pending_seconds=2, fresh_launches=0) as fleet:
+        fleet.emulator.inject("SuspendMicrovm", "lost_response", times=1)
+        resumed: list[str] = []
+
+        def on_request(record: Any) -> None:
+            if record.operation == "SuspendMicrovm" and record.caller == RECONCILER_CALLER and not resumed:
+                fleet.clock.advance(1.5)  # SUSPENDING -> SUSPENDED (1 s here)
+                fleet.emulator.direct_client(caller="client").resume_microvm(microvmIdentifier=record.microvm_id)
+                resumed.append(record.microvm_id)
+
+        fleet.emulator.subscribe(on_request)
+        first = fleet.invoke(monkeypatch)
+        assert resumed and any(e.get("operation") == "SuspendMicrovm" for e in first.events("api_error"))
+        assert [e["outcome"] for e in first.events("park_doubt_settled")] == ["landed"]
+        fleet.clock.advance(60)
+        fleet.every_minute(monkeypatch, 3)
+        assert [r.microvm_id for r in ours(fleet, "SuspendMicrovm")].count(resumed[0]) == 1
+        assert fleet.emulator.state_of(resumed[0]) == "RUNNING"
+        slots = fleet.ledger_slots()
+        assert any(s["role"] == "member" and s["microvm_id"] == resumed[0] for s in slots.values())
+        assert Counter(vm["state"] for vm in fleet.live()) == {"RUNNING": 2, "SUSPENDED": 1}
+        assert_no_duplicates(fleet)
+
+
+@pytest.mark.parametrize("warm", [3])  # 1: test_a_throttled_peek_is_told_and_the_step_lists_instead
+def test_a_slow_start_costs_one_refused_suspend_per_tick_and_still_parks_in_the_tick(aws, monkeypatch, warm) -> None:
+    """PENDING 4 s (a slow image; a fresh version's first launches take up to a minute): the
+    parked slots' VMs assumed RUNNING at 2.6 s are not. The first suspend is refused (409, told
+    with ``assumed_running``), nothing more is assumed in the tick, the VMs are looked at and
+    parked in the same tick: one refused call per tick, never one per VM, no suspend lost."""
+    env = {"MIN_VMS": "1", "WARM_VMS": str(warm), "MAX_VMS": str(warm + 2)}
+    with deployed_fleet(aws, env=env, pending_seconds=4, fresh_launches=0) as fleet:
+        t0 = fleet.clock.now()
+        first = fleet.invoke(monkeypatch)
+        statuses = [r.status for r in ours(fleet, "SuspendMicrovm")]
+        assert statuses == [409] + [200] * warm
+        assert all(r.time - t0 < 15 for r in ours(fleet, "SuspendMicrovm"))
+        refused = [e for e in first.events("api_error") if e.get("assumed_running")]
+        assert len(refused) == 1 and refused[0]["code"] == "ConflictException"
+        fleet.clock.advance(60)
+        fleet.invoke(monkeypatch)
+        assert Counter(vm["state"] for vm in fleet.live()) == {"RUNNING": 1, "SUSPENDED": warm}
+        assert_no_duplicates(fleet)
+
+
+# ------------------------------------------------------------------ a tick that takes over mid-fill
+
+
+@pytest.mark.parametrize("lag", [1.0, 0.0])
+def test_a_tick_that_takes_over_parks_the_vm_the_old_tick_started_just_before(aws, monkeypatch, lag) -> None:
+    """Found on the benchmark (43 fleets, seed 81868: convergence 77.0 s against a goal of 70.9 s).
+    Tick A (5 s ticks) runs base-0, warm-0 and warm-1 at once, parks warm-0, and runs warm-2 when
+    the shared budget (0.21 runs/s, burst 3) gives it its fourth token, just before its deadline;
+    tick B (the next delivery, a new execution environment) takes the lease over right after that
+    run, while warm-1's suspend still waits for the shared SuspendMicrovm budget (one a 4 s). B's
+    first list misses warm-2's VM (``lag``: lists omit VMs younger than a second; 0: the
+    emulator's own lag of up to 0.5 s), and warm-1's suspend comes due on that list. Before, B
+    looked at warm-2's VM never (A started it, less than a second before B's list) or only in the
+    step that planned it (the suspend's step, standing on the old list, dropped the look): it was
+    parked by the next minute's tick. Held: B parks all three, the last within its own tick; one VM
+    per slot, never above max_vms, B's tick lists twice at most."""
+    env = {"MIN_VMS": "1", "WARM_VMS": "3", "MAX_VMS": "5", "TICK_SECONDS": "5",
+           "BUDGETS": '{"RunMicrovm": [0.21, 3], "SuspendMicrovm": [0.25, 1]}'}
+    with deployed_fleet(aws, env=env, pending_seconds=2, fresh_launches=0) as fleet:
+        if lag:
+            list_lag(fleet, lag)
+        t0 = fleet.clock.now()
+        fleet._environment = fleet.reconciler(monkeypatch)  # A's execution environment
+        fleet._built_env = (dict(fleet.env), True)
+        runs: list[float] = []
+        fleet.emulator.subscribe(lambda r: runs.append(r.time) if r.operation == "RunMicrovm" and r.status == 200 else None)
+        second: list = []
+        fired = act_during_sleep(fleet, t0 + 4.9, lambda: second.append(fleet.invoke(monkeypatch, cold=True, timeout=20)))
+        first = fleet.invoke(monkeypatch, timeout=20)
+        assert fired and second and len(runs) == 4 and runs[-1] < fired[0], (runs, fired)
+        b = second[0]
+        assert b.result.get("steps") and "skipped" not in b.result, b.result
+        assert first.result.get("lease_lost"), first.result
+        warm = {s["microvm_id"]: name for name, s in fleet.ledger_slots().items() if s["role"] == "warm"}
+        assert len(warm) == 3, fleet.ledger_slots()
+        suspends = {r.microvm_id: r.time for r in ours(fleet, "SuspendMicrovm") if r.status == 200}
+        assert set(suspends) == set(warm), (suspends, warm)
+        # Within B's tick (5 s and its overtime), not the next minute's.
+        assert max(suspends.values()) <= fired[0] + 5 + 7 + 1e-6, (suspends, fired)
+        fleet.clock.advance(2)  # the last suspend's SUSPENDING (1 s here)
+        assert Counter(vm["state"] for vm in fleet.live()) == {"RUNNING": 1, "SUSPENDED": 3}
+        assert b.calls.get("ListMicrovms", 0) <= 2, b.calls
+        assert peak_live(fleet) <= 5
+        assert_no_duplicates(fleet)
+
+
+# spread: the least time between the first and the last parked slot's run; within_3_1: every
+# suspend within 3.1 s of its run (2.6 s and one suspend token), where the suspends do not queue.
+@pytest.mark.parametrize("shape,budgets,spread,within_3_1", [
+    ((1, 3, 6), '{"RunMicrovm": [1.6, 2], "SuspendMicrovm": [2, 1]}', 1.0, True),
+    ((5, 2, 8), None, 0.6, True),  # the default budgets: warm-0 and three base slots at once, warm-1 0.6 s later
+    ((6, 3, 12), '{"RunMicrovm": [3, 4]}', 1.0, False),  # warm-0 and warm-1 at once: the second suspend queues
+])
+def test_each_parked_slots_vm_is_parked_soon_after_its_own_run(aws, monkeypatch, shape, budgets, spread,
+                                                               within_3_1) -> None:
+    """Runs spread by the shared budget (1.6 a second, burst 2: warm-0 and base-0 at once, warm-1
+    0.6 s later, warm-2 1.2 s later), suspends at two a second (burst 1). Each parked slot's VM is
+    assumed RUNNING 2.6 s after its own run's answer and suspended then (or at the next suspend
+    token): not all at the last run's 2.6 s (round 10's look, later steps put earlier VMs off),
+    nor 2.6 s after the step that parked the one before (2 fleets, seed 41: a VM run at 2.3 s was
+    parked at 6.9 s instead of 5.3 s, convergence 8.3 s against a goal of 8.5 s; 7.3 s now), nor
+    at the look the plan of that step asked for its PENDING VM, 2.6 s after the step (1 fleet,
+    seed 5059040, min 5 / warm 2 / max 8: warm-1's VM run at 0.632 s, parked at 5.2 s instead of
+    3.232 s; convergence 6.6 s against a goal of 6.56 s)."""
+    min_vms, warm_vms, max_vms = shape
+    env = {"MIN_VMS": str(min_vms), "WARM_VMS": str(warm_vms), "MAX_VMS": str(max_vms),
+           **({"BUDGETS": budgets} if budgets else {})}
+    with deployed_fleet(aws, env=env, pending_seconds=2, fresh_launches=0) as fleet:
+        fleet.invoke(monkeypatch)
+        warm = {s["microvm_id"] for s in fleet.ledger_slots().values() if s["role"] == "warm"}
+        runs = {r.microvm_id: r.time for r in ours(fleet, "RunMicrovm") if r.microvm_id in warm}
+        suspends = {r.microvm_id: r.time for r in ours(fleet, "SuspendMicrovm") if r.status == 200}
+        assert set(suspends) == warm and len(runs) == warm_vms, (runs, suspends)
+        assert max(runs.values()) - min(runs.values()) >= spread  # the budget spread them
+        # Each suspend by its own VM's 2.6 s or the suspend token after the one before (two a
+        # second with the default budgets and here), whichever is later, and 0.1 s of slack.
+        late, previous = {}, float("-inf")
+        for vm in sorted(warm, key=suspends.get):
+            due = max(runs[vm] + 2.6, previous + 0.5)
+            if suspends[vm] > due + 0.1:
+                late[vm] = round(suspends[vm] - due, 3)
+            previous = suspends[vm]
+        assert not late, (late, runs, suspends)
+        if within_3_1:
+            late = {vm: round(suspends[vm] - runs[vm], 3) for vm in warm if suspends[vm] - runs[vm] > 2.6 + 0.5 + 1e-6}
+            assert not late, late
+        fleet.clock.advance(2)
+        assert Counter(vm["state"] for vm in fleet.live()) == {"RUNNING": min_vms, "SUSPENDED": warm_vms}
+        assert_no_duplicates(fleet)
