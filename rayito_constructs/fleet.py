@@ -24,6 +24,7 @@ from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
 from aws_cdk import aws_cloudwatch as cloudwatch
 from aws_cdk import aws_logs as logs
+from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
 from .access_token import FleetAccessToken, token_secret_name
@@ -47,7 +48,9 @@ from .names import claim
 from .options import egress_declaration
 from .permissions import (
     FleetAccess,
+    Statement,
     caller_statements,
+    check_same_environment,
     fleet_access,
     grant_all,
     launcher_statements,
@@ -130,27 +133,26 @@ class _FleetGrants(Construct):
     access: FleetAccess
 
     def grant_invoke(self, grantee: iam.IGrantable) -> iam.Grant:
-        """What ``CallerPolicy`` allows: route to, connect to and grow the fleet, save its recipe."""
-        return grant_all(caller_statements(self.access), grantee, self)
+        """What ``CallerPolicy`` allows: the launcher's and the publisher's paths, and ``rayito
+        agent deploy --renew-gateway-keys``."""
+        return grant_all(caller_statements(self.access), grantee, self, what="grant_invoke")
 
     def grant_launch(self, grantee: iam.IGrantable) -> iam.Grant:
-        """What ``SandboxLauncherPolicy`` allows: the MicroVM lifecycle, read and delete the recipe."""
-        return grant_all(launcher_statements(self.access), grantee, self)
+        """What ``SandboxLauncherPolicy`` allows: run and drive the fleet's sessions, read and
+        delete the recipe, read the sessions' secrets and the session index."""
+        return grant_all(launcher_statements(self.access), grantee, self, what="grant_launch")
 
     def grant_publish(self, grantee: iam.IGrantable) -> iam.Grant:
-        """What ``ImagePublisherPolicy`` allows: manage the fleet's image, save its recipe."""
-        return grant_all(publisher_statements(self.access), grantee, self)
+        """What ``ImagePublisherPolicy`` allows: publish, build and prune the fleet's image."""
+        return grant_all(publisher_statements(self.access), grantee, self, what="grant_publish")
 
     def grant_read_access_token(self, grantee: iam.IGrantable) -> iam.Grant:
         """Let ``grantee`` read the fleet's access token (``rayito/agents/<name>/access-token``),
         what the product's client needs to reach the fleet's VMs (``RAYITO_ACCESS_TOKEN``)."""
-        stack = cdk.Stack.of(self)
-        arn = stack.format_arn(service="secretsmanager", resource="secret",
-                               resource_name=f"{token_secret_name(self.fleet_name)}-??????",
-                               arn_format=cdk.ArnFormat.COLON_RESOURCE_NAME)
-        return iam.Grant.add_to_principal(grantee=grantee, actions=["secretsmanager:GetSecretValue",
-                                                                    "secretsmanager:DescribeSecret"],
-                                          resource_arns=[arn], scope=self)
+        statements = [Statement("AccessToken", ("secretsmanager:GetSecretValue",), (self.access.access_token_secret_arn,))]
+        if self.access.secret_key_arns:
+            statements += [s for s in launcher_statements(self.access) if s.sid == "SecretsKey"]
+        return grant_all(statements, grantee, self, what="grant_read_access_token")
 
     @property
     def access_token_secret_name(self) -> str:
@@ -203,7 +205,12 @@ class AgentFleet(_FleetGrants):
         too large to save is a synth error. Default: ``warn``.
     :param recipe_alarm: an alarm on ``RecipeNotSaved`` (a custom metric: True needs ``metrics``).
         Default: when metrics are on.
-    :param build_role: the image build role, for ``ImagePublisherPolicy``'s PassRole. Default: none.
+    :param build_role: the image build role, for ``ImagePublisherPolicy``'s PassRole (``rayito
+        image publish --build-role-arn``). Default: the role of the image the fleet builds, if any.
+    :param base_build_role: the role the base image (``rayito-base-caps``) was built with, which
+        ``rayito agent build`` passes. Default: ``rayito setup``'s, ``rayito-m0-build-<region>``.
+    :param artifact_bucket: where the publisher's ``rayito image publish`` and ``rayito agent
+        build`` upload. Default: ``rayito setup``'s bucket, ``rayito-artifacts-<account>-<region>``.
     :param network_connectors: customer network connector ARNs the MicroVMs use. Default: none.
     :param scope_microvm_actions_to_image: MicroVM lifecycle actions on the fleet's image only
         (RunMicrovm on its ARN, the others on its ARN and versions). ``False`` is the opt-out, on
@@ -278,6 +285,8 @@ class AgentFleet(_FleetGrants):
         recipe_key: Optional[kms.IKey] = None,
         keep_recipe: bool = False,
         build_role: Optional[iam.IRole] = None,
+        base_build_role: Optional[iam.IRole] = None,
+        artifact_bucket: Optional[s3.IBucket] = None,
         network_connectors: Sequence[str] = (),
         scope_microvm_actions_to_image: bool = True,
         recipe_failure: str = "warn",
@@ -339,6 +348,7 @@ class AgentFleet(_FleetGrants):
         retention_days(log_retention)  # a logs.RetentionDays, or a one-line error
         retention_days(microvm_log_retention, "microvm_log_retention")
         check_alarm_actions(alarm_actions, region=cdk.Stack.of(scope).region)  # before anything is built
+        check_same_environment(scope, "artifact_bucket", artifact_bucket)
         super().__init__(scope, id)
         claim(self, "fleet", project.name)  # one fleet of a name per account and region in an app
         self.operations = Operations.for_fleet(
@@ -425,6 +435,9 @@ class AgentFleet(_FleetGrants):
         self.access = fleet_access(
             self,
             fleet_name=project.name,
+            project=project,
+            artifact_bucket_arn=artifact_bucket.bucket_arn if artifact_bucket is not None else None,
+            base_build_role=base_build_role,
             image_arn=image_arn,
             execution_role=self.execution_role,
             build_role=build_role,
@@ -588,17 +601,26 @@ class AgentFleet(_FleetGrants):
         metadata_table: Optional[dynamodb.ITable] = None,
         network_connectors: Sequence[str] = (),
         scope_microvm_actions_to_image: bool = True,
+        project: Optional[AgentProject] = None,
+        artifact_bucket: Optional[s3.IBucket] = None,
+        base_build_role: Optional[iam.IRole] = None,
     ) -> ImportedAgentFleet:
         """A fleet deployed by another stack or app, to grant on by name.
 
         Pass the same optional resources the fleet was deployed with, so the grants match:
         ``execution_role`` (for ``iam:PassRole``; ``iam.Role.from_role_arn``), ``recipe_key``,
-        ``metadata_table`` (``dynamodb.Table.from_table_name``).
+        ``metadata_table`` (``dynamodb.Table.from_table_name``), ``project`` (the secrets its
+        sessions read), ``artifact_bucket``, ``build_role`` and ``base_build_role``.
         """
         _image_name(image_arn, fleet_name)
+        check_same_environment(scope, "metadata_table", metadata_table)
+        check_same_environment(scope, "artifact_bucket", artifact_bucket)
         access = fleet_access(
             scope,
             fleet_name=fleet_name,
+            project=project,
+            artifact_bucket_arn=artifact_bucket.bucket_arn if artifact_bucket is not None else None,
+            base_build_role=base_build_role,
             image_arn=image_arn,
             execution_role=execution_role,
             build_role=build_role,

@@ -25,6 +25,14 @@ real account unless said otherwise; ``microvms.md`` section 2):
   does take one (the managed base image, ``/managed-microvm-images/{imageIdentifier}/versions``);
   what IAM evaluates it on is not measured, and Rayito grants it on ``*`` (its ``ListEverything``
   statement), which is what works: it keeps ``*`` under its own Sid with that reason.
+* **What the product's client and CLI call** (``rayito`` 0.17.1, recorded on every path by
+  ``tests/test_product_iam.py`` and shown per path in docs/iam.md) decides the three managed
+  policies: the launcher runs and drives sessions (connect, status, invoke, stream, stop, warm
+  slots, gateways, ``secret_env``, the session index), the publisher publishes the fleet's image
+  (``rayito image publish``, ``rayito agent build``, ``rayito image prune``), the caller does both
+  and deploys (``rayito agent deploy --renew-gateway-keys``). Nothing a path does not call: the
+  client sends no ``executionRoleArn`` (``deploy_create_args``), so neither policy passes the
+  execution role (the reconciler's role does); no path deletes or tags an image.
 * The recipe is a SecureString: with the AWS managed key ``aws/ssm`` no KMS permission is needed;
   with a customer key, ``kms:Encrypt`` to write it and ``kms:Decrypt`` to read it, only through
   SSM. Tables encrypted with the customer key take the key only through DynamoDB. Every KMS
@@ -96,7 +104,29 @@ TABLE_KEY_ACTIONS = (
     "kms:ReEncryptFrom",
     "kms:ReEncryptTo",
 )
+#: The image actions a publisher's paths call on the fleet's image (publish, build, prune): no
+#: DeleteMicrovmImage (prune deletes versions, never the image), no tags (no path sends any).
+PUBLISH_IMAGE_ACTIONS = (
+    "lambda:UpdateMicrovmImage",
+    "lambda:GetMicrovmImage",
+    "lambda:GetMicrovmImageVersion",
+    "lambda:UpdateMicrovmImageVersion",
+    "lambda:DeleteMicrovmImageVersion",
+    "lambda:ListMicrovmImageVersions",
+    "lambda:GetMicrovmImageBuild",
+    "lambda:ListMicrovmImageBuilds",
+)
+#: What ``rayito agent build`` reads of its base image (``rayito-base-caps``): its versions.
+BASE_IMAGE_ACTIONS = ("lambda:GetMicrovmImage", "lambda:ListMicrovmImageVersions", "lambda:GetMicrovmImageVersion")
+#: The product's metadata index (``rayito._index.IAM_ACTIONS``): a writer puts, a reader batch-gets.
+INDEX_WRITE = ("dynamodb:PutItem",)
+INDEX_READ = ("dynamodb:BatchGetItem",)
 LAMBDA_SERVICE = "lambda.amazonaws.com"
+#: The build role ``rayito setup`` makes (the product's ``_stacks/_templates/iam.yaml``, ``BuildRole``:
+#: ``RoleName: !Sub rayito-m0-build-${AWS::Region}``): ``rayito-base-caps`` is built with it, and
+#: ``rayito agent build`` passes the base's build role (``_templates/_build.py``: the body inherits
+#: ``buildRoleArn``). tests/test_product_iam.py reads the product's template to keep this true.
+PRODUCT_BUILD_ROLE_NAME = "rayito-m0-build-{region}"
 #: The managed connector an image build passes even when the request names none (Q114).
 BUILD_CONNECTOR = "INTERNET_EGRESS"
 
@@ -136,6 +166,19 @@ STAR_REASONS = {
     "AgentRecipe": "every fleet's recipe (parameter/rayito/agents/*) in an account-wide policy",
     "AgentRecipeWrite": "every fleet's recipe (parameter/rayito/agents/*) in an account-wide policy",
     "ReadCodeArtifact": "the image's code artifact objects given by the caller",
+    "BaseImage": "the base image rayito agent build builds on (rayito-base-caps) and its versions (<image ARN>:*)",
+    "PassBuildNetworkConnectors": (
+        "the AWS-managed network connectors (aws-network-connector:*): an image build passes INTERNET_EGRESS even "
+        "when it names none (measured, Q114), a build inherits its base's connectors"
+    ),
+    "UploadArtifacts": (
+        "the product's artifact keys in the artifact bucket (rayito/images/* for rayito image publish, "
+        "rayito/templates/* for rayito agent build): content-addressed zips whose names are known only at run time"
+    ),
+    "BuildLogs": "the build log group of the fleet's image (/rayito/<image>, the product's) and its streams",
+    "AccessToken": "every fleet's access token (rayito/agents/*/access-token) in an account-wide policy",
+    "GatewaySecrets": "every secret under the product's prefix rayito/ in an account-wide policy (webhook signing secrets denied)",
+    "NeverWebhookSigningSecrets": "a Deny: the product's webhook signing secrets are never read by a session",
 }
 #: Kept for code that predates the per-Sid reasons.
 WILDCARD_REASON = (
@@ -152,16 +195,20 @@ class Statement:
     actions: tuple[str, ...]
     resources: tuple[str, ...]
     conditions: Optional[Mapping[str, Mapping[str, Any]]] = None
+    deny: bool = False
 
     def to_policy_statement(self) -> iam.PolicyStatement:
         return iam.PolicyStatement(
             sid=self.sid,
+            effect=iam.Effect.DENY if self.deny else iam.Effect.ALLOW,
             actions=list(self.actions),
             resources=list(self.resources),
             conditions=dict(self.conditions) if self.conditions else None,
         )
 
     def grant(self, grantee: iam.IGrantable, scope: IConstruct) -> iam.Grant:
+        if self.deny:
+            raise ValueError(f"{self.sid}: a Deny statement is not a grant (it belongs in a managed policy)")
         return iam.Grant.add_to_principal(
             grantee=grantee,
             actions=list(self.actions),
@@ -195,6 +242,16 @@ class FleetAccess:
     scope_microvm_actions_to_image: bool = True
     build_connector_arns: tuple[str, ...] = ()
     region: str = field(default=cdk.Aws.REGION)
+    access_token_secret_arn: Optional[str] = None
+    gateway_secret_arns: tuple[str, ...] = ()
+    renewed_secret_arns: tuple[str, ...] = ()
+    secret_env_arns: tuple[str, ...] = ()
+    secret_key_arns: tuple[str, ...] = ()
+    artifact_bucket_arn: Optional[str] = None
+    base_image_arns: tuple[str, ...] = ()
+    build_role_arns: tuple[str, ...] = ()
+    build_log_group_arns: tuple[str, ...] = ()
+    account_wide: bool = False
 
     @property
     def image_arn(self) -> str:
@@ -240,6 +297,78 @@ def source_arn_condition(stack: cdk.Stack, image_arn: str) -> dict[str, dict[str
     }
 
 
+def secret_arn_for(stack: cdk.Stack, secret_id: str) -> tuple[str, ...]:
+    """What a policy names for a secret the product reads by ``secret_id`` (``SecretId``): a name
+    gets its ARN with the six random characters Secrets Manager appends (``<name>-??????``, never
+    ``<name>*``, which would also reach ``<name>-old``); an ARN is taken as it is, and with the
+    suffix in case it is a partial one."""
+    if secret_id.startswith("arn:"):
+        return (secret_id,) if cdk.Token.is_unresolved(secret_id) else (secret_id, f"{secret_id}-??????")
+    return (stack.format_arn(service="secretsmanager", resource="secret", resource_name=f"{secret_id}-??????",
+                             arn_format=cdk.ArnFormat.COLON_RESOURCE_NAME),)
+
+
+@dataclass(frozen=True)
+class SessionSecrets:
+    """The Secrets Manager ids a fleet's sessions read, as the product reads them.
+
+    ``gateways``: each ``[gateways.*]`` header's secret (``SecretCache`` with the prefix
+    ``rayito/``: ``rayito/<secret>``), read after a VM is ready (``GatewaySection.fill``) and
+    described by ``rayito agent deploy``'s preflight (``ensure_model_secrets``); ``renewed``: the
+    ``bedrock`` gateways' secrets ``--renew-gateway-keys`` describes and writes
+    (``renewable_gateways``); ``secret_env``: the ids of ``[secret_env]`` as written (a full name
+    or ARN: ``secret_reader_for`` reads them with no prefix)."""
+
+    gateways: tuple[str, ...] = ()
+    renewed: tuple[str, ...] = ()
+    secret_env: tuple[str, ...] = ()
+
+
+def session_secrets(project: Any) -> SessionSecrets:
+    """The secrets of ``project`` (an :class:`~rayito_constructs.project.AgentProject`), by the
+    product's own functions."""
+    from rayito._agent._gateway_keys import renewable_gateways
+    from rayito._secrets import DEFAULT_SECRET_PREFIX, WEBHOOK_SECRET_PREFIX, resolve_secret_id
+    from rayito.exceptions import InvalidArgumentException
+
+    product = project.product
+    gateways: list[str] = []
+    for name, gateway in sorted(product.gateways.items()):
+        for reference in gateway.headers.values():
+            secret_id = resolve_secret_id(getattr(reference, "name", reference), DEFAULT_SECRET_PREFIX)
+            if secret_id.startswith(WEBHOOK_SECRET_PREFIX):
+                # The product refuses them too (SecretStore.read_value): a session that held a
+                # webhook signing secret could forge deliveries.
+                raise ValueError(f"gateways.{name}: {secret_id!r} is under {WEBHOOK_SECRET_PREFIX}, the product's "
+                                 "webhook signing secrets, which a session never reads; name another secret")
+            gateways.append(secret_id)
+    try:
+        renewed = tuple(g.secret_id for g in renewable_gateways(product))
+    except InvalidArgumentException:
+        renewed = ()  # no bedrock gateway: --renew-gateway-keys has nothing to renew
+    return SessionSecrets(gateways=tuple(dict.fromkeys(gateways)), renewed=tuple(dict.fromkeys(renewed)),
+                          secret_env=tuple(dict.fromkeys(project.secret_env.values())))
+
+
+def product_base_image(project: Any) -> str:
+    """The base image ``rayito agent build`` builds the project's image on (the project's
+    ``[image] base``, ``rayito-base-caps`` by default): the product's ``project_template``."""
+    from rayito._agent._project_base import project_template
+    from rayito._agent._template import DEFAULT_AGENT_TEMPLATE_BASE
+
+    if project is None:
+        return DEFAULT_AGENT_TEMPLATE_BASE
+    return str(project_template(project.product).base)
+
+
+def artifact_bucket_name(stack: cdk.Stack) -> str:
+    """The bucket ``rayito setup`` makes for artifacts (``rayito-artifacts-<account>-<region>``,
+    the product's ``DEFAULT_ARTIFACT_BUCKET_TEMPLATE``), where its base images' zips are."""
+    from rayito._account_setup._domain import DEFAULT_ARTIFACT_BUCKET_TEMPLATE
+
+    return DEFAULT_ARTIFACT_BUCKET_TEMPLATE.format(account=stack.account, region=stack.region)
+
+
 def fleet_access(
     scope: IConstruct,
     *,
@@ -254,17 +383,50 @@ def fleet_access(
     code_object_arns: Sequence[str] = (),
     scope_microvm_actions_to_image: bool = True,
     build_network_connectors: Sequence[str] = (),
+    project: Any = None,
+    artifact_bucket_arn: Optional[str] = None,
+    base_build_role: Optional[iam.IRole] = None,
 ) -> FleetAccess:
     """Gather the ARNs for one fleet (``fleet_name``) or, with ``fleet_name=None``, every fleet.
 
     The name and the connector ARNs end up in resource ARNs: a name such as ``""`` (every fleet),
     ``"a*"`` (every image whose name starts with ``a``) or a connector ``"*"`` would widen the
     statements silently, so they are refused here with one line (audit round 9).
+
+    ``project`` names the secrets the fleet's sessions read (:func:`session_secrets`) and the base
+    image of ``rayito agent build``; without it the policies grant no gateway or ``secret_env``
+    secret. ``artifact_bucket_arn``: where the publisher uploads (default: ``rayito setup``'s
+    bucket). ``base_build_role``: the role the base image was built with (default: ``rayito
+    setup``'s build role, :data:`PRODUCT_BUILD_ROLE_NAME`).
     """
     _check_access_inputs(fleet_name, network_connectors, build_network_connectors, code_object_arns)
     _check_image_arn(image_arn)
     stack = cdk.Stack.of(scope)
     image = image_arn or image_arn_for(stack, fleet_name)
+    secrets = session_secrets(project) if project is not None else SessionSecrets()
+    for secret_id in secrets.secret_env:
+        check_same_environment(scope, "secret_env", secret_id)
+    from .access_token import token_secret_name
+
+    if fleet_name:
+        token = secret_arn_for(stack, token_secret_name(fleet_name))[0]
+        gateways = tuple(a for g in secrets.gateways for a in secret_arn_for(stack, g))
+        image_name = image.rsplit(":microvm-image:", 1)[-1] if not cdk.Token.is_unresolved(image) else fleet_name
+    else:
+        token = secret_arn_for(stack, "rayito/agents/*/access-token")[0]
+        gateways = (stack.format_arn(service="secretsmanager", resource="secret", resource_name="rayito/*",
+                                     arn_format=cdk.ArnFormat.COLON_RESOURCE_NAME),)
+        image_name = "*"
+    from rayito._images_publish_domain import log_group_for
+
+    group = stack.format_arn(service="logs", resource="log-group", resource_name=log_group_for(image_name),
+                             arn_format=cdk.ArnFormat.COLON_RESOURCE_NAME)
+    base = product_base_image(project)
+    base_arn = base if base.startswith("arn:") else image_arn_for(stack, base)
+    base_role = (base_build_role.role_arn if base_build_role is not None else
+                 stack.format_arn(service="iam", region="", resource="role",
+                                  resource_name=PRODUCT_BUILD_ROLE_NAME.format(region=stack.region)))
+    bucket = artifact_bucket_arn or f"arn:{stack.partition}:s3:::{artifact_bucket_name(stack)}"
     return FleetAccess(
         recipe_parameter_arns=(recipe_parameter_arn(stack, fleet_name),),
         image_arns=image_and_versions(image),
@@ -277,8 +439,18 @@ def fleet_access(
         table_key_arn=table_key_arn if table_arn else None,
         code_object_arns=tuple(code_object_arns),
         scope_microvm_actions_to_image=scope_microvm_actions_to_image,
-        build_connector_arns=(managed_connector_arn(stack, BUILD_CONNECTOR), *build_network_connectors),
+        build_connector_arns=tuple(dict.fromkeys(build_network_connectors)),
         region=stack.region,
+        access_token_secret_arn=token,
+        gateway_secret_arns=gateways,
+        renewed_secret_arns=tuple(a for g in secrets.renewed for a in secret_arn_for(stack, g)),
+        secret_env_arns=tuple(a for g in secrets.secret_env for a in secret_arn_for(stack, g)),
+        secret_key_arns=(recipe_key_arn,) if recipe_key_arn else (),
+        artifact_bucket_arn=bucket,
+        base_image_arns=image_and_versions(base_arn),
+        build_role_arns=tuple(dict.fromkeys(r for r in (build_role.role_arn if build_role else None, base_role) if r)),
+        build_log_group_arns=(group, f"{group}:*"),
+        account_wide=not fleet_name,
     )
 
 
@@ -377,59 +549,230 @@ def microvm_statements(access: FleetAccess) -> list[Statement]:
     return statements
 
 
-def _metadata_index(access: FleetAccess) -> list[Statement]:
+def _metadata_index(access: FleetAccess, *, write: bool = True, read: bool = True) -> list[Statement]:
+    """The product's index grants (``RayitoIndexWriter``'s ``PutIndexRows``, ``RayitoIndexReader``'s
+    ``ReadIndexRows``, ``_stacks/_templates/metadata-index.yaml``), and the table's customer key."""
     if not access.table_arn:
         return []
-    statements = [Statement("MetadataIndex", TABLE_DATA_ACTIONS, (access.table_arn,))]
+    statements = []
+    if write:
+        statements.append(Statement("PutIndexRows", INDEX_WRITE, (access.table_arn,)))
+    if read:
+        statements.append(Statement("ReadIndexRows", INDEX_READ, (access.table_arn,)))
     if access.table_key_arn:
         statements.append(table_key_statement("MetadataIndexKey", access.table_key_arn, access.region))
     return statements
 
 
-def launcher_statements(access: FleetAccess) -> list[Statement]:
-    """SandboxLauncherPolicy: create, list, connect to, suspend, resume and kill sandboxes, and
-    the AgentRecipe statement (read and delete the recipe, never write it)."""
+def _client_microvms(access: FleetAccess) -> list[Statement]:
+    """The MicroVM statements of the product's client: those of :func:`microvm_statements` but
+    PassExecutionRole (the client's RunMicrovm sends no ``executionRoleArn``)."""
+    return [s for s in microvm_statements(access) if s.sid != "PassExecutionRole"]
+
+
+def _secret_keys(access: FleetAccess) -> list[Statement]:
+    if not access.secret_key_arns:
+        return []  # aws/secretsmanager needs no KMS permission
+    return [Statement("SecretsKey", ("kms:Decrypt",), access.secret_key_arns, via("secretsmanager", access.region))]
+
+
+def session_secret_statements(access: FleetAccess) -> list[Statement]:
+    """Read what a session of the fleet needs: the access token (``RAYITO_ACCESS_TOKEN``: rayd
+    admits no RPC without it), each gateway's secret (its headers, sent to the VM after it is
+    ready) and each ``secret_env`` secret (its value, into the agent's environment)."""
+    statements = []
+    if access.access_token_secret_arn:
+        statements.append(Statement("AccessToken", ("secretsmanager:GetSecretValue",), (access.access_token_secret_arn,)))
+    if access.gateway_secret_arns:
+        statements.append(Statement("GatewaySecrets", ("secretsmanager:GetSecretValue",), access.gateway_secret_arns))
+        if access.account_wide:
+            statements.append(Statement(
+                "NeverWebhookSigningSecrets", ("secretsmanager:GetSecretValue",),
+                (access.gateway_secret_arns[0].replace(":secret:rayito/*", ":secret:rayito/webhooks/*"),), deny=True))
+    if access.secret_env_arns:
+        statements.append(Statement("SecretEnv", ("secretsmanager:GetSecretValue",), access.secret_env_arns))
+    return [*statements, *_secret_keys(access)]
+
+
+def serving_statements(access: FleetAccess) -> list[Statement]:
+    """What serving a base VM needs beyond starting it, for the reconciler's role: the secrets a
+    session reads (:func:`session_secret_statements`) and ``CreateMicrovmAuthToken`` on the
+    fleet's image (``ServeMicrovms``: the token opens the VM's endpoint to configure its gateways
+    and start the agent host). Not attached here: the reconciler's role is its owner's."""
     return [
-        *microvm_statements(access),
+        *[s for s in session_secret_statements(access) if not s.deny],
+        Statement("ServeMicrovms", ("lambda:CreateMicrovmAuthToken",),
+                  ("*",) if not access.scope_microvm_actions_to_image else access.image_arns),
+    ]
+
+
+def launcher_statements(access: FleetAccess) -> list[Statement]:
+    """SandboxLauncherPolicy: run and drive the fleet's sessions as the product's client does
+    (connect, status, invoke, stream, stop, warm slots), read (never write) the recipe, the
+    sessions' secrets and the session index."""
+    return [
+        *_client_microvms(access),
         Statement("AgentRecipe", RECIPE_READ_DELETE, access.recipe_parameter_arns),
         *_recipe_key("AgentRecipeKey", ("kms:Decrypt",), access),
+        *session_secret_statements(access),
         *_metadata_index(access),
     ]
 
 
-def caller_statements(access: FleetAccess) -> list[Statement]:
-    """CallerPolicy: the deployer and the fleet client route, connect and grow the fleet, and
-    save, read and delete its recipe."""
-    return [
-        *microvm_statements(access),
-        Statement("AgentRecipe", RECIPE_READ_DELETE, access.recipe_parameter_arns),
-        Statement("AgentRecipeWrite", RECIPE_WRITE, access.recipe_parameter_arns),
-        *_recipe_key("AgentRecipeKey", ("kms:Decrypt", "kms:Encrypt"), access),
-        *_metadata_index(access),
-    ]
-
-
-def publisher_statements(access: FleetAccess) -> list[Statement]:
-    """ImagePublisherPolicy: create, update and manage MicroVM images, their versions and builds,
-    pass the build role and the build's network connector, read the code artifact, and save the
-    recipe."""
-    statements = [
-        Statement("CreateMicrovmImage", CREATE_IMAGE_ACTIONS, ("*",)),
-        Statement("MicrovmImages", IMAGE_ACTIONS, access.image_arns),
-        Statement("MicrovmImageCatalog", IMAGE_CATALOG_ACTIONS, ("*",)),
-        Statement("ManagedImageVersions", MANAGED_IMAGE_VERSIONS_ACTIONS, ("*",)),
-        Statement("PassBuildNetworkConnectors", ("lambda:PassNetworkConnector",), access.build_connector_arns),
-    ]
-    if access.build_role_arn:
-        statements.append(pass_role("PassBuildRole", access.build_role_arn))
-    if access.code_object_arns:
-        statements.append(Statement("ReadCodeArtifact", ("s3:GetObject",), access.code_object_arns))
-    statements.append(Statement("AgentRecipeWrite", RECIPE_WRITE, access.recipe_parameter_arns))
-    statements.extend(_recipe_key("AgentRecipeKey", ("kms:Encrypt",), access))
+def _deploy_statements(access: FleetAccess) -> list[Statement]:
+    """``rayito agent deploy``'s own calls: the preflight describes each gateway secret, and
+    ``--renew-gateway-keys`` writes a new key into each bedrock gateway's secret."""
+    statements = []
+    if access.gateway_secret_arns and not access.account_wide:
+        statements.append(Statement("CheckGatewaySecrets", ("secretsmanager:DescribeSecret",), access.gateway_secret_arns))
+    if access.renewed_secret_arns:
+        statements.append(Statement("RenewGatewayKeys", ("secretsmanager:DescribeSecret", "secretsmanager:PutSecretValue"),
+                                    access.renewed_secret_arns))
     return statements
 
 
-def grant_all(statements: Sequence[Statement], grantee: iam.IGrantable, scope: IConstruct) -> iam.Grant:
-    """Add every statement to ``grantee``'s policy; one combined :class:`iam.Grant`."""
+def caller_statements(access: FleetAccess) -> list[Statement]:
+    """CallerPolicy: the launcher and the publisher together ("kept for existing setups", the
+    product's union), plus what ``rayito agent deploy`` does besides: describe the gateway
+    secrets, renew the bedrock gateways' keys and save the recipe."""
+    launcher = launcher_statements(access)
+    publisher = [s for s in publisher_statements(access) if s.sid not in {l.sid for l in launcher}]
+    recipe_key = [s for s in launcher if s.sid == "AgentRecipeKey"]
+    statements = [s for s in launcher if s.sid != "AgentRecipeKey"]
+    statements.insert(statements.index(next(s for s in statements if s.sid == "AgentRecipe")) + 1,
+                      Statement("AgentRecipeWrite", RECIPE_WRITE, access.recipe_parameter_arns))
+    if recipe_key:
+        statements.append(Statement("AgentRecipeKey", ("kms:Decrypt", "kms:Encrypt"), recipe_key[0].resources,
+                                    recipe_key[0].conditions))
+    return [*statements, *_deploy_statements(access), *_merge_connectors(publisher, statements)]
+
+
+def _merge_connectors(publisher: list[Statement], launcher: list[Statement]) -> list[Statement]:
+    """The publisher's statements for the caller, its connectors and ListMicrovms already held."""
+    held = {r for s in launcher if s.sid == "PassNetworkConnectors" for r in s.resources}
+    out = []
+    for statement in publisher:
+        if statement.sid == "PassBuildNetworkConnectors":
+            extra = tuple(r for r in statement.resources if r not in held)
+            if extra:
+                out.append(Statement(statement.sid, statement.actions, extra))
+            continue
+        out.append(statement)
+    return out
+
+
+def publisher_statements(access: FleetAccess) -> list[Statement]:
+    """ImagePublisherPolicy: what ``rayito image publish``, ``rayito agent build`` and ``rayito
+    image prune`` call for the fleet's image: create and update it, its versions and builds,
+    read its base's versions, upload the artifact, pass the build roles and the connectors, read
+    the build's logs, list VMs to keep the versions in use."""
+    statements = [
+        Statement("CreateMicrovmImage", CREATE_IMAGE_ACTIONS, ("*",)),
+        Statement("MicrovmImages", PUBLISH_IMAGE_ACTIONS, access.image_arns),
+        Statement("BaseImage", BASE_IMAGE_ACTIONS, access.base_image_arns),
+        Statement("ManagedImageVersions", MANAGED_IMAGE_VERSIONS_ACTIONS, ("*",)),
+        Statement("ListMicrovms", LIST_ACTIONS, ("*",)),
+        Statement("PassBuildNetworkConnectors", ("lambda:PassNetworkConnector",),
+                  tuple(dict.fromkeys((access.managed_connector_arn, *access.network_connector_arns,
+                                       *access.build_connector_arns)))),
+    ]
+    if access.build_role_arns:
+        statements.append(Statement("PassBuildRole", ("iam:PassRole",), access.build_role_arns,
+                                    {"StringEquals": {"iam:PassedToService": LAMBDA_SERVICE}}))
+    if access.artifact_bucket_arn:
+        statements += [
+            Statement("UploadArtifacts", ("s3:PutObject", "s3:GetObject"),
+                      tuple(f"{access.artifact_bucket_arn}/{prefix}/*" for prefix in _artifact_prefixes())),
+            Statement("ProbeArtifactBucket", ("s3:ListBucket",), (access.artifact_bucket_arn,)),
+        ]
+    if access.build_log_group_arns:
+        statements.append(Statement("BuildLogs", ("logs:DescribeLogStreams", "logs:GetLogEvents"),
+                                    access.build_log_group_arns))
+    return statements
+
+
+def _artifact_prefixes() -> tuple[str, str]:
+    """Where the product puts artifacts: ``rayito/images`` (``rayito image publish``,
+    ``cli/_publish.py``) and ``rayito/templates`` (``Template.build``, ``_templates/_build.py``)."""
+    from rayito._templates._build import S3_KEY_PREFIX as TEMPLATES
+    from rayito.cli._publish import S3_KEY_PREFIX as IMAGES
+
+    return (IMAGES, TEMPLATES)
+
+
+def grant_all(statements: Sequence[Statement], grantee: iam.IGrantable, scope: IConstruct,
+              *, what: str = "grant") -> iam.Grant:
+    """Add every statement to ``grantee``'s policy; one combined :class:`iam.Grant`.
+
+    A principal the statements cannot reach is an error, never a silent no-op: an imported role
+    that is immutable (``mutable=False``) or of another account takes no statement (CDK pretends
+    it did), and a principal that is not a construct (a service or an account) has no policy."""
     grants = [s.grant(grantee, scope) for s in statements]
+    principal = grantee.grant_principal
+    if not _grant_landed(principal):
+        name = getattr(principal, "role_arn", None) or getattr(getattr(principal, "node", None), "path", None) or principal
+        raise ValueError(
+            f"{what}: {name} cannot be granted to (an imported role that is immutable or of another account, or a "
+            "principal without a policy), so the statements would be dropped silently; attach the fleet's managed "
+            "policy to it where it is defined (the stack's CallerPolicyArn, ImagePublisherPolicyArn or "
+            "SandboxLauncherPolicyArn output)")
+    _check_inline_size(principal, what)
     return functools.reduce(lambda combined, grant: combined.combine(grant), grants)
+
+
+def _grant_landed(principal: Any) -> bool:
+    """Whether statements added to ``principal`` land in a policy of the template: a role, user or
+    group of the app (its ``DefaultPolicy``) or an imported mutable role (a ``Policy`` CDK attaches
+    by name)."""
+    node = getattr(principal, "node", None)
+    if node is None:
+        return False
+    return any(node.try_find_child(child) is not None for child in ("DefaultPolicy", "Policy"))
+
+
+def _check_inline_size(principal: Any, what: str) -> None:
+    """An imported role's inline policy (CDK splits the policies of the roles it makes into
+    managed ones when they grow; an imported role's ``Policy`` it does not): IAM's 10,240."""
+    from .policy_size import INLINE_POLICIES_LIMIT, check_size
+
+    policy = principal.node.try_find_child("Policy")
+    if policy is None or not hasattr(policy, "document"):
+        return
+    name = getattr(principal, "role_arn", None) or principal.node.path
+    check_size(principal, f"{what}: the inline policy of {name}", policy.document, INLINE_POLICIES_LIMIT,
+               hint="attach the fleet's managed policy instead of granting inline")
+
+
+def check_same_environment(scope: IConstruct, option: str, resource: Any) -> None:
+    """A secret, bucket or table of another account or region is refused, in one line: the
+    product's client reads them by name in its own account and region (``DynamoDbIndex``'s
+    table name, ``SecretCache``'s ids, the artifact bucket of its session), so the fleet would
+    never reach them. Unresolved values (tokens) are not judged."""
+    if resource is None:
+        return
+    stack = cdk.Stack.of(scope)
+    if isinstance(resource, str):
+        if cdk.Token.is_unresolved(resource) or not resource.startswith("arn:"):
+            return
+        parts = resource.split(":", 5)
+        if len(parts) < 6:
+            return
+        account, region, name = parts[4], parts[3], resource
+    else:
+        env = getattr(resource, "env", None)
+        if env is None:
+            return
+        account, region = env.account, env.region
+        name = next((getattr(resource, a) for a in ("table_arn", "secret_arn", "bucket_arn") if hasattr(resource, a)),
+                    getattr(getattr(resource, "node", None), "path", option))
+        if cdk.Token.is_unresolved(name):
+            name = getattr(getattr(resource, "node", None), "path", option)
+    problems = []
+    for kind, theirs, ours in (("account", account, stack.account), ("region", region, stack.region)):
+        if not theirs or cdk.Token.is_unresolved(theirs) or cdk.Token.is_unresolved(ours):
+            continue
+        if theirs != ours:
+            problems.append(f"{kind} {theirs}, not the stack's {ours}")
+    if problems:
+        raise ValueError(f"{option}: {name} is in {' and '.join(problems)}; the product's client reads it by name "
+                         "in its own account and region, so the fleet would never reach it: give one of the stack's")

@@ -8,11 +8,12 @@ The statements come from :mod:`rayito_constructs.permissions`; ``docs/iam.md`` e
 
 from __future__ import annotations
 
-from typing import Callable, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 from aws_cdk import aws_dynamodb as dynamodb
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
+from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
 from ._nag import acknowledge_statements
@@ -20,11 +21,13 @@ from .permissions import (
     FleetAccess,
     Statement,
     caller_statements,
+    check_same_environment,
     fleet_access,
     launcher_statements,
     publisher_statements,
     wildcard_reasons,
 )
+from .policy_size import MANAGED_POLICY_LIMIT, check_size
 
 
 class _FleetPolicy(iam.ManagedPolicy):
@@ -46,6 +49,9 @@ class _FleetPolicy(iam.ManagedPolicy):
         code_object_arns: Sequence[str] = (),
         scope_microvm_actions_to_image: bool = True,
         build_network_connectors: Sequence[str] = (),
+        project: Any = None,
+        artifact_bucket: Optional[s3.IBucket] = None,
+        base_build_role: Optional[iam.IRole] = None,
         managed_policy_name: Optional[str] = None,
         access: Optional[FleetAccess] = None,
     ) -> None:
@@ -71,13 +77,29 @@ class _FleetPolicy(iam.ManagedPolicy):
         :param build_network_connectors: customer connectors the image build uses
             (ImagePublisherPolicy's ``PassBuildNetworkConnectors``, besides ``INTERNET_EGRESS``).
             Default: none.
+        :param project: the fleet's :class:`~rayito_constructs.project.AgentProject`: names the
+            fleet (unless ``fleet_name`` does), the secrets its sessions read (each gateway's
+            ``rayito/<secret>``, each ``secret_env`` id) and the base image of ``rayito agent
+            build``. Default: none (no gateway or ``secret_env`` secret is granted).
+        :param artifact_bucket: where ``rayito image publish`` and ``rayito agent build`` upload
+            (``ImagePublisherPolicy``, ``CallerPolicy``). Default: ``rayito setup``'s bucket,
+            ``rayito-artifacts-<account>-<region>``.
+        :param base_build_role: the role the base image was built with, which ``rayito agent
+            build`` passes. Default: ``rayito setup``'s, ``rayito-m0-build-<region>``.
         :param managed_policy_name: Default: a name CloudFormation generates.
         :param access: the gathered ARNs, instead of the parameters above (used by AgentFleet).
         """
+        if project is not None and fleet_name is None:
+            fleet_name = project.name
+        check_same_environment(scope, "metadata_table", metadata_table)
+        check_same_environment(scope, "artifact_bucket", artifact_bucket)
         if access is None:
             access = fleet_access(
                 scope,
                 fleet_name=fleet_name,
+                project=project,
+                artifact_bucket_arn=artifact_bucket.bucket_arn if artifact_bucket is not None else None,
+                base_build_role=base_build_role,
                 image_arn=image_arn,
                 execution_role=execution_role,
                 build_role=build_role,
@@ -90,6 +112,10 @@ class _FleetPolicy(iam.ManagedPolicy):
                 build_network_connectors=build_network_connectors,
             )
         statements = type(self)._statements(access)
+        kind = type(self).__name__
+        document = iam.PolicyDocument(statements=[s.to_policy_statement() for s in statements])
+        check_size(scope, f"{kind} {id}", document, MANAGED_POLICY_LIMIT,
+                   hint="fewer secret_env secrets, connectors or secrets per fleet, or split the fleet")
         super().__init__(
             scope,
             id,

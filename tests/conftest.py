@@ -133,6 +133,7 @@ def _share_botocore_data_files() -> None:
 #: workers were done. A stale list only orders; it changes nothing a test sees (each file keeps
 #: its own order).
 LONGEST_FILES = (
+    "tests/test_product_iam.py",  # 5-7 min: every path of the product with real VMs (measured 2026-12-02)
     "tests/reconciler/test_contract.py", "tests/test_verify.py", "tests/reconciler/test_handler.py",
     "tests/reconciler/test_room_for_successors.py", "tests/reconciler/test_overtime.py",
     "tests/reconciler/test_short_lifetimes.py", "tests/reconciler/test_slow_calls.py",

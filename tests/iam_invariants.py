@@ -8,6 +8,10 @@
   (a Sid'd statement must also carry one of the Sids that may hold a wildcard).
 * Every ``iam:PassRole`` names roles (no wildcard; a role ARN or a role of the template) and
   carries ``iam:PassedToService``.
+* The launcher never publishes an image (no ``lambda:CreateMicrovmImage``/``UpdateMicrovmImage``)
+  and never writes a secret (no ``secretsmanager:PutSecretValue``/``CreateSecret``).
+* A secret is named with the six characters Secrets Manager appends (``<name>-??????``), never a
+  bare prefix (``<name>*`` would reach ``<name>-old``), but in the account-wide form.
 * Every KMS grant names the service it goes through (``kms:ViaService``).
 """
 
@@ -36,6 +40,9 @@ LAUNCHER_DESCRIPTIONS = (
     "Rayito: the role a fleet's MicroVMs run as",
 )
 RECIPE_WRITE = "ssm:PutParameter"
+#: What a launcher never does besides writing the recipe: publish an image, write a secret.
+LAUNCHER_NEVER = ("lambda:CreateMicrovmImage", "lambda:UpdateMicrovmImage", "secretsmanager:PutSecretValue",
+                  "secretsmanager:CreateSecret")
 NO_RESOURCE = {*LIST_ACTIONS, *CREATE_IMAGE_ACTIONS, *IMAGE_CATALOG_ACTIONS, *MANAGED_IMAGE_VERSIONS_ACTIONS}
 LOG_ACTIONS = {"logs:CreateLogGroup", "logs:CreateLogStream", "logs:PutLogEvents"}
 #: Sids that may hold a wildcard resource (every one with its reason in permissions.STAR_REASONS),
@@ -59,11 +66,26 @@ ALLOWED_WILDCARDS: tuple[tuple[re.Pattern[str], frozenset[str], frozenset[str] |
     (re.compile(_arn(r"^(arn:{P}:lambda:{R}:{A}:microvm-image:[^:*/]+|<[A-Za-z0-9.]+>):\*$")),
      frozenset({*MICROVM_ACTIONS, *IMAGE_ACTIONS}), None),
     (re.compile(_arn(r"^arn:{P}:lambda:{R}:{A}:microvm-image:\*$")), frozenset({*MICROVM_ACTIONS, *IMAGE_ACTIONS}), None),
+    (re.compile(_arn(r"^arn:{P}:lambda:{R}:{A}:microvm-image:\*$")), frozenset({"lambda:CreateMicrovmAuthToken"}),
+     frozenset({"ServeMicrovms"})),
     (re.compile(_arn(r"^arn:{P}:lambda:{R}:aws:network-connector:aws-network-connector:\*$")),
      frozenset({"lambda:PassNetworkConnector"}), None),
     (re.compile(_arn(r"^arn:{P}:logs:{R}:{A}:log-group:/aws/lambda-microvms/.+:\*$")), frozenset(LOG_ACTIONS), None),
     (re.compile(_arn(r"^arn:{P}:ssm:{R}:{A}:parameter/rayito/agents/\*$")),
      frozenset({"ssm:GetParameter", "ssm:DeleteParameter", "ssm:PutParameter"}), None),
+    # the product's artifact keys in the artifact bucket (rayito/images/*, rayito/templates/*)
+    (re.compile(_arn(r"^arn:{P}:s3:::[^/*]+/rayito/(images|templates)/\*$")),
+     frozenset({"s3:PutObject", "s3:GetObject"}), frozenset({"UploadArtifacts"})),
+    # the fleet image's build log group (/rayito/<image>, the product's) and its streams
+    (re.compile(_arn(r"^arn:{P}:logs:{R}:{A}:log-group:/rayito/[^*]+:\*$")),
+     frozenset({"logs:DescribeLogStreams", "logs:GetLogEvents"}), frozenset({"BuildLogs"})),
+    # account-wide: every fleet's token, every secret under rayito/ (webhooks denied), every build log group
+    (re.compile(_arn(r"^arn:{P}:secretsmanager:{R}:{A}:secret:rayito/agents/\*/access-token-\?{6}$")),
+     frozenset({"secretsmanager:GetSecretValue"}), frozenset({"AccessToken"})),
+    (re.compile(_arn(r"^arn:{P}:secretsmanager:{R}:{A}:secret:rayito/\*$")),
+     frozenset({"secretsmanager:GetSecretValue"}), frozenset({"GatewaySecrets"})),
+    (re.compile(_arn(r"^arn:{P}:logs:{R}:{A}:log-group:/rayito/\*(:\*)?$")),
+     frozenset({"logs:DescribeLogStreams", "logs:GetLogEvents"}), frozenset({"BuildLogs"})),
     # EventBridge Scheduler invokes one function and its versions (CDK's grant)
     (re.compile(_arn(r"^<[A-Za-z0-9]+\.Arn>:\*$")), frozenset({"lambda:InvokeFunction"}), None),
     # an image's code artifact objects (given by the caller of ImagePublisherPolicy)
@@ -133,6 +155,14 @@ def iam_violations(template: dict[str, Any]) -> list[str]:
                 for action in actions:
                     if iam_matches(action, RECIPE_WRITE):
                         found.append(f"{where}: a launcher may write the recipe ({action} matches {RECIPE_WRITE})")
+                    for never in LAUNCHER_NEVER:
+                        if owner.startswith("Rayito SandboxLauncherPolicy") and iam_matches(action, never):
+                            found.append(f"{where}: a launcher may {never} ({action})")
+            for resource in as_list(statement.get("Resource")):
+                flat = flatten_cfn_reference(resource)
+                if ":secret:" in flat and not flat.endswith("-??????") and "*" in flat and statement.get("Sid") not in (
+                        "GatewaySecrets", "NeverWebhookSigningSecrets"):
+                    found.append(f"{where}: the secret {flat} is a prefix, not a name and its six characters")
             if any(iam_matches(a, "iam:PassRole") for a in actions):
                 condition = statement.get("Condition", {}).get("StringEquals", {})
                 if "iam:PassedToService" not in condition:

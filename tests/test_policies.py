@@ -40,12 +40,20 @@ LOG_STREAMS = ACCOUNT.format(service="logs", rest="log-group:/aws/lambda-microvm
 PASSED_TO_LAMBDA = '{"StringEquals": {"iam:PassedToService": "lambda.amazonaws.com"}}'
 DRIVE = ("lambda:CreateMicrovmAuthToken", "lambda:GetMicrovm", "lambda:ResumeMicrovm", "lambda:SuspendMicrovm",
          "lambda:TerminateMicrovm")
+#: What the publisher's paths call on the fleet's image (tests/test_product_iam.py): no delete of
+#: the image, no tags.
 IMAGE_ACTIONS = (
-    "lambda:DeleteMicrovmImage", "lambda:DeleteMicrovmImageVersion", "lambda:GetMicrovmImage",
-    "lambda:GetMicrovmImageBuild", "lambda:GetMicrovmImageVersion", "lambda:ListMicrovmImageBuilds",
-    "lambda:ListMicrovmImageVersions", "lambda:ListTags", "lambda:TagResource", "lambda:UntagResource",
+    "lambda:DeleteMicrovmImageVersion", "lambda:GetMicrovmImage", "lambda:GetMicrovmImageBuild",
+    "lambda:GetMicrovmImageVersion", "lambda:ListMicrovmImageBuilds", "lambda:ListMicrovmImageVersions",
     "lambda:UpdateMicrovmImage", "lambda:UpdateMicrovmImageVersion",
 )
+SECRET = "arn:aws:secretsmanager:us-east-1:123456789012:secret:{}-??????"
+TOKEN = SECRET.format("rayito/agents/mi-agente/access-token")
+GATEWAY = SECRET.format("rayito/provider-key")
+BUCKET = "arn:aws:s3:::rayito-artifacts-123456789012-us-east-1"
+BASE = ACCOUNT.format(service="lambda", rest="microvm-image:rayito-base-caps")
+PRODUCT_BUILD_ROLE = "arn:aws:iam::123456789012:role/rayito-m0-build-us-east-1"
+BUILD_LOGS = ACCOUNT.format(service="logs", rest="log-group:/rayito/{}")
 _HASH = re.compile(r"\b([A-Z][A-Za-z0-9]*?)[0-9A-F]{8}\b")
 _ASSET = re.compile(r"[0-9a-f]{64}")
 
@@ -56,18 +64,20 @@ def _norm(text: str) -> str:
     return _ASSET.sub("<asset>", _HASH.sub(r"\1", text))
 
 
-def pinned(template: dict[str, Any], owner: str) -> Pinned:
-    """The statements of the policies whose name or owner starts with ``owner``, normalized."""
+def pinned(template: dict[str, Any], owner: str, *, deny: bool = False) -> Pinned:
+    """The statements of the policies whose name or owner starts with ``owner``, normalized (a Deny
+    statement's condition column says ``Deny``; ``deny=False`` allows none)."""
     found = set()
     for name, description, document in policy_documents(template):
         if not (_norm(name).startswith(owner) or description.startswith(owner)):
             continue
         for statement in document["Statement"]:
-            assert statement["Effect"] == "Allow"
+            assert statement["Effect"] == "Allow" or deny, statement
             found.add((
                 statement.get("Sid"),
                 tuple(sorted(as_list(statement["Action"]))),
                 tuple(sorted(_norm(flatten_cfn_reference(r)) for r in as_list(statement["Resource"]))),
+                "Deny" if statement["Effect"] == "Deny" else
                 json.dumps(statement.get("Condition"), sort_keys=True) if statement.get("Condition") else "",
             ))
     assert found, f"no policy of {owner}"
@@ -86,44 +96,69 @@ def example() -> tuple[cdk.App, dict[str, Any]]:
     return app, Template.from_stack(stack).to_json()
 
 
-def microvms(image: str = BUILT_IMAGE) -> set[tuple[Any, ...]]:
-    return {
+def microvms(image: str = BUILT_IMAGE, *, execution_role: bool = True) -> set[tuple[Any, ...]]:
+    found = {
         ("ListMicrovms", ("lambda:ListMicrovms",), ("*",), ""),
         ("RunMicrovm", ("lambda:RunMicrovm",), (image,), ""),
         ("Microvms", DRIVE, tuple(sorted((image, f"{image}:*"))), ""),
         ("PassNetworkConnectors", ("lambda:PassNetworkConnector",), (MANAGED_CONNECTORS,), ""),
-        ("PassExecutionRole", ("iam:PassRole",), ("<FleetExecutionRole.Arn>",), PASSED_TO_LAMBDA),
+    }
+    if execution_role:  # the reconciler's and the teardown's: the product's client passes none
+        found.add(("PassExecutionRole", ("iam:PassRole",), ("<FleetExecutionRole.Arn>",), PASSED_TO_LAMBDA))
+    return found
+
+
+def publisher(image: str = BUILT_IMAGE, build_role: str = "<FleetImageBuildRole.Arn>", fleet: str = "mi-agente",
+              base: str = BASE) -> set[tuple[Any, ...]]:
+    return {
+        ("CreateMicrovmImage", ("lambda:CreateMicrovmImage",), ("*",), ""),
+        ("MicrovmImages", IMAGE_ACTIONS, tuple(sorted((image, f"{image}:*"))), ""),
+        ("BaseImage", ("lambda:GetMicrovmImage", "lambda:GetMicrovmImageVersion", "lambda:ListMicrovmImageVersions"),
+         (base, f"{base}:*"), ""),
+        ("ManagedImageVersions", ("lambda:ListManagedMicrovmImageVersions",), ("*",), ""),
+        ("ListMicrovms", ("lambda:ListMicrovms",), ("*",), ""),
+        ("PassBuildRole", ("iam:PassRole",), tuple(sorted(r for r in (build_role, PRODUCT_BUILD_ROLE) if r)), PASSED_TO_LAMBDA),
+        ("UploadArtifacts", ("s3:GetObject", "s3:PutObject"), (f"{BUCKET}/rayito/images/*", f"{BUCKET}/rayito/templates/*"), ""),
+        ("ProbeArtifactBucket", ("s3:ListBucket",), (BUCKET,), ""),
+        ("BuildLogs", ("logs:DescribeLogStreams", "logs:GetLogEvents"),
+         (BUILD_LOGS.format(fleet), BUILD_LOGS.format(fleet) + ":*"), ""),
     }
 
 
+SESSIONS = {
+    ("AccessToken", ("secretsmanager:GetSecretValue",), (TOKEN,), ""),
+    ("GatewaySecrets", ("secretsmanager:GetSecretValue",), (GATEWAY,), ""),
+}
+
+
 # ------------------------------------------------------------------ the example fleet, pinned
+# What each statement is for, path by path: tests/test_product_iam.py and docs/iam.md.
 
 
 def test_launcher_policy_pinned(example) -> None:
     assert pinned(example[1], "FleetSandboxLauncherPolicy") == {
-        *microvms(),
+        *microvms(execution_role=False),
         ("AgentRecipe", ("ssm:DeleteParameter", "ssm:GetParameter"), (RECIPE,), ""),
+        *SESSIONS,
     }
 
 
 def test_caller_policy_pinned(example) -> None:
     assert pinned(example[1], "FleetCallerPolicy") == {
-        *microvms(),
+        *microvms(execution_role=False),
         ("AgentRecipe", ("ssm:DeleteParameter", "ssm:GetParameter"), (RECIPE,), ""),
         ("AgentRecipeWrite", ("ssm:PutParameter",), (RECIPE,), ""),
+        *SESSIONS,
+        ("CheckGatewaySecrets", ("secretsmanager:DescribeSecret",), (GATEWAY,), ""),
+        ("RenewGatewayKeys", ("secretsmanager:DescribeSecret", "secretsmanager:PutSecretValue"), (GATEWAY,), ""),
+        *{s for s in publisher() if s[0] != "ListMicrovms"},  # one ListMicrovms, the launcher's
     }
 
 
 def test_publisher_policy_pinned(example) -> None:
     assert pinned(example[1], "FleetImagePublisherPolicy") == {
-        ("CreateMicrovmImage", ("lambda:CreateMicrovmImage",), ("*",), ""),
-        ("MicrovmImages", IMAGE_ACTIONS, (BUILT_IMAGE, f"{BUILT_IMAGE}:*"), ""),
-        ("MicrovmImageCatalog", ("lambda:ListManagedMicrovmImages", "lambda:ListMicrovmImages"), ("*",), ""),
-        ("ManagedImageVersions", ("lambda:ListManagedMicrovmImageVersions",), ("*",), ""),
-        ("PassBuildNetworkConnectors", ("lambda:PassNetworkConnector",), (INTERNET_EGRESS,), ""),
-        ("PassBuildRole", ("iam:PassRole",), ("<FleetImageBuildRole.Arn>",), PASSED_TO_LAMBDA),
-        ("ReadCodeArtifact", ("s3:GetObject",), ("arn:aws:s3:::cdk-hnb659fds-assets-123456789012-us-east-1/<asset>.zip",), ""),
-        ("AgentRecipeWrite", ("ssm:PutParameter",), (RECIPE,), ""),
+        *publisher(),
+        ("PassBuildNetworkConnectors", ("lambda:PassNetworkConnector",), (MANAGED_CONNECTORS,), ""),
     }
 
 
@@ -256,16 +291,18 @@ def test_account_wide_policies() -> None:
         ("Microvms", DRIVE, (EVERY_IMAGE,), ""),
         ("PassNetworkConnectors", ("lambda:PassNetworkConnector",), (MANAGED_CONNECTORS,), ""),
         ("AgentRecipe", ("ssm:DeleteParameter", "ssm:GetParameter"), (ALL_RECIPES,), ""),
+        ("AccessToken", ("secretsmanager:GetSecretValue",), (SECRET.format("rayito/agents/*/access-token"),), ""),
+        ("GatewaySecrets", ("secretsmanager:GetSecretValue",),
+         ("arn:aws:secretsmanager:us-east-1:123456789012:secret:rayito/*",), ""),
     }
-    assert pinned(template, "Launcher") == every
-    assert pinned(template, "Caller") == {*every, ("AgentRecipeWrite", ("ssm:PutParameter",), (ALL_RECIPES,), "")}
+    assert pinned(template, "Launcher", deny=True) == {
+        *every, ("NeverWebhookSigningSecrets", ("secretsmanager:GetSecretValue",),
+                 ("arn:aws:secretsmanager:us-east-1:123456789012:secret:rayito/webhooks/*",), "Deny")}
+    assert pinned(template, "Caller", deny=True) >= {*every, ("AgentRecipeWrite", ("ssm:PutParameter",), (ALL_RECIPES,), "")}
     assert pinned(template, "Publisher") == {
-        ("CreateMicrovmImage", ("lambda:CreateMicrovmImage",), ("*",), ""),
+        *{s for s in publisher(EVERY_IMAGE, "", "*") if s[0] != "MicrovmImages"},
         ("MicrovmImages", IMAGE_ACTIONS, (EVERY_IMAGE,), ""),
-        ("MicrovmImageCatalog", ("lambda:ListManagedMicrovmImages", "lambda:ListMicrovmImages"), ("*",), ""),
-        ("ManagedImageVersions", ("lambda:ListManagedMicrovmImageVersions",), ("*",), ""),
-        ("PassBuildNetworkConnectors", ("lambda:PassNetworkConnector",), (INTERNET_EGRESS,), ""),
-        ("AgentRecipeWrite", ("ssm:PutParameter",), (ALL_RECIPES,), ""),
+        ("PassBuildNetworkConnectors", ("lambda:PassNetworkConnector",), (MANAGED_CONNECTORS,), ""),
     }
     assert nag(app) == [] and lint_template(Template.from_stack(stack)) == []
 
@@ -281,9 +318,9 @@ def test_one_fleet_by_name() -> None:
         ("RunMicrovm", ("lambda:RunMicrovm",), (IMAGE,), ""),
         ("Microvms", DRIVE, (IMAGE, f"{IMAGE}:*"), ""),
         ("PassNetworkConnectors", ("lambda:PassNetworkConnector",), (MANAGED_CONNECTORS,), ""),
-        ("PassExecutionRole", ("iam:PassRole",), ("<ExecRole.Arn>",), PASSED_TO_LAMBDA),
         ("AgentRecipe", ("ssm:DeleteParameter", "ssm:GetParameter"), (RECIPE,), ""),
-    }
+        ("AccessToken", ("secretsmanager:GetSecretValue",), (TOKEN,), ""),
+    }  # no PassExecutionRole: the product's client sends no executionRoleArn
     assert nag(app) == []
 
 
@@ -318,11 +355,16 @@ def test_customer_key_metadata_table_and_connectors() -> None:
     launcher, caller, publisher = (pinned(template, p) for p in ("Launcher", "Caller", "Publisher"))
     assert ("AgentRecipeKey", ("kms:Decrypt",), ("<Key.Arn>",), ssm) in launcher
     assert ("AgentRecipeKey", ("kms:Decrypt", "kms:Encrypt"), ("<Key.Arn>",), ssm) in caller
-    assert ("AgentRecipeKey", ("kms:Encrypt",), ("<Key.Arn>",), ssm) in publisher
+    assert not [st for st in publisher if st[0] == "AgentRecipeKey"]  # no publisher path writes the recipe
     assert table_key in launcher and table_key in caller and table_key not in publisher
-    assert [st for st in launcher if st[0] == "MetadataIndex"][0][2] == (table_arn,)
+    for holder in (launcher, caller):  # the product's RayitoIndexWriter and RayitoIndexReader
+        assert ("PutIndexRows", ("dynamodb:PutItem",), (table_arn,), "") in holder
+        assert ("ReadIndexRows", ("dynamodb:BatchGetItem",), (table_arn,), "") in holder
+    assert not [st for st in publisher if "Index" in st[0]]
+    assert ("SecretsKey", ("kms:Decrypt",), ("<Key.Arn>",),
+            '{"StringEquals": {"kms:ViaService": "secretsmanager.us-east-1.amazonaws.com"}}') in launcher
     assert ("PassNetworkConnectors", ("lambda:PassNetworkConnector",), tuple(sorted((MANAGED_CONNECTORS, connectors[0]))), "") in launcher
-    assert ("PassBuildNetworkConnectors", ("lambda:PassNetworkConnector",), tuple(sorted((INTERNET_EGRESS, connectors[0]))), "") in publisher
+    assert ("PassBuildNetworkConnectors", ("lambda:PassNetworkConnector",), tuple(sorted((MANAGED_CONNECTORS, connectors[0]))), "") in publisher
     # Every KMS statement goes through a service.
     for _, actions, _, condition in (*launcher, *caller, *publisher):
         if any(a.startswith("kms:") for a in actions):

@@ -82,6 +82,10 @@ def test_bad_input_exits_2_with_one_line(world: vw.World, argv: list[str], messa
     code, out, err = run(world, *argv)
     assert code == 2 and out == ""
     assert message in err and err.count("\n") == 1
+    code, out, err = run(world, *argv, "--json")
+    doc = json.loads(out)  # JSON on every outcome, a fleet that is not found included
+    assert code == 2 and doc["exit_code"] == 2 and message in doc["error"] and doc["checks"] == []
+    assert doc["summary"] == {"OK": 0, "WARN": 0, "FAIL": 0} and message in err
 
 
 class _ClosedPipe(io.StringIO):
@@ -159,7 +163,8 @@ def test_the_command_in_a_pipe(world: vw.World) -> None:
     doc = json.loads(piped.stdout)
     assert piped.returncode == doc["exit_code"] and "Traceback" not in piped.stderr
     wrong = _subprocess(world, "nothing-here", "--json")
-    assert wrong.returncode == 2 and wrong.stdout == "" and wrong.stderr.count("\n") == 1
+    assert wrong.returncode == 2 and wrong.stderr.count("\n") == 1
+    assert json.loads(wrong.stdout)["error"] == wrong.stderr.strip()
 
 
 def test_a_closed_stderr_during_launch_still_terminates_the_vm(world: vw.World) -> None:

@@ -55,6 +55,8 @@ IMPLEMENTED = frozenset(
         "ListMicrovmImageVersions",
         "ListManagedMicrovmImages",
         "ListManagedMicrovmImageVersions",
+        "ListMicrovmImageBuilds",
+        "GetMicrovmImageBuild",
         "UpdateMicrovmImageVersion",
         "DeleteMicrovmImageVersion",
         "TagResource",
@@ -216,6 +218,7 @@ class MicrovmsBackend:
         self._memory_upper = 0
         self._tokens: dict[str, tuple[str, Microvm, float]] = {}
         self._image_tokens: dict[str, tuple[str, str]] = {}
+        self._build_runtimes: dict[str, ImageRuntime] = {}
         self._subscribers: list[Callable[[RequestRecord], None]] = []
         self.requests: collections.deque[RequestRecord] = collections.deque(maxlen=request_log_size)
         """The last requests answered, oldest first (``request_log_size`` of them)."""
@@ -373,6 +376,16 @@ class MicrovmsBackend:
             request["environmentVariables"] = {str(k): str(v) for k, v in environment.items()}
         return (ImageRuntime(rayd=True, app_dir=app_dir) if rayd else
                 ImageRuntime(app_dir=app_dir) if app_dir is not None else NO_RAYD), request
+
+    def builds_run(self, name: str, *, rayd: bool = True, app_dir: Any = None) -> None:
+        """What the versions of image ``name`` built through the API (CreateMicrovmImage,
+        UpdateMicrovmImage) run from now on. The emulator cannot read a build's code artifact (an
+        S3 URI), so a test says what it holds: the product's agent image (``rayito agent build``,
+        ``deploy``) is its base's rayd with the project as ``/opt/agents/app``. Without it such a
+        version runs nothing (its endpoint answers nothing), as before."""
+        runtime, _ = self._image_contents(2048, rayd, None, app_dir, None)
+        with self._lock:
+            self._build_runtimes[name] = runtime
 
     def has_image(self, name: str) -> bool:
         with self._lock:
@@ -1050,7 +1063,8 @@ class MicrovmsBackend:
         image = Image(name, self.image_arn(name), now, tags=dict(params.get("tags") or {}),
                       busy_until=now + self.timings.image_build)
         request = {k: copy.deepcopy(v) for k, v in params.items() if k not in ("name", "tags", "clientToken")}
-        version = image.add_version(now, request, memory, self.timings.image_build, fresh=True)
+        version = image.add_version(now, request, memory, self.timings.image_build, fresh=True,
+                                    runtime=self._build_runtimes.get(name, NO_RAYD))
         self._images[name] = image
         if params.get("clientToken"):
             self._image_tokens[params["clientToken"]] = (_fingerprint(params), name)
@@ -1071,7 +1085,8 @@ class MicrovmsBackend:
         request = {k: copy.deepcopy(v) for k, v in params.items() if k not in ("imageIdentifier", "clientToken")}
         if request.get("baseImageVersion") and "." not in request["baseImageVersion"]:
             request["baseImageVersion"] += ".0"
-        version = image.add_version(now, request, memory, self.timings.image_build, fresh=True)
+        version = image.add_version(now, request, memory, self.timings.image_build, fresh=True,
+                                    runtime=self._build_runtimes.get(image.name, NO_RAYD))
         image.busy_until, image.busy_since_create = now + self.timings.image_build, False
         if params.get("clientToken"):
             self._image_tokens[params["clientToken"]] = (_fingerprint(params), image.name)
@@ -1108,6 +1123,29 @@ class MicrovmsBackend:
         keyed = [((version_number(v.version), v.version), v.view(image, now, full=False)) for v in image.live_versions(now)]
         items, last = page(keyed, after, params.get("maxResults") or 50)
         return {"items": items, "nextToken": page_token("versions", filters, last) if last else None}
+
+    def _build_view(self, image: Image, version: Any, now: float) -> dict[str, Any]:
+        """One build per version (the model's ``MicrovmImageBuildSummary``): PENDING... while the
+        version builds, then SUCCESSFUL or FAILED as the version ends. Architecture and chipset are
+        the only ones this emulator builds for (ARM_64, the product's), not measured values."""
+        state = version.state(now)
+        build_state = {"IN_PROGRESS": "IN_PROGRESS", "SUCCESSFUL": "SUCCESSFUL", "FAILED": "FAILED"}.get(state, "SUCCESSFUL")
+        return {"imageArn": image.arn, "imageVersion": version.version, "buildId": f"build-{version.version}",
+                "buildState": build_state, "architecture": "ARM_64", "chipset": "GRAVITON",
+                "chipsetGeneration": "3", "createdAt": _ts(version.created_at)}
+
+    def _op_ListMicrovmImageBuilds(self, params: dict[str, Any], now: float, caller: Optional[str]) -> dict[str, Any]:  # noqa: N802
+        image = self._image(params["imageIdentifier"], now)
+        version = image.version(params["imageVersion"], now)
+        return {"items": [self._build_view(image, version, now)]}
+
+    def _op_GetMicrovmImageBuild(self, params: dict[str, Any], now: float, caller: Optional[str]) -> dict[str, Any]:  # noqa: N802
+        image = self._image(params["imageIdentifier"], now)
+        version = image.version(params["imageVersion"], now)
+        view = self._build_view(image, version, now)
+        if params["buildId"] != view["buildId"]:
+            raise not_found(f"MicroVM image build {params['buildId']} not found", "MicrovmImageBuild", params["buildId"])
+        return view
 
     # ================================================================== managed (AWS) images
 

@@ -1,8 +1,9 @@
 """``rayito-constructs verify <fleet-name-or-stack> [--region R] [--launch] [--json]``.
 
 Exit status: 0 when nothing fails, 1 when a check fails, 2 on bad input (unknown stack or fleet,
-bad flags). Output: a table for people, ``--json`` for machines; the launch's cost goes to stderr
-first, before anything is started.
+bad flags). Output: a table for people, ``--json`` for machines on every outcome (bad input too:
+the report's shape with no checks, ``error`` the one line and ``exit_code`` 2; the line also goes
+to stderr); the launch's cost goes to stderr first, before anything is started.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from pathlib import Path
 from typing import Any, Iterator, Optional, TextIO
 
 from .parser import EXIT_INVALID, add_parser
-from .report import render_json, render_table
+from .report import Report, render_json, render_table
 from .run import BadInput, Options, TargetNotFound, verify
 
 __all__ = ["EXIT_INVALID", "add_parser", "options_from", "run"]
@@ -64,6 +65,8 @@ def run(args: argparse.Namespace, out: Optional[TextIO] = None, err: Optional[Te
             report = verify(options_from(args), on_note=note, **kwargs)
     except (TargetNotFound, BadInput) as exc:
         err.write(f"{exc}\n")
+        if getattr(args, "json", False):
+            _json_of_bad_input(args, str(exc), out)
         return EXIT_INVALID
     try:
         if args.json:
@@ -79,6 +82,19 @@ def run(args: argparse.Namespace, out: Optional[TextIO] = None, err: Optional[Te
         except (OSError, ValueError, AttributeError):
             pass
     return report.exit_code
+
+
+def _json_of_bad_input(args: argparse.Namespace, message: str, out: TextIO) -> None:
+    """The report's JSON for input verify cannot check: no checks, the line as ``error``, exit 2."""
+    document = Report(getattr(args, "target", "") or "", region=getattr(args, "region", None)).to_dict()
+    document.update(error=message, exit_code=EXIT_INVALID)
+    try:
+        import json
+
+        out.write(json.dumps(document, indent=2) + "\n")
+        out.flush()
+    except BrokenPipeError:
+        pass
 
 
 @contextlib.contextmanager

@@ -12,7 +12,11 @@ Must allow / must deny, and why (``shared/seeds/001_*`` "Who can write it";
 * nothing on another fleet's image (measured: RunMicrovm is authorized on the unversioned image
   ARN), probed with ``<name>-other`` (a prefix match would allow it) and an unrelated name;
 * the publisher: CreateMicrovmImage on ``*`` (measured: it is authorized on ``*``), update and
-  versions on the image, PassNetworkConnector ``INTERNET_EGRESS`` for create/update, never running VMs.
+  versions on the image, PassNetworkConnector ``INTERNET_EGRESS`` for create/update, never running VMs;
+* per path of the product (``Probe.path``, the paths tests/test_product_iam.py records and
+  docs/iam.md tabulates): the launcher reads the fleet's access token and never another fleet's,
+  the publisher uploads under the product's artifact keys, probes the bucket, lists VMs for prune
+  and reads its base image's versions, the caller describes the gateway secrets it deploys with.
 
 The simulator answers ``implicitDeny`` for ``lambda:PassNetworkConnector`` even with administrator
 permissions (Rayito's ``doctor``, ``docs/site/docs/operacion/iam.md``): such a deny is reported as
@@ -48,6 +52,7 @@ class Probe:
     must_allow: bool
     why: str
     context: Context_ = ()
+    path: str = ""
 
 
 @dataclass(frozen=True)
@@ -62,7 +67,7 @@ class Answer:
         return (self.decision == "allowed") == self.probe.must_allow
 
     def to_dict(self) -> dict[str, Any]:
-        return {"action": self.probe.action, "resource": self.probe.resource,
+        return {"action": self.probe.action, "resource": self.probe.resource, "path": self.probe.path,
                 "expected": "allowed" if self.probe.must_allow else "denied", "decision": self.decision,
                 "why": self.probe.why, "matched": list(self.matched), "known_false_deny_of": self.false_deny}
 
@@ -84,6 +89,10 @@ class Refs:
     budget: Optional[str] = None
     dead_letters: Optional[str] = None
     region: str = ""
+    access_token: str = ""
+    other_access_token: str = ""
+    artifact_bucket: str = ""
+    base_image: str = ""
 
 
 def refs(ctx: Context) -> Optional[Refs]:
@@ -117,6 +126,11 @@ def refs(ctx: Context) -> Optional[Refs]:
         budget=ctx.arn("dynamodb", f"table/{env['BUDGET_TABLE']}") if env.get("BUDGET_TABLE") else None,
         dead_letters=ctx.arn("sqs", queue_url.rstrip("/").rsplit("/", 1)[-1]) if queue_url else None,
         region=ctx.region,
+        # A secret's ARN ends in six random characters: these stand for them (the policy names -??????).
+        access_token=ctx.arn("secretsmanager", f"secret:rayito/agents/{fleet}/access-token-AbCdEf"),
+        other_access_token=ctx.arn("secretsmanager", f"secret:rayito/agents/{fleet}-other/access-token-AbCdEf"),
+        artifact_bucket=f"arn:{ctx.partition}:s3:::rayito-artifacts-{ctx.account}-{ctx.region}",
+        base_image=f"{base}:microvm-image:rayito-base-caps",
     )
 
 
@@ -134,12 +148,12 @@ def _pass_role(role: str, why: str, must_allow: bool = True) -> Probe:
     return Probe("iam:PassRole", role, must_allow, why, (("iam:PassedToService", (LAMBDA_SERVICE,), "string"),))
 
 
-def _microvms(r: Refs, actions: Iterable[str] = LIFECYCLE) -> list[Probe]:
+def _microvms(r: Refs, actions: Iterable[str] = LIFECYCLE, *, execution_role: bool = True) -> list[Probe]:
     probes = [Probe("lambda:ListMicrovms", "*", True, "find the fleet's members (acts on no resource)")]
     probes += [Probe(a, r.image, True, "the MicroVM lifecycle on the fleet's image") for a in actions]
     probes += [Probe("lambda:PassNetworkConnector", c, True, "RunMicrovm passes the AWS-managed connectors "
                      "even when none is named") for c in r.connectors]
-    if r.execution_role:
+    if r.execution_role and execution_role:
         probes.append(_pass_role(r.execution_role, "RunMicrovm's executionRoleArn"))
     probes += [Probe(a, other, False, "lifecycle calls on another fleet's image")
                for other in r.other_images for a in LIFECYCLE]
@@ -153,43 +167,74 @@ def _key(r: Refs, action: str) -> list[Probe]:
                   (("kms:ViaService", (f"ssm.{r.region}.amazonaws.com",), "string"),))]
 
 
+def _on(path: str, probes: list[Probe]) -> list[Probe]:
+    return [Probe(p.action, p.resource, p.must_allow, p.why, p.context, path) for p in probes]
+
+
 def launcher_probes(r: Refs) -> list[Probe]:
+    """The launcher's paths: connect/status/invoke/stream/stop (and a warm slot, a session with
+    the index: the same actions), the secrets a session reads; never a write of the recipe or an
+    image, never another fleet's secrets."""
     return [
-        *_microvms(r),
-        Probe("ssm:GetParameter", r.recipe, True, "read the recipe to start VMs like the deployed ones"),
-        Probe("ssm:DeleteParameter", r.recipe, True, "delete the recipe on stop"),
-        *_key(r, "kms:Decrypt"),
-        Probe("ssm:PutParameter", r.recipe, False, "writing the recipe amounts to deploy rights: never the launcher"),
-        Probe("ssm:PutParameter", r.other_recipe, False, "another fleet's recipe"),
+        *_on("connect, status, invoke, stream, stop", [
+            *_microvms(r, execution_role=False),
+            Probe("ssm:GetParameter", r.recipe, True, "read the recipe to start VMs like the deployed ones"),
+            Probe("ssm:DeleteParameter", r.recipe, True, "delete the recipe on stop"),
+            *_key(r, "kms:Decrypt"),
+            Probe("secretsmanager:GetSecretValue", r.access_token, True, "the fleet's access token (RAYITO_ACCESS_TOKEN)"),
+        ]),
+        *_on("never", [
+            Probe("ssm:PutParameter", r.recipe, False, "writing the recipe amounts to deploy rights: never the launcher"),
+            Probe("ssm:PutParameter", r.other_recipe, False, "another fleet's recipe"),
+            Probe("lambda:CreateMicrovmImage", "*", False, "a launcher never publishes an image"),
+            Probe("lambda:UpdateMicrovmImage", r.image, False, "a launcher never publishes an image"),
+            Probe("secretsmanager:GetSecretValue", r.other_access_token, False, "another fleet's access token"),
+        ]),
     ]
 
 
 def caller_probes(r: Refs) -> list[Probe]:
+    """The launcher's paths and the publisher's, and rayito agent deploy's recipe."""
     return [
-        *_microvms(r),
-        Probe("ssm:GetParameter", r.recipe, True, "read the recipe"),
-        Probe("ssm:PutParameter", r.recipe, True, "the deployer saves the recipe"),
-        *_key(r, "kms:Encrypt"),
-        Probe("ssm:PutParameter", r.other_recipe, False, "another fleet's recipe"),
+        *[p for p in launcher_probes(r) if p.must_allow],
+        *[p for p in publisher_probes(r) if p.must_allow],
+        *_on("agent deploy", [Probe("ssm:PutParameter", r.recipe, True, "the deployer saves the recipe"),
+                              *_key(r, "kms:Encrypt")]),
+        *_on("never", [Probe("ssm:PutParameter", r.other_recipe, False, "another fleet's recipe"),
+                       Probe("secretsmanager:GetSecretValue", r.other_access_token, False, "another fleet's access token")]),
     ]
 
 
 def publisher_probes(r: Refs) -> list[Probe]:
-    probes = [
+    """rayito image publish, rayito agent build, rayito image prune."""
+    probes = _on("image publish", [
         Probe("lambda:CreateMicrovmImage", "*", True, "CreateMicrovmImage is authorized on * (measured)"),
         *[Probe(a, r.image, True, "publish and inspect the fleet's image and its versions") for a in (
             "lambda:UpdateMicrovmImage", "lambda:GetMicrovmImage", "lambda:ListMicrovmImageVersions",
-            "lambda:GetMicrovmImageVersion")],
+            "lambda:GetMicrovmImageVersion", "lambda:ListMicrovmImageBuilds", "lambda:GetMicrovmImageBuild")],
         Probe("lambda:PassNetworkConnector", r.connectors[-1], True,
               "create and update pass INTERNET_EGRESS even when none is named (measured)"),
-        Probe("ssm:PutParameter", r.recipe, True, "a publish saves the recipe with the new image version"),
-        *_key(r, "kms:Encrypt"),
+        Probe("s3:PutObject", f"{r.artifact_bucket}/rayito/images/rayd-probe.zip", True, "upload the image's zip"),
+        Probe("s3:ListBucket", r.artifact_bucket, True, "HeadObject of a missing key answers 404 only with ListBucket"),
+    ])
+    probes += _on("agent build", [
+        Probe("s3:PutObject", f"{r.artifact_bucket}/rayito/templates/probe.zip", True, "upload the agent's artifact"),
+        *[Probe(a, r.base_image, True, "read the base image's versions (rayito-base-caps)")
+          for a in ("lambda:ListMicrovmImageVersions", "lambda:GetMicrovmImageVersion")],
+    ])
+    probes += _on("image prune", [
+        Probe("lambda:ListMicrovms", "*", True, "keep the versions VMs run"),
+        Probe("lambda:DeleteMicrovmImageVersion", r.image, True, "delete old versions"),
+    ])
+    probes += _on("never", [
         *[Probe(a, r.image, False, "a publisher cannot run sandboxes") for a in ("lambda:RunMicrovm", "lambda:TerminateMicrovm")],
         *[Probe(a, other, False, "another fleet's image") for other in r.other_images
-          for a in ("lambda:UpdateMicrovmImage", "lambda:DeleteMicrovmImage")],
-    ]
+          for a in ("lambda:UpdateMicrovmImage", "lambda:DeleteMicrovmImageVersion")],
+        Probe("lambda:DeleteMicrovmImage", r.image, False, "no path deletes the image"),
+        Probe("ssm:PutParameter", r.recipe, False, "no publisher path writes the recipe"),
+    ])
     if r.build_role:
-        probes.append(_pass_role(r.build_role, "CreateMicrovmImage's buildRoleArn"))
+        probes += _on("image publish", [_pass_role(r.build_role, "CreateMicrovmImage's buildRoleArn")])
     return probes
 
 
@@ -276,7 +321,8 @@ def judge(check: str, who: str, answers: list[Answer], fix_hint: str) -> Finding
             actions = ", ".join(dict.fromkeys(_action(a.probe.action) for a in group))
             resources = ", ".join(dict.fromkeys(_resource(a.probe.resource) for a in group))
             verb = "denied" if must_allow else "ALLOWED"
-            parts.append(f"{actions} on {resources} {verb} ({why})")
+            paths = ", ".join(dict.fromkeys(a.probe.path for a in group if a.probe.path and a.probe.path != "never"))
+            parts.append(f"{actions} on {resources} {verb} ({why}{'; path: ' + paths if paths else ''})")
         return fail(check, f"{who}: {'; '.join(parts)}", fix_hint, **data)
     if false_denies:
         sids = ", ".join(sorted({a.false_deny or "" for a in false_denies}))

@@ -38,6 +38,8 @@ SAMPLE_INPUTS = {
     "GetMicrovmImage": {"imageIdentifier": ARN},
     "ListMicrovmImages": {"nameFilter": "x"},
     "GetMicrovmImageVersion": {"imageIdentifier": ARN, "imageVersion": "1.0"},
+    "ListMicrovmImageBuilds": {"imageIdentifier": ARN, "imageVersion": "1.0"},
+    "GetMicrovmImageBuild": {"imageIdentifier": ARN, "imageVersion": "1.0", "buildId": "build-1.0"},
     "ListMicrovmImageVersions": {"imageIdentifier": ARN, "maxResults": 2},
     "UpdateMicrovmImageVersion": {"imageIdentifier": ARN, "imageVersion": "1.0", "status": "INACTIVE"},
     "DeleteMicrovmImageVersion": {"imageIdentifier": ARN, "imageVersion": "1.0"},
@@ -77,9 +79,9 @@ def test_the_bundled_model_is_the_model_the_emulator_speaks() -> None:
 
 
 def test_unimplemented_operations_say_which(client, image) -> None:
-    response = error(lambda: client.list_microvm_image_builds(imageIdentifier=image, imageVersion="1.0"))
+    response = error(lambda: client.create_microvm_shell_auth_token(microvmIdentifier="microvm-0", expirationInMinutes=5))
     assert response["Error"]["Code"] == "NotImplementedException"
-    assert "ListMicrovmImageBuilds is not implemented" in response["Error"]["Message"]
+    assert "CreateMicrovmShellAuthToken is not implemented" in response["Error"]["Message"]
     assert response["ResponseMetadata"]["HTTPStatusCode"] == 501
 
 
