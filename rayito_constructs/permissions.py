@@ -724,10 +724,20 @@ def _grant_landed(principal: Any) -> bool:
     """Whether statements added to ``principal`` land in a policy of the template: a role, user or
     group of the app (its ``DefaultPolicy``) or an imported mutable role (a ``Policy`` CDK attaches
     by name)."""
+    return _principal_policy(principal) is not None
+
+
+def _principal_policy(principal: Any) -> Any:
+    """The policy construct statements added to ``principal`` land in, or None: a role's
+    ``DefaultPolicy``, or the ``Policy`` CDK attaches to an imported mutable role (named
+    ``Policy<stack><id>`` under the ``importedRoleStackSafeDefaultPolicyName`` feature flag)."""
     node = getattr(principal, "node", None)
     if node is None:
-        return False
-    return any(node.try_find_child(child) is not None for child in ("DefaultPolicy", "Policy"))
+        return None
+    for child in node.children:
+        if child.node.id == "DefaultPolicy" or child.node.id.startswith("Policy"):
+            return child
+    return None
 
 
 def _check_inline_size(principal: Any, what: str) -> None:
@@ -735,8 +745,8 @@ def _check_inline_size(principal: Any, what: str) -> None:
     managed ones when they grow; an imported role's ``Policy`` it does not): IAM's 10,240."""
     from .policy_size import INLINE_POLICIES_LIMIT, check_size
 
-    policy = principal.node.try_find_child("Policy")
-    if policy is None or not hasattr(policy, "document"):
+    policy = _principal_policy(principal)
+    if policy is None or policy.node.id == "DefaultPolicy" or not hasattr(policy, "document"):
         return
     name = getattr(principal, "role_arn", None) or principal.node.path
     check_size(principal, f"{what}: the inline policy of {name}", policy.document, INLINE_POLICIES_LIMIT,
@@ -767,6 +777,11 @@ def check_same_environment(scope: IConstruct, option: str, resource: Any) -> Non
                     getattr(getattr(resource, "node", None), "path", option))
         if cdk.Token.is_unresolved(name):
             name = getattr(getattr(resource, "node", None), "path", option)
+        else:
+            # An import by ARN keeps the stack's environment (Table.from_table_arn): its ARN says.
+            parts = str(name).split(":", 5)
+            if str(name).startswith("arn:") and len(parts) == 6:
+                account, region = parts[4] or account, parts[3] or region
     problems = []
     for kind, theirs, ours in (("account", account, stack.account), ("region", region, stack.region)):
         if not theirs or cdk.Token.is_unresolved(theirs) or cdk.Token.is_unresolved(ours):

@@ -1,0 +1,107 @@
+"""What a policy cannot hold or reach is a one-line synth error, naming it: a principal the
+statements cannot land on, a secret, bucket or table of another account or region, and a policy
+over IAM's size limits."""
+
+from __future__ import annotations
+
+import aws_cdk as cdk
+import pytest
+from aws_cdk import aws_dynamodb as dynamodb
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_s3 as s3
+
+from rayito_constructs import AgentFleet, AgentProject
+from rayito_constructs.policy_size import MANAGED_POLICY_LIMIT, check_size, estimated_size
+
+from .cdk_helpers import new_app, new_stack
+from .conftest import EXAMPLE
+from .projects import project_with
+
+ROLE = "arn:aws:iam::123456789012:role/elsewhere"
+
+
+@pytest.fixture
+def fleet():
+    app = new_app()
+    stack = new_stack(app)
+    return stack, AgentFleet(stack, "Fleet", project=AgentProject.load(EXAMPLE))
+
+
+def one_line(info: pytest.ExceptionInfo) -> str:
+    (line,) = str(info.value).splitlines()
+    return line
+
+
+def test_an_immutable_imported_role_cannot_be_granted_to(fleet) -> None:
+    stack, agent_fleet = fleet
+    frozen = iam.Role.from_role_arn(stack, "Frozen", ROLE, mutable=False)
+    with pytest.raises(ValueError) as info:
+        agent_fleet.grant_launch(frozen)
+    line = one_line(info)
+    assert ROLE in line and "cannot be granted to" in line and "SandboxLauncherPolicyArn" in line
+
+
+def test_a_role_of_another_account_cannot_be_granted_to(fleet) -> None:
+    stack, agent_fleet = fleet
+    other = iam.Role.from_role_arn(stack, "Other", "arn:aws:iam::210987654321:role/theirs")
+    with pytest.raises(ValueError, match="cannot be granted to"):
+        agent_fleet.grant_invoke(other)
+    with pytest.raises(ValueError, match="cannot be granted to"):
+        agent_fleet.grant_publish(iam.AccountPrincipal("210987654321"))
+
+
+def test_a_mutable_imported_role_of_the_account_is_granted_to(fleet) -> None:
+    stack, agent_fleet = fleet
+    role = iam.Role.from_role_arn(stack, "Mine", ROLE)
+    assert agent_fleet.grant_launch(role).success
+
+
+def test_a_table_or_bucket_of_another_region_is_refused() -> None:
+    app = new_app()
+    stack = new_stack(app)
+    table = dynamodb.Table.from_table_arn(stack, "Far", "arn:aws:dynamodb:eu-west-1:123456789012:table/sessions")
+    with pytest.raises(ValueError) as info:
+        AgentFleet.from_fleet_name(stack, "Imported", "mi-agente", metadata_table=table)
+    line = one_line(info)
+    assert line.startswith("metadata_table: ") and "region eu-west-1, not the stack's us-east-1" in line
+    elsewhere = cdk.Stack(app, "Elsewhere", env=cdk.Environment(account="210987654321", region="us-east-1"))
+    bucket = s3.Bucket(elsewhere, "Artifacts")
+    with pytest.raises(ValueError) as info:
+        AgentFleet(new_stack(app, "Second"), "Fleet", project=AgentProject.load(EXAMPLE), artifact_bucket=bucket)
+    assert one_line(info).startswith("artifact_bucket: ") and "account 210987654321" in str(info.value)
+
+
+def test_a_secret_env_id_of_another_region_is_refused() -> None:
+    far = "arn:aws:secretsmanager:eu-west-1:123456789012:secret:app/db"
+    project = project_with("lejos", secret_env=[f"DB_URL={far}"])
+    app = new_app()
+    with pytest.raises(ValueError) as info:
+        AgentFleet(new_stack(app), "Fleet", project=project)
+    line = one_line(info)
+    assert line.startswith("secret_env: ") and "region eu-west-1" in line
+
+
+def test_a_policy_over_the_managed_limit_is_named() -> None:
+    app = new_app()
+    stack = new_stack(app)
+    document = iam.PolicyDocument(statements=[
+        iam.PolicyStatement(actions=["s3:GetObject"], resources=[f"arn:aws:s3:::bucket-{i:04d}/prefix/*" for i in range(300)])])
+    size = estimated_size(stack, document)
+    assert size > MANAGED_POLICY_LIMIT
+    with pytest.raises(ValueError) as info:
+        check_size(stack, "ImagePublisherPolicy Policy", document, MANAGED_POLICY_LIMIT, hint="split it")
+    line = one_line(info)
+    assert line.startswith("ImagePublisherPolicy Policy: its policy would take about ") and "6,144" in line
+    small = iam.PolicyDocument(statements=[iam.PolicyStatement(actions=["s3:GetObject"], resources=["*"])])
+    assert check_size(stack, "Small", small, MANAGED_POLICY_LIMIT, hint="") == estimated_size(stack, small) < 200
+
+
+def test_unresolved_values_are_counted_long() -> None:
+    app = new_app()
+    stack = cdk.Stack(app, "Agnostic")  # no account or region: pseudo parameters at their longest
+    document = iam.PolicyDocument(statements=[iam.PolicyStatement(
+        actions=["sqs:SendMessage"], resources=[cdk.Fn.join("", ["arn:", cdk.Aws.PARTITION, ":sqs:", cdk.Aws.REGION,
+                                                                 ":", cdk.Aws.ACCOUNT_ID, ":queue"])])])
+    literal = iam.PolicyDocument(statements=[iam.PolicyStatement(
+        actions=["sqs:SendMessage"], resources=["arn:aws-us-gov:sqs:ap-southeast-2:123456789012:queue"])])
+    assert estimated_size(stack, document) >= estimated_size(stack, literal)
