@@ -118,3 +118,14 @@ def client(service: str, endpoint: str) -> object:
         aws_access_key_id="testing",
         aws_secret_access_key="testing",
     )
+
+
+def put_secret(secrets: Any, name: str, value: str) -> str:
+    """Create the secret ``name`` with ``value``, or give an existing one that value; its ARN.
+
+    moto keeps one set of backends per process, whichever server serves them: a module that runs
+    on the same xdist worker after another that made the same secret finds it there."""
+    try:
+        return str(secrets.create_secret(Name=name, SecretString=value)["ARN"])
+    except secrets.exceptions.ResourceExistsException:
+        return str(secrets.put_secret_value(SecretId=name, SecretString=value)["ARN"])

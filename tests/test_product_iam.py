@@ -25,7 +25,7 @@ from rayito_constructs.testing.aws_calls import AwsCallRecorder, IamRequest
 
 from .cdk_helpers import new_app, stack_props
 from .contract_support import provision
-from .moto_server import moto_server
+from .moto_server import moto_server, put_secret
 from .product_paths import (
     BUCKET,
     EXTRA_TOML,
@@ -113,7 +113,7 @@ def _setup(world: World, hooks: Any) -> None:
     for name, value in (("rayito/provider-key", "not-a-real-key"), ("team/openai", "sk-not-real"),
                         (f"rayito/agents/{FLEET}/access-token", world.token), ("rayito/other-key", "x"),
                         ("rayito/agents/otra/access-token", "y")):
-        secrets.create_secret(Name=name, SecretString=value)
+        put_secret(secrets, name, value)
     client = world.emulator.client()
     client.create_microvm_image(
         name="rayito-base-caps", baseImageArn=f"arn:aws:lambda:{REGION}:aws:microvm-image:al2023-1",

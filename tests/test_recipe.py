@@ -25,7 +25,7 @@ from rayito_constructs.recipe import VERSION_STAND_IN, plan_recipe
 from rayito_constructs.testing import MicrovmsEmulator
 
 from .conftest import EXAMPLE
-from .moto_server import client, moto_server
+from .moto_server import client, moto_server, put_secret
 from .product_cli import TOKEN, product_env, rayito, status_json
 from .projects import scaffold, write_project
 
@@ -51,7 +51,7 @@ def world(tmp_path_factory) -> Iterator[dict[str, Any]]:
     with moto_server() as moto, MicrovmsEmulator() as emulator:
         secrets = client("secretsmanager", moto)
         for name in ("rayito/provider-key", "app/db"):
-            secrets.create_secret(Name=name, SecretString='{"url": "postgres://db"}')
+            put_secret(secrets, name, '{"url": "postgres://db"}')
         yield {"moto": moto, "emulator": emulator, "ssm": client("ssm", moto), "cwd": tmp_path_factory.mktemp("shell"),
                "env": product_env(moto, emulator.endpoint_url)}
 

@@ -39,8 +39,9 @@ def test_every_call_of_every_new_session_is_recorded_and_mapped(moto_endpoint, m
         client.get_microvm(microvmIdentifier=vm)
         secrets = boto3.Session(region_name="us-east-1", aws_access_key_id="testing",
                                 aws_secret_access_key="testing").client("secretsmanager")
-        arn = secrets.create_secret(Name="rayito/provider-key", SecretString="hunter2")["ARN"]
-        secrets.get_secret_value(SecretId="rayito/provider-key")
+        # A name of this test's own: moto's backends are the worker process's, shared by every module.
+        arn = secrets.create_secret(Name="rayito/recorded-key", SecretString="hunter2")["ARN"]
+        secrets.get_secret_value(SecretId="rayito/recorded-key")
         with pytest.raises(secrets.exceptions.ResourceNotFoundException):
             secrets.get_secret_value(SecretId="rayito/absent")
     records = recorder.records
