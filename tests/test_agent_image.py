@@ -129,7 +129,7 @@ def test_fleet_builds_its_image_and_grants_the_publisher() -> None:
     })
     publisher = [p for k, p in template.find_resources("AWS::IAM::ManagedPolicy").items() if k.startswith("FleetImagePublisher")][0]
     sids = {s["Sid"] for s in publisher["Properties"]["PolicyDocument"]["Statement"]}
-    assert {"PassBuildRole", "ReadCodeArtifact"} <= sids
+    assert {"PassBuildRole", "UploadArtifacts"} <= sids
     env = [f["Properties"]["Environment"]["Variables"] for f in template.find_resources("AWS::Lambda::Function").values()
            if f["Properties"].get("Handler") == "reconciler.index.handler"][0]
     assert env["BASE_ROLLOUT"] == "rolling"

@@ -61,7 +61,7 @@ def test_example_resources(example) -> None:
     template.resource_count_is("Custom::RayitoImagePruner", 1)
     outputs = template.to_json()["Outputs"]
     assert set(outputs) == {
-        "FleetName", "ImageArn", "RecipeParameterName", "ExecutionRoleArn", "CallerPolicyArn",
+        "FleetName", "ImageArn", "RecipeParameterName", "AccessTokenSecretName", "ExecutionRoleArn", "CallerPolicyArn",
         "ImagePublisherPolicyArn", "SandboxLauncherPolicyArn", "ReconcilerFunctionName",
         "ReconcilerDeadLetterQueueUrl", "EgressBudgetTableName", "RecipeOutcome", "RecipeSaved", "RecipeReason",
     }
@@ -149,20 +149,21 @@ def test_metadata_index(with_index) -> None:
             "UpdateReplacePolicy": "Retain",
             "Properties": {
                 "BillingMode": "PAY_PER_REQUEST",
-                "KeySchema": [{"AttributeName": "session_id", "KeyType": "HASH"}],
+                "KeySchema": [{"AttributeName": "pk", "KeyType": "HASH"}],  # the product's index
                 "PointInTimeRecoverySpecification": {"PointInTimeRecoveryEnabled": True},
                 "SSESpecification": {"SSEEnabled": True},
                 "TimeToLiveSpecification": {"AttributeName": "expires_at", "Enabled": True},
             },
         },
     )
-    # The table's data actions go to the launcher and the caller, not to the publisher.
+    # The product's writer and reader grants go to the launcher and the caller, not to the publisher.
     policies = template.find_resources("AWS::IAM::ManagedPolicy")
-    with_table = sorted(
-        k.split("Policy")[0] for k, p in policies.items()
-        if any(s["Sid"] == "MetadataIndex" for s in p["Properties"]["PolicyDocument"]["Statement"])
-    )
-    assert with_table == ["FleetCaller", "FleetSandboxLauncher"]
+    for sid in ("PutIndexRows", "ReadIndexRows"):
+        with_table = sorted(
+            k.split("Policy")[0] for k, p in policies.items()
+            if any(s["Sid"] == sid for s in p["Properties"]["PolicyDocument"]["Statement"])
+        )
+        assert with_table == ["FleetCaller", "FleetSandboxLauncher"], sid
     assert "MetadataIndexTableName" in template.to_json()["Outputs"]
     (recipe,) = template.find_resources("Custom::RayitoRecipe").values()
     assert recipe["DeletionPolicy"] == "Retain" and recipe["Properties"]["KeepOnDelete"] == "true"
@@ -296,8 +297,12 @@ def test_given_image_arn_and_role() -> None:
     template = Template.from_stack(stack)
     roles = template.find_resources("AWS::IAM::Role")
     assert not [k for k in roles if k.startswith("FleetExecutionRole")]  # the given role is used
+    # The three policies are scoped to the given image; only the reconciler passes the role (the
+    # product's client starts a fleet's VMs with no executionRoleArn).
     policies = json.dumps(template.find_resources("AWS::IAM::ManagedPolicy"))
-    assert "arn:aws:iam::123456789012:role/agent" in policies and image + ":*" in policies
+    assert image + ":*" in policies and "role/agent" not in policies
+    reconciler = json.dumps(template.find_resources("AWS::IAM::Policy"))
+    assert '"Resource": "arn:aws:iam::123456789012:role/agent"' in reconciler
     assert fleet.image_arn == image
 
 
