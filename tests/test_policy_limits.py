@@ -8,6 +8,7 @@ import aws_cdk as cdk
 import pytest
 from aws_cdk import aws_dynamodb as dynamodb
 from aws_cdk import aws_iam as iam
+from aws_cdk import aws_kms as kms
 from aws_cdk import aws_s3 as s3
 
 from rayito_constructs import AgentFleet, AgentProject
@@ -105,3 +106,33 @@ def test_unresolved_values_are_counted_long() -> None:
     literal = iam.PolicyDocument(statements=[iam.PolicyStatement(
         actions=["sqs:SendMessage"], resources=["arn:aws-us-gov:sqs:ap-southeast-2:123456789012:queue"])])
     assert estimated_size(stack, document) >= estimated_size(stack, literal)
+
+
+
+def _table(stack: cdk.Stack) -> dynamodb.Table:
+    return dynamodb.Table(stack, "T", partition_key=dynamodb.Attribute(name="pk", type=dynamodb.AttributeType.STRING))
+
+
+def _generated(stack: cdk.Stack, made: object) -> str:
+    """The longest name CloudFormation generates for it: ``<stack>-<logical id>-<13 characters>``."""
+    logical_id = stack.resolve(made.node.default_child.logical_id)  # type: ignore[attr-defined]
+    return "t" * (len(stack.stack_name) + 1 + len(logical_id) + 14)
+
+
+@pytest.mark.parametrize("make, attribute, longest", [
+    (lambda s: kms.Key(s, "K"), "key_arn", lambda s, m: "arn:aws-us-gov:kms:ap-southeast-2:123456789012:key/" + "0" * 36),
+    (lambda s: iam.Role(s, "R", assumed_by=iam.ServicePrincipal("lambda.amazonaws.com")), "role_arn",
+     lambda s, m: "arn:aws-us-gov:iam:ap-southeast-2:123456789012:role/" + "r" * 64),
+    (_table, "table_arn", lambda s, m: "arn:aws-us-gov:dynamodb:ap-southeast-2:123456789012:table/" + _generated(s, m)),
+], ids=["kms-key", "role", "table"])
+def test_an_arn_of_the_stack_counts_as_long_as_its_type_allows(make, attribute, longest) -> None:
+    """A known resource's ARN is counted at the longest its type allows (never shorter), not 200."""
+    app = new_app()
+    stack = cdk.Stack(app, "Agnostic")
+    made = make(stack)
+    document = iam.PolicyDocument(statements=[iam.PolicyStatement(actions=["s3:GetObject"], resources=[getattr(made, attribute)])])
+    literal = iam.PolicyDocument(statements=[iam.PolicyStatement(actions=["s3:GetObject"], resources=[longest(stack, made)])])
+    unknown = iam.PolicyDocument(statements=[iam.PolicyStatement(
+        actions=["s3:GetObject"], resources=[cdk.Fn.get_att("Elsewhere", "Arn").to_string()])])
+    assert estimated_size(stack, literal) <= estimated_size(stack, document) <= estimated_size(stack, literal) + 2
+    assert estimated_size(stack, document) < estimated_size(stack, unknown)
