@@ -15,7 +15,7 @@ Must allow / must deny, and why (``shared/seeds/001_*`` "Who can write it";
   versions on the image, PassNetworkConnector ``INTERNET_EGRESS`` for create/update, never running VMs;
 * per path of the product (``Probe.path``, the paths tests/test_product_iam.py records and
   docs/iam.md tabulates): the launcher reads the fleet's access token and never another fleet's,
-  the publisher uploads under the product's artifact keys, probes the bucket, lists VMs for prune
+  the publisher uploads under the product's artifact keys, lists VMs for prune
   and reads its base image's versions, the caller describes the gateway secrets it deploys with.
 
 The simulator answers ``implicitDeny`` for ``lambda:PassNetworkConnector`` even with administrator
@@ -195,8 +195,11 @@ def launcher_probes(r: Refs) -> list[Probe]:
 
 def caller_probes(r: Refs) -> list[Probe]:
     """The launcher's paths and the publisher's, and rayito agent deploy's recipe."""
+    launcher = launcher_probes(r)
     return [
-        *[p for p in launcher_probes(r) if p.must_allow],
+        *[p for p in launcher if p.must_allow],
+        # The caller drives VMs too: nothing on another fleet's image either.
+        *[p for p in launcher if not p.must_allow and p.action in LIFECYCLE],
         *[p for p in publisher_probes(r) if p.must_allow],
         *_on("agent deploy", [Probe("ssm:PutParameter", r.recipe, True, "the deployer saves the recipe"),
                               *_key(r, "kms:Encrypt")]),
@@ -215,7 +218,6 @@ def publisher_probes(r: Refs) -> list[Probe]:
         Probe("lambda:PassNetworkConnector", r.connectors[-1], True,
               "create and update pass INTERNET_EGRESS even when none is named (measured)"),
         Probe("s3:PutObject", f"{r.artifact_bucket}/rayito/images/rayd-probe.zip", True, "upload the image's zip"),
-        Probe("s3:ListBucket", r.artifact_bucket, True, "HeadObject of a missing key answers 404 only with ListBucket"),
     ])
     probes += _on("agent build", [
         Probe("s3:PutObject", f"{r.artifact_bucket}/rayito/templates/probe.zip", True, "upload the agent's artifact"),
