@@ -680,11 +680,11 @@ def publisher_statements(access: FleetAccess) -> list[Statement]:
         statements.append(Statement("PassBuildRole", ("iam:PassRole",), access.build_role_arns,
                                     {"StringEquals": {"iam:PassedToService": LAMBDA_SERVICE}}))
     if access.artifact_bucket_arn:
-        statements += [
-            Statement("UploadArtifacts", ("s3:PutObject", "s3:GetObject"),
-                      tuple(f"{access.artifact_bucket_arn}/{prefix}/*" for prefix in _artifact_prefixes())),
-            Statement("ProbeArtifactBucket", ("s3:ListBucket",), (access.artifact_bucket_arn,)),
-        ]
+        # No s3:ListBucket (the product's ProbeArtifactBucket): no path calls HeadBucket with a
+        # bucket given, and without it a missing key's HeadObject answers 403, which the product
+        # reads as absent (_images.MISSING_OBJECT_CODES) before it uploads.
+        statements.append(Statement("UploadArtifacts", ("s3:PutObject", "s3:GetObject"),
+                                    tuple(f"{access.artifact_bucket_arn}/{prefix}/*" for prefix in _artifact_prefixes())))
     if access.build_log_group_arns:
         statements.append(Statement("BuildLogs", ("logs:DescribeLogStreams", "logs:GetLogEvents"),
                                     access.build_log_group_arns))

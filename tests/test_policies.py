@@ -119,7 +119,6 @@ def publisher(image: str = BUILT_IMAGE, build_role: str = "<FleetImageBuildRole.
         ("ListMicrovms", ("lambda:ListMicrovms",), ("*",), ""),
         ("PassBuildRole", ("iam:PassRole",), tuple(sorted(r for r in (build_role, PRODUCT_BUILD_ROLE) if r)), PASSED_TO_LAMBDA),
         ("UploadArtifacts", ("s3:GetObject", "s3:PutObject"), (f"{BUCKET}/rayito/images/*", f"{BUCKET}/rayito/templates/*"), ""),
-        ("ProbeArtifactBucket", ("s3:ListBucket",), (BUCKET,), ""),
         ("BuildLogs", ("logs:DescribeLogStreams", "logs:GetLogEvents"),
          (BUILD_LOGS.format(fleet), BUILD_LOGS.format(fleet) + ":*"), ""),
     }
