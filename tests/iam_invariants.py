@@ -59,6 +59,9 @@ def _arn(pattern: str) -> str:
 #: ``{P}``, ``{R}`` and ``{A}`` stand for an ARN's partition, region and account: a value, or a
 #: pseudo parameter as the flattening shows it (``<AWS::AccountId>``, colons included: the
 #: environment-agnostic stacks ``app.py`` makes; the tests' own stacks name an account and region).
+#: The reserved Sids whose statements ``grant_publish`` also adds to a principal, Sid dropped.
+GRANTED_WITHOUT_SID = frozenset({"UploadArtifacts", "BuildLogs"})
+
 ALLOWED_WILDCARDS: tuple[tuple[re.Pattern[str], frozenset[str], frozenset[str] | None], ...] = (
     (re.compile(_arn(r"^\*$")), frozenset(NO_RESOURCE), None),
     (re.compile(_arn(r"^\*$")), frozenset(MICROVM_ACTIONS), frozenset({"MicrovmsOnAnyImage"})),
@@ -181,9 +184,13 @@ def iam_violations(template: dict[str, Any]) -> list[str]:
                 if sid is not None and sid not in WILDCARD_SIDS:
                     found.append(f"{where}: Sid {sid} may not hold a wildcard resource ({flat})")
                     continue
+                # a statement without a Sid is a grant in a principal's default policy (CDK's
+                # iam.Grant drops the Sid): the publisher's grants carry the same statements as
+                # ImagePublisherPolicy's UploadArtifacts and BuildLogs, so they may use their patterns
                 allowed = [
                     acts for pattern, acts, sids in ALLOWED_WILDCARDS
-                    if pattern.match(flat) and (sids is None or sid in sids)
+                    if pattern.match(flat) and (sids is None or sid in sids
+                                                or sid is None and sids <= GRANTED_WITHOUT_SID)
                 ]
                 bad = [a for a in actions if not any(a in acts for acts in allowed)]
                 if bad or not allowed:
