@@ -358,6 +358,16 @@ def release_artifact(path: str, sha256: Optional[str]) -> MicrovmImageArtifact:
         raise ValueError(f"base_artifact: {_one_line(exc)}") from None
 
 
+def rayd_from_context(scope: Construct) -> Optional[MicrovmImageArtifact]:
+    """The release zip the app's context names (``-c base_artifact=PATH``, with
+    ``-c base_artifact_sha256=HEX``), as ``rayito agent deploy --base-artifact`` takes it; None
+    without one."""
+    path = scope.node.try_get_context("base_artifact")
+    if not path:
+        return None
+    return release_artifact(str(path), scope.node.try_get_context("base_artifact_sha256"))
+
+
 def _one_line(exc: BaseException) -> str:
     return " ".join(str(exc).split())
 

@@ -28,7 +28,13 @@ from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
 from .access_token import FleetAccessToken, token_secret_name
-from .agent_image import DEFAULT_BASE_IMAGE_VERSION, DEFAULT_LOG_RETENTION, AgentImage, _usable_log_key
+from .agent_image import (
+    DEFAULT_BASE_IMAGE_VERSION,
+    DEFAULT_LOG_RETENTION,
+    AgentImage,
+    _usable_log_key,
+    rayd_from_context,
+)
 from .dashboard import FleetDashboard
 from .egress.client import ENVELOPES_ENV, TABLE_ENV
 from .egress_budget import EgressBudget
@@ -197,8 +203,10 @@ class AgentFleet(_FleetGrants):
         ``rayd`` is. Default: True.
     :param rayd: where the image's ``rayd`` comes from (see :class:`AgentImage`): the product's
         release zip (``rayito.cdk.MicrovmImageArtifact.from_file(path, sha256=...)``) or a
-        ``rayito.cdk.RayitoMicrovmImage`` of the app. Default: none: the fleet builds no image and
-        runs the one ``rayito agent deploy`` published under its name (docs/image.md).
+        ``rayito.cdk.RayitoMicrovmImage`` of the app. Default: the release zip the app's context
+        names (``-c base_artifact=PATH -c base_artifact_sha256=HEX``); without one the fleet
+        builds no image and runs the one ``rayito agent deploy`` published under its name
+        (docs/image.md).
     :param base_image_version: the managed base's major version for a release zip. Default: ``"1"``.
     :param base_rollout: how base VMs move to a new image version: ``on_expiry`` (default) or
         ``rolling`` (a successor starts at once). Parked slots are always replaced first.
@@ -375,6 +383,8 @@ class AgentFleet(_FleetGrants):
         """The boundary of every role the fleet creates, when given."""
         if permissions_boundary is not None:
             iam.PermissionsBoundary.of(self).apply(permissions_boundary)
+        if rayd is None and image is None and image_arn is None and build_image:
+            rayd = rayd_from_context(self)
         builds = image is None and image_arn is None and build_image and rayd is not None
         self.egress_budget: Optional[EgressBudget] = (
             EgressBudget(self, "EgressBudget", fleet_name=project.name, envelopes=project.egress.budgets,
@@ -424,7 +434,8 @@ class AgentFleet(_FleetGrants):
         """The fleet's name."""
         self.microvm_log_group: Optional[logs.LogGroup] = getattr(image, "log_group", None)
         """``/aws/lambda-microvms/<image name>``, when the stack owns it."""
-        if self.microvm_log_group is None and own_microvm_log_group and image_name is not None:
+        owns_vm_logs = builds if own_microvm_log_group is None else own_microvm_log_group
+        if self.microvm_log_group is None and owns_vm_logs and image_name is not None:
             self.microvm_log_group = logs.LogGroup(
                 self, "MicrovmLogs", log_group_name=f"{LOG_GROUP_PREFIX}{image_name}",
                 retention=microvm_log_retention, removal_policy=cdk.RemovalPolicy.DESTROY,

@@ -265,7 +265,7 @@ def test_the_fleet_builds_it_from_rayd_and_bakes_its_own_variables(release) -> N
 
 
 def test_without_rayd_the_fleet_builds_no_image() -> None:
-    app = new_app()
+    app = new_app(base_artifact=None)
     stack = new_stack(app)
     fleet = AgentFleet(stack, "Fleet", project=AgentProject.load(EXAMPLE))
     assert fleet.image is None
