@@ -195,8 +195,8 @@ class AgentFleet(_FleetGrants):
     """One fleet of agent MicroVMs: recipe, policies, execution role and optional metadata index.
 
     :param project: the agent project (``AgentProject.load(folder, **overrides)``).
-    :param image_arn: a MicroVM image published elsewhere. Default: the fleet builds an
-        :class:`AgentImage` from the project's folder when it has a Dockerfile; otherwise the image
+    :param image_arn: a MicroVM image published elsewhere. Default: the fleet builds the
+        product's agent image (:class:`AgentImage`) when it has a ``rayd``; otherwise the image
         named after the fleet in this account and region (what ``rayito agent deploy`` publishes).
     :param image: an :class:`AgentImage` to run. Default: see ``image_arn``.
     :param build_image: build the product's agent image of the project when neither is given and
