@@ -56,6 +56,8 @@ _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,255}\Z")
 #: list-managed-microvm-image-versions lists 0 and 1, create rejects "1.0" ("Expected a single
 #: major version number (e.g., 1)"), and Rayito pins "1". Whether "0" is accepted is not recorded.
 DEFAULT_BASE_IMAGE_VERSION = "1"
+#: The image resource's metadata key holding the template env composed into its zip.
+TEMPLATE_ENV_METADATA = "RayitoTemplateEnv"
 _MAJOR_VERSION = re.compile(r"^[0-9]{1,9}\Z")
 #: How long the image's log group keeps the build logs and the VMs' output (agent output may hold
 #: conversations: a month, not forever).
@@ -265,6 +267,10 @@ class AgentImage(Construct):
             logging=cdk.Token.as_any(camel_case(properties["Logging"])),
             resources=cdk.Token.as_any(camel_case(properties["Resources"])),
         )
+        if env:
+            # What rayd hands the agents, readable from the deployed template too (rayito-constructs
+            # verify reads the egress envelopes there); the zip itself sits in the assets bucket.
+            self.resource.add_metadata(TEMPLATE_ENV_METADATA, dict(sorted(env.items())))
         self.resource.node.add_dependency(build_role)
         if isinstance(rayd, RayitoMicrovmImage):
             self.resource.node.add_dependency(rayd)
