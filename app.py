@@ -14,6 +14,9 @@
     npx cdk synth -c saved_queries=false            # no saved Logs Insights queries
     npx cdk synth -c keep_image_versions=10         # image versions kept (none: never prune; docs/image.md)
     npx cdk synth -c retain_vms_on_delete=true      # cdk destroy leaves the VMs running (docs/teardown.md)
+    npx cdk synth -c base_artifact=rayito-image.zip -c base_artifact_sha256=HEX
+                                                    # build the product's agent image over that rayd zip
+    npx cdk synth -c build_image=false              # as rayito agent deploy --no-build (docs/image.md)
 
 Every flag of ``rayito agent deploy`` that ``rayito-constructs plan`` takes is accepted as context
 under its name with ``_`` (``min_vms``, ``warm``, ``max_sessions``, ``memory``, ``idle``, ``env``,
@@ -67,6 +70,9 @@ def main(app: "Optional[object]" = None) -> int:
             project.stack_name,
             project=project,
             image_arn=options.get("image_arn"),
+            rayd=rayd_of(options),
+            base_image_version=options.get("base_image_version") or "1",
+            build_image=options.get("build_image", True),
             metadata_index=options.get("metadata_index", False),
             keep_recipe=options.get("keep_recipe", False),
             scope_microvm_actions_to_image=options.get("scope_microvm_actions_to_image", True),
@@ -93,6 +99,16 @@ def main(app: "Optional[object]" = None) -> int:
         print(f"-c {lines[0]}" if typed else lines[0], file=sys.stderr)
         return EXIT_INVALID
     return 0
+
+
+def rayd_of(options: dict) -> "object":
+    """``-c base_artifact=PATH [-c base_artifact_sha256=HEX]`` (or ``[stack]``): the product's
+    release zip, checked by the product's ``MicrovmImageArtifact.from_file``; None without it."""
+    if not options.get("base_artifact"):
+        return None
+    from rayito_constructs.agent_image import release_artifact
+
+    return release_artifact(options["base_artifact"], options.get("base_artifact_sha256"))
 
 
 def stack_options(project: "object") -> dict:

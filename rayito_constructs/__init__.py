@@ -41,7 +41,6 @@ _CONSTRUCTS = {
     "ControlPlaneBudget": "control_plane_budget",
     "FleetLedger": "fleet_ledger",
     "AgentImage": "agent_image",
-    "ImageHooks": "agent_image",
     "EgressBudget": "egress_budget",
     "FleetDashboard": "dashboard",
     "FleetQueries": "queries",

@@ -1,21 +1,23 @@
-"""``AgentImage``: the agent's MicroVM image, built by the service in the same ``cdk deploy``.
+"""``AgentImage``: the product's agent image of a project, built in the same ``cdk deploy``.
 
-An L2 over ``aws_lambda.CfnMicrovmImage`` (``AWS::Lambda::MicrovmImage``). The agent folder
-(a Dockerfile at its root) becomes an S3 zip asset with no Docker at synth: the MicroVMs service
-builds the image from it. A changed folder changes the asset, so CloudFormation updates the image
-and the service builds a new version; the fleet's reconciler rolls onto it (docs/image.md).
-
-The image's log group ``/aws/lambda-microvms/<name>`` (build logs and the VMs' output) belongs to
-the stack, with a retention, created before the image so that neither the build nor a VM creates
-it first without one.
+An L2 over ``aws_lambda.CfnMicrovmImage`` (``AWS::Lambda::MicrovmImage``) whose artifact and
+configuration are what ``rayito agent deploy`` publishes for the project: the product's agent
+template (runtime, agent host, app) over the product's base (``rayd`` as PID 1, every hook on),
+composed at synth by the product's own functions (``image_composition.py``). A changed project
+changes the zip, so CloudFormation updates the image and the service builds a new version; the
+fleet's reconciler rolls onto it (docs/image.md). A Dockerfile in the folder is ignored, as the
+product ignores it.
 """
 
 from __future__ import annotations
 
+import hashlib
+import os
 import re
-from dataclasses import dataclass
+import tempfile
+import zipfile
 from pathlib import Path
-from typing import Mapping, Optional, Sequence
+from typing import Any, Mapping, Optional
 
 import aws_cdk as cdk
 from aws_cdk import aws_iam as iam
@@ -25,80 +27,41 @@ from aws_cdk import aws_logs as logs
 from aws_cdk import aws_s3_assets as s3_assets
 from constructs import Construct
 
+from rayito._agent._project_base import template_name
+from rayito._images_publish_domain import log_group_for
+from rayito.cdk import MicrovmImageArtifact, RayitoCdkException, RayitoMicrovmImage
+from rayito.cdk._image_properties import camel_case, cfn_image_properties
+from rayito.cdk._microvm_image import RESERVED_IMAGE_NAME_PREFIX
+from rayito.cli._artifact import marker_has_efs, marker_variant
+
 from ._nag import acknowledge_statements
-from .envrules import credential_problem, credential_shape, secret_reason
-from .execution_role import LOG_GROUP_PREFIX, microvm_log_streams_arn
+from .image_composition import (
+    HOOKS_PORT,
+    MEMORY_CLASSES_MIB,
+    MEMORY_FLOOR_MIB,
+    RAYD_PORT,
+    CompositionError,
+    agent_configuration,
+    agent_template,
+    caps_base_configuration,
+    compose_artifact,
+)
 from .image_pruner import ImagePruner, check_keep, properties_digest
 from .names import claim
-from .options import MEMORY_CLASSES_MIB
 from .permissions import LAMBDA_SERVICE, Statement, image_arn_for, source_arn_condition
 
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}\Z")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,255}\Z")
-#: Always left out of the uploaded folder, on top of its .dockerignore.
-DEFAULT_EXCLUDES = (".git", "cdk.out", "node_modules", "__pycache__", "*.pyc", ".venv", ".DS_Store")
-DEFAULT_BASE_IMAGE = "al2023-1"
 #: The managed base image's major version. Measured (ground truth section 7, Notes Q52/Q115):
 #: list-managed-microvm-image-versions lists 0 and 1, create rejects "1.0" ("Expected a single
 #: major version number (e.g., 1)"), and Rayito pins "1". Whether "0" is accepted is not recorded.
 DEFAULT_BASE_IMAGE_VERSION = "1"
+#: The image resource's metadata key holding the template env composed into its zip.
+TEMPLATE_ENV_METADATA = "RayitoTemplateEnv"
 _MAJOR_VERSION = re.compile(r"^[0-9]{1,9}\Z")
 #: How long the image's log group keeps the build logs and the VMs' output (agent output may hold
 #: conversations: a month, not forever).
 DEFAULT_LOG_RETENTION = logs.RetentionDays.ONE_MONTH
-
-
-@dataclass(frozen=True)
-class ImageHooks:
-    """Lifecycle hooks of the image (``POST /aws/lambda-microvms/runtime/v1/<hook>`` on ``port``).
-
-    Runtime hooks (``run``, ``resume``, ``suspend``, ``terminate``) time out after 1–60 s; build
-    hooks (``ready``, ``validate``) after 1–3,600 s. Default: all off.
-    """
-
-    port: int = 9000
-    run: bool = False
-    resume: bool = False
-    suspend: bool = False
-    terminate: bool = False
-    ready: bool = False
-    validate: bool = False
-    runtime_timeout_seconds: int = 30
-    build_timeout_seconds: int = 600
-
-    def check(self) -> None:
-        if not 1 <= self.port <= 65535:
-            raise ValueError(f"hooks.port: {self.port} is not a port (1 to 65535)")
-        if not 1 <= self.runtime_timeout_seconds <= 60:
-            raise ValueError(f"hooks.runtime_timeout_seconds: {self.runtime_timeout_seconds} is not within 1 to 60")
-        if not 1 <= self.build_timeout_seconds <= 3600:
-            raise ValueError(f"hooks.build_timeout_seconds: {self.build_timeout_seconds} is not within 1 to 3600")
-
-    def to_cfn(self) -> lambda_.CfnMicrovmImage.HooksProperty:
-        state = {True: "ENABLED", False: "DISABLED"}
-        runtime = self.runtime_timeout_seconds
-        build = self.build_timeout_seconds
-        return lambda_.CfnMicrovmImage.HooksProperty(
-            port=self.port,
-            microvm_hooks=lambda_.CfnMicrovmImage.MicrovmHooksProperty(
-                run=state[self.run], run_timeout_in_seconds=runtime,
-                resume=state[self.resume], resume_timeout_in_seconds=runtime,
-                suspend=state[self.suspend], suspend_timeout_in_seconds=runtime,
-                terminate=state[self.terminate], terminate_timeout_in_seconds=runtime,
-            ),
-            microvm_image_hooks=lambda_.CfnMicrovmImage.MicrovmImageHooksProperty(
-                ready=state[self.ready], ready_timeout_in_seconds=build,
-                validate=state[self.validate], validate_timeout_in_seconds=build,
-            ),
-        )
-
-
-def dockerignore_patterns(folder: Path) -> list[str]:
-    """The patterns of ``<folder>/.dockerignore`` (comments and blank lines dropped)."""
-    file = folder / ".dockerignore"
-    if not file.is_file():
-        return []
-    return [line.strip() for line in file.read_text().splitlines() if line.strip() and not line.strip().startswith("#")]
 
 
 def _usable_log_key(scope: Construct, key: Optional[kms.IKey], log_group: str) -> Optional[kms.IKey]:
@@ -147,47 +110,34 @@ class ImportedAgentImage(Construct):
 
 
 class AgentImage(Construct):
-    """The MicroVM image of an agent folder.
+    """The product's agent image of a project: what ``rayito agent deploy`` publishes for it.
 
-    :param folder: the agent folder, with a Dockerfile at its root; uploaded as a zip asset
-        (``.dockerignore`` honoured). Exactly one of ``folder`` and ``code``.
-    :param code: an existing ``s3_assets.Asset`` holding the zip instead.
-    :param image_name: 1–64 letters, digits, ``-`` or ``_``; unique in the account.
-    :param memory_mib: the image's size class: 512, 1024, 2048, 4096 or 8192. Default: 2048.
-    :param architecture: ``ARM_64`` or ``X86_64``. Default: ``ARM_64``.
-    :param base_image_arn: the managed base image. Default: ``al2023-1`` in the stack's region.
-    :param base_image_version: the managed base image's major version (digits only: create
-        rejects ``"1.0"``), pinned so synth is offline and deterministic. Default: ``"1"``, the
-        version Rayito pins (see docs/image.md).
-    :param hooks: lifecycle hooks. Default: none enabled.
-    :param environment: variables baked into the image; names that look like secrets are refused
-        (the ``--env`` rule): pass secrets at run time instead. Default: none.
-    :param egress_network_connectors: at most one customer connector for the build. Default: none.
-    :param logging: ``True`` for CloudWatch Logs in ``/aws/lambda-microvms/<image name>``,
-        ``False`` to turn build and runtime logs off. Default: True.
-    :param own_log_group: create ``/aws/lambda-microvms/<image name>`` in the stack (with
-        ``log_retention``), before the image. A group of that name that already exists in the
-        account (an image published before by hand) makes the deploy fail: delete it, import it
-        (``cdk import``) or pass False (docs/image.md). Default: True (when ``logging``).
+    The artifact is the product's ``project_template(project)`` laid over the product's base
+    (``rayd`` as PID 1), composed at synth by the product's own functions
+    (:mod:`rayito_constructs.image_composition`) into a deterministic file asset; the image's
+    configuration is what the product's build sends: the base's hooks (every one ENABLED, port
+    9000, the product's timeouts), capabilities, architecture and managed base, plus the project's
+    memory and the image's own log group ``/rayito/<name>``. No Docker and no network at synth.
+
+    :param project: the agent project (this library's ``AgentProject`` or the product's).
+    :param rayd: where ``rayd`` comes from: the product's release zip
+        (``rayito.cdk.MicrovmImageArtifact.from_file(path, sha256=...)``), or a
+        ``rayito.cdk.RayitoMicrovmImage`` of the same app (its zip composed at synth, its
+        configuration inherited, the image built after it).
+    :param base_image_version: the managed base's major version for a release zip. Default: ``"1"``.
+    :param template_env: variables ``rayd`` hands to every process (the product's ``set_envs``);
+        values must be known at synth. Default: none.
+    :param own_log_group: create ``/rayito/<image name>`` in the stack, before the image.
+        Default: True.
     :param log_retention: Default: one month.
-    :param log_removal_policy: Default: ``DESTROY``: the VMs' output goes with the stack.
-    :param encryption_key: customer KMS key for the log group. A key made in this app gets the
-        key-policy statement CloudWatch Logs needs (for this group only); an imported key is not
-        used for the group (its policy cannot be changed from here), with a warning. Default: the
-        CloudWatch Logs default encryption.
-    :param build_role: the role the build runs as. Default: a new role that trusts
-        ``lambda.amazonaws.com`` (confused-deputy conditions), reads the asset and writes logs.
-    :param description: Default: ``Rayito agent <image name>``.
-    :param secret_looking_names: ``reject`` (default: the ``--env`` rule) or ``allow`` (for a
-        project's ``[env]``, already warned as ``env_looks_secret``).
-    :param keep_image_versions: how many versions the image keeps (1 to 49); older ones are
-        deleted, oldest first, one at a time, never the latest active one (what the fleet runs and
-        rolls to) nor one with a live VM, before each build and every ``prune_every``
-        (docs/image.md "Old versions"). ``None`` keeps every version. Default: 5.
-    :param prune_every: how often the pruner looks again. Default: one hour.
-    :param pruner_reserved_concurrency: the pruner's reserved concurrency: 1 keeps a scheduled
-        pass from overlapping a deploy's (``ImagePruner``); ``None`` where the account's
-        concurrency quota leaves no room to reserve. Default: 1.
+    :param log_removal_policy: Default: ``DESTROY``.
+    :param encryption_key: customer KMS key for the log group. Default: the CloudWatch Logs default.
+    :param build_role: the role the build runs as. Default: a new role that reads the composed zip
+        and writes the image's build logs (the product's build uses its base's role, which reads
+        only the base's zip here).
+    :param keep_image_versions: versions the image keeps (1 to 49; ``None``: every one). Default: 5.
+    :param prune_every: Default: one hour.
+    :param pruner_reserved_concurrency: Default: 1.
     """
 
     def __init__(
@@ -195,104 +145,72 @@ class AgentImage(Construct):
         scope: Construct,
         id: str,
         *,
-        image_name: str,
-        folder: Optional[str | Path] = None,
-        code: Optional[s3_assets.Asset] = None,
-        memory_mib: int = 2048,
-        architecture: str = "ARM_64",
-        base_image_arn: Optional[str] = None,
+        project: Any,
+        rayd: Any,
         base_image_version: str = DEFAULT_BASE_IMAGE_VERSION,
-        hooks: Optional[ImageHooks] = None,
-        environment: Optional[Mapping[str, str]] = None,
-        egress_network_connectors: Sequence[str] = (),
-        logging: bool = True,
-        build_role: Optional[iam.IRole] = None,
-        description: Optional[str] = None,
-        secret_looking_names: str = "reject",
+        template_env: Optional[Mapping[str, str]] = None,
         own_log_group: bool = True,
         log_retention: logs.RetentionDays = DEFAULT_LOG_RETENTION,
         log_removal_policy: cdk.RemovalPolicy = cdk.RemovalPolicy.DESTROY,
         encryption_key: Optional[kms.IKey] = None,
+        build_role: Optional[iam.IRole] = None,
         keep_image_versions: Optional[int] = 5,
         prune_every: cdk.Duration = cdk.Duration.hours(1),
         pruner_reserved_concurrency: Optional[int] = 1,
     ) -> None:
-        problems = []
+        product = getattr(project, "product", project)
+        image_name = template_name(product)
+        env = dict(template_env or {})
+        check_image_project(product, image_name)
+        check_template_env(env)
         if keep_image_versions is not None:
-            try:
-                check_keep(keep_image_versions)
-            except ValueError as exc:
-                problems.append(str(exc))
-        if (folder is None) == (code is None):
-            problems.append("folder, code: give exactly one of them")
-        if not _NAME.match(image_name):
-            problems.append(f"image_name: {image_name!r} must be 1 to 64 letters, digits, '-' or '_'")
-        if not cdk.Token.is_unresolved(base_image_version) and not _MAJOR_VERSION.match(base_image_version or ""):
-            problems.append(
-                f"base_image_version: {base_image_version!r} is not a major version number such as '1' "
-                "(CreateMicrovmImage rejects '1.0': 'Expected a single major version number')"
-            )
-        if memory_mib not in MEMORY_CLASSES_MIB:
-            classes = ", ".join(str(c) for c in MEMORY_CLASSES_MIB)
-            problems.append(f"memory_mib: {memory_mib} is not a MicroVM size class ({classes} MiB)")
-        if architecture not in ("ARM_64", "X86_64"):
-            problems.append(f"architecture: {architecture!r} is not one of 'ARM_64', 'X86_64'")
-        if len(egress_network_connectors) > 1:
-            problems.append(f"egress_network_connectors: {len(egress_network_connectors)} given, the build takes at most 1")
-        env = dict(environment or {})
-        if len(env) > 100:
-            problems.append(f"environment: {len(env)} variables is above the limit of 100")
-        for key, value in sorted(env.items()):
-            reason = secret_reason(key)
-            shape = credential_shape(value) if isinstance(value, str) else None
-            if not _ENV_NAME.match(key):
-                problems.append(f"environment: {key!r} is not a valid variable name")
-            elif shape:
-                problems.append(f"environment.{key}: {credential_problem(key, shape)}")
-            elif reason and secret_looking_names == "reject":
-                problems.append(f"environment: {key} looks like a secret ({reason}); pass it at run time, not in the image")
-            elif len(value) > 4096:
-                problems.append(f"environment.{key}: value of {len(value)} characters is above the limit of 4096")
-        if folder is not None and not (Path(folder) / "Dockerfile").is_file():
-            problems.append(f"folder: {str(folder)!r} has no Dockerfile at its root")
-        if hooks is not None:
-            try:
-                hooks.check()
-            except ValueError as exc:
-                problems.append(str(exc))
-        if problems:
-            raise ValueError("\n".join(problems))
+            check_keep(keep_image_versions)
+        if isinstance(rayd, RayitoMicrovmImage):
+            base_zip_path = _staged_artifact(rayd)
+        elif isinstance(rayd, MicrovmImageArtifact):
+            _check_release(rayd)
+            base_zip_path = rayd.path
+            if cdk.Token.is_unresolved(base_image_version) or not _MAJOR_VERSION.match(base_image_version or ""):
+                raise ValueError(
+                    f"base_image_version: {base_image_version!r} is not a major version number such as '1' "
+                    "(CreateMicrovmImage rejects '1.0' and 'latest' would read AWS at synth)")
+        else:
+            raise ValueError(f"rayd: {type(rayd).__name__} is not a rayito.cdk.MicrovmImageArtifact or "
+                             "rayito.cdk.RayitoMicrovmImage")
+        try:
+            artifact = compose_artifact(product, Path(base_zip_path).read_bytes(), template_env=env)
+        except CompositionError as exc:
+            raise ValueError(str(exc)) from None
         super().__init__(scope, id)
         claim(self, "image", image_name)  # one MicrovmImage of a name per account and region
         stack = cdk.Stack.of(self)
+        folder = Path(product.source) if product.source else None
+        if folder is not None and (folder / "Dockerfile").is_file():
+            cdk.Annotations.of(self).add_info(
+                f"{folder / 'Dockerfile'} is ignored: the image is the product's agent template over rayd "
+                "(rayito agent deploy ignores it too)")
         self.image_name = image_name
-        """The image's name."""
-        if code is None:
-            path = Path(folder).resolve()  # type: ignore[arg-type]
-            code = s3_assets.Asset(
-                self,
-                "Code",
-                path=str(path),
-                exclude=[*DEFAULT_EXCLUDES, *dockerignore_patterns(path)],
-                ignore_mode=cdk.IgnoreMode.DOCKER,
-            )
-        self.code = code
-        """The zip asset the service builds from."""
+        """The image's name (the product's ``[image] template``, else the project's name)."""
+        self.artifact_sha256 = hashlib.sha256(artifact).hexdigest()
+        """The sha256 of the composed zip (the product's content-addressed key is made from it)."""
+        self.template_env = env
+        """The variables rayd hands to every process."""
+        self.code = s3_assets.Asset(self, "Code", path=str(_write_artifact(artifact, self.artifact_sha256)))
+        """The composed zip, as a file asset."""
+        code = self.code
         self.code_object_arns = (code.bucket.arn_for_objects(code.s3_object_key),)
-        log_group = f"{LOG_GROUP_PREFIX}{image_name}"
-        self.egress_network_connectors = tuple(egress_network_connectors)
-        """Customer connectors the build uses (the publisher passes them, and ``INTERNET_EGRESS``)."""
+        log_group = log_group_for(image_name)
+        self.build_log_group_name = log_group
+        """The image's own log group, ``/rayito/<name>``, as the product names it."""
+        self.build_log_group: Optional[logs.LogGroup] = None
+        """``/rayito/<name>`` when the stack owns it."""
+        if own_log_group:
+            self.build_log_group = logs.LogGroup(self, "Logs", log_group_name=log_group, retention=log_retention,
+                                                 removal_policy=log_removal_policy,
+                                                 encryption_key=_usable_log_key(self, encryption_key, log_group))
         self.log_group: Optional[logs.LogGroup] = None
-        """``/aws/lambda-microvms/<name>``, when the stack owns it (``own_log_group``)."""
-        if logging and own_log_group:
-            self.log_group = logs.LogGroup(
-                self,
-                "Logs",
-                log_group_name=log_group,
-                retention=log_retention,
-                removal_policy=log_removal_policy,
-                encryption_key=_usable_log_key(self, encryption_key, log_group),
-            )
+        """The VMs' ``/aws/lambda-microvms/<name>`` group is the fleet's, not the image's (None)."""
+        self.egress_network_connectors: tuple[str, ...] = ()
         if build_role is None:
             role = iam.Role(
                 self,
@@ -305,12 +223,13 @@ class AgentImage(Construct):
                 ),
                 description=f"Rayito: builds the MicroVM image {image_name}",
             )
-            # The build reads exactly this zip (CDK's grant_read would open the whole asset bucket).
+            group_arn = stack.format_arn(service="logs", resource="log-group", resource_name=f"{log_group}:*",
+                                         arn_format=cdk.ArnFormat.COLON_RESOURCE_NAME)
             log_actions = ("logs:CreateLogStream", "logs:PutLogEvents")
             statements = [
                 Statement("ReadCode", ("s3:GetObject",), self.code_object_arns),
-                Statement("BuildLogs", log_actions if self.log_group else ("logs:CreateLogGroup", *log_actions),
-                          (microvm_log_streams_arn(stack, image_name),)),
+                Statement("BuildLogs", log_actions if self.build_log_group else ("logs:CreateLogGroup", *log_actions),
+                          (group_arn,)),
             ]
             for statement in statements:
                 role.add_to_policy(statement.to_policy_statement())
@@ -318,44 +237,51 @@ class AgentImage(Construct):
             build_role = role
         self.build_role = build_role
         """The role the build runs as."""
-        base = base_image_arn or f"arn:{stack.partition}:lambda:{stack.region}:aws:microvm-image:{DEFAULT_BASE_IMAGE}"
+        artifact_uri = f"s3://{code.s3_bucket_name}/{code.s3_object_key}"
+        if isinstance(rayd, RayitoMicrovmImage):
+            base = _inherited_from(rayd)
+        else:
+            base = caps_base_configuration(region=stack.region, base_image_version=base_image_version,
+                                           artifact_uri=artifact_uri, build_role_arn=build_role.role_arn)
+        configuration = agent_configuration(base=base, artifact_uri=artifact_uri, memory_mib=product.memory_mib,
+                                            image_name=image_name)
+        configuration["buildRoleArn"] = build_role.role_arn  # our role reads the composed zip
+        self.configuration = configuration
+        """The ``create-microvm-image`` body the product's build would send (ARNs as tokens)."""
+        properties = cfn_image_properties(configuration, name=image_name,
+                                          description=f"Rayito agent {image_name} (rayito agent deploy, rayito_constructs)")
         self.resource = lambda_.CfnMicrovmImage(
             self,
             "Resource",
-            name=image_name,
-            description=description or f"Rayito agent {image_name}",
-            base_image_arn=base,
-            base_image_version=base_image_version,
-            build_role_arn=build_role.role_arn,
-            code_artifact=lambda_.CfnMicrovmImage.CodeArtifactProperty(
-                uri=f"s3://{code.s3_bucket_name}/{code.s3_object_key}"
-            ),
-            cpu_configurations=[lambda_.CfnMicrovmImage.CpuConfigurationProperty(architecture=architecture)],
-            resources=[lambda_.CfnMicrovmImage.ResourcesProperty(minimum_memory_in_mib=memory_mib)],
-            additional_os_capabilities=[],
-            egress_network_connectors=list(egress_network_connectors),
-            environment_variables=[
-                lambda_.CfnMicrovmImage.EnvironmentVariableProperty(key=k, value=v) for k, v in sorted(env.items())
-            ],
-            hooks=(hooks or ImageHooks()).to_cfn(),
-            logging=(
-                lambda_.CfnMicrovmImage.LoggingProperty(
-                    cloud_watch=lambda_.CfnMicrovmImage.CloudWatchLoggingProperty(log_group=log_group)
-                )
-                if logging
-                else lambda_.CfnMicrovmImage.LoggingProperty(disabled=True)
-            ),
+            name=properties["Name"],
+            description=properties["Description"],
+            base_image_arn=properties["BaseImageArn"],
+            base_image_version=properties["BaseImageVersion"],
+            build_role_arn=properties["BuildRoleArn"],
+            additional_os_capabilities=properties["AdditionalOsCapabilities"],
+            egress_network_connectors=properties["EgressNetworkConnectors"],
+            code_artifact=cdk.Token.as_any(camel_case(properties["CodeArtifact"])),
+            cpu_configurations=cdk.Token.as_any(camel_case(properties["CpuConfigurations"])),
+            environment_variables=cdk.Token.as_any(camel_case(properties["EnvironmentVariables"])),
+            hooks=cdk.Token.as_any(camel_case(properties["Hooks"])),
+            logging=cdk.Token.as_any(camel_case(properties["Logging"])),
+            resources=cdk.Token.as_any(camel_case(properties["Resources"])),
         )
+        if env:
+            # What rayd hands the agents, readable from the deployed template too (rayito-constructs
+            # verify reads the egress envelopes there); the zip itself sits in the assets bucket.
+            self.resource.add_metadata(TEMPLATE_ENV_METADATA, dict(sorted(env.items())))
         self.resource.node.add_dependency(build_role)
-        if self.log_group is not None:
-            self.resource.node.add_dependency(self.log_group)
+        if isinstance(rayd, RayitoMicrovmImage):
+            self.resource.node.add_dependency(rayd)
+        if self.build_log_group is not None:
+            self.resource.node.add_dependency(self.build_log_group)
         self.pruner: Optional[ImagePruner] = None
         """Deletes old versions (``keep_image_versions``), unless that is None."""
         if keep_image_versions is not None:
             self.pruner = ImagePruner(self, "Pruner", image_name=image_name, keep_image_versions=keep_image_versions,
                                       digest=properties_digest(self, self.resource), prune_every=prune_every,
                                       reserved_concurrency=pruner_reserved_concurrency)
-            # Before each build: room for the new version (and no delete under way when it starts).
             self.resource.node.add_dependency(self.pruner.resource)
         self.image_arn: str = self.resource.attr_image_arn
         """The image's ARN."""
@@ -364,10 +290,137 @@ class AgentImage(Construct):
 
     @property
     def owns_log_group(self) -> bool:
-        """True when the stack makes the image's log group (the VMs need not create it)."""
+        """True when the stack makes the VMs' log group through the image (never: the fleet does)."""
         return self.log_group is not None
 
     @staticmethod
     def from_image_arn(scope: Construct, id: str, image_arn: str) -> ImportedAgentImage:
         """An image published elsewhere."""
         return ImportedAgentImage(scope, id, image_arn=image_arn)
+
+
+def check_image_project(product: Any, image_name: str) -> None:
+    """One line per problem the product's deploy would refuse to build or serve for the image."""
+    problems = []
+    if image_name.startswith(RESERVED_IMAGE_NAME_PREFIX):
+        problems.append(f"image name: {image_name!r} starts with {RESERVED_IMAGE_NAME_PREFIX!r}, reserved for the "
+                        "images of rayito setup and rayito image publish")
+    elif not _NAME.match(image_name):
+        problems.append(f"image name: {image_name!r} must be 1 to 64 letters, digits, '-' or '_'")
+    memory = product.memory_mib
+    if memory < MEMORY_FLOOR_MIB or memory not in MEMORY_CLASSES_MIB:
+        classes = ", ".join(str(c) for c in MEMORY_CLASSES_MIB if c >= MEMORY_FLOOR_MIB)
+        problems.append(f"memory_mib: {memory} is not one the product's agent image takes ({classes} MiB; "
+                        f"its floor is {MEMORY_FLOOR_MIB})")
+    app = getattr(product.runtime, "app", None)
+    serve_port = product.serve.port
+    port = getattr(app, "port", None)
+    if port is not None and port in (RAYD_PORT, HOOKS_PORT, serve_port):
+        owner = {RAYD_PORT: "rayd's gRPC port", HOOKS_PORT: "the image hooks' port"}.get(port, "the agent host's port")
+        problems.append(f"runtime.app.port: {port} is {owner}; the app needs another port (not {RAYD_PORT}, "
+                        f"{HOOKS_PORT} or {serve_port})")
+    if not problems:
+        try:
+            agent_template(product)
+        except CompositionError as exc:
+            problems.append(str(exc))
+    if problems:
+        raise ValueError("\n".join(problems))
+
+
+def check_template_env(env: Mapping[str, str]) -> None:
+    """Template variables must be values: synth composes them into the zip."""
+    problems = []
+    for key, value in sorted(env.items()):
+        if cdk.Token.is_unresolved(key) or cdk.Token.is_unresolved(value):
+            problems.append(f"template_env.{key}: a deploy-time value; the zip is composed at synth, "
+                            "so give a value known at synth (a fixed name)")
+        elif not _ENV_NAME.match(key):
+            problems.append(f"template_env: {key!r} is not a valid variable name")
+    if problems:
+        raise ValueError("\n".join(problems))
+
+
+def _check_release(artifact: MicrovmImageArtifact) -> None:
+    """The product's own checks of a release zip: the ``full`` variant without EFS (what
+    ``rayito-base-caps`` is made from), with the product's error codes."""
+    try:
+        found = marker_variant(artifact.path)
+        if found != "full":
+            raise RayitoCdkException("artifact_variant_mismatch", found=found, variant="full")
+        if marker_has_efs(artifact.path):
+            raise RayitoCdkException("artifact_efs_mismatch", state="lleva", withEfs="false")
+    except RayitoCdkException as exc:
+        raise ValueError(f"rayd: {_one_line(exc)}") from None
+    except zipfile.BadZipFile:
+        raise ValueError(f"rayd: {artifact.path} is not a zip file (the product's rayito-image.zip is one)") from None
+
+
+def release_artifact(path: str, sha256: Optional[str]) -> MicrovmImageArtifact:
+    """``MicrovmImageArtifact.from_file`` with its errors (the product's codes) as one-line ``ValueError`` s."""
+    try:
+        return MicrovmImageArtifact.from_file(path, sha256=sha256)
+    except RayitoCdkException as exc:
+        raise ValueError(f"base_artifact: {_one_line(exc)}") from None
+
+
+def rayd_from_context(scope: Construct) -> Optional[MicrovmImageArtifact]:
+    """The release zip the app's context names (``-c base_artifact=PATH``, with
+    ``-c base_artifact_sha256=HEX``), as ``rayito agent deploy --base-artifact`` takes it; None
+    without one."""
+    path = scope.node.try_get_context("base_artifact")
+    if not path:
+        return None
+    return release_artifact(str(path), scope.node.try_get_context("base_artifact_sha256"))
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())
+
+
+def _staged_artifact(image: RayitoMicrovmImage) -> Path:
+    """The zip a ``RayitoMicrovmImage`` of this app stages (its ``Artifact`` asset)."""
+    asset = image.node.try_find_child("Artifact")
+    if not isinstance(asset, s3_assets.Asset):
+        raise ValueError(f"rayd: {image.node.path} has no Artifact asset to compose from")
+    path = Path(asset.asset_path)
+    if not path.is_absolute():
+        path = Path(cdk.Stage.of(image).outdir) / path
+    return path
+
+
+def _inherited_from(image: RayitoMicrovmImage) -> dict[str, Any]:
+    """What the product's build inherits from its base (``INHERITED_CONFIGURATION_KEYS``), read
+    from the base's ``AWS::Lambda::MicrovmImage`` in this app instead of ``get-microvm-image-version``."""
+    cfn = image.node.try_find_child("Image")
+    if not isinstance(cfn, lambda_.CfnMicrovmImage):
+        raise ValueError(f"rayd: {image.node.path} has no Image to inherit from")
+    stack = cdk.Stack.of(image)
+    env = _camel(stack.resolve(cfn.environment_variables)) or []
+    return {
+        "baseImageArn": cfn.base_image_arn,
+        "baseImageVersion": cfn.base_image_version,
+        "buildRoleArn": cfn.build_role_arn,
+        "cpuConfigurations": _camel(stack.resolve(cfn.cpu_configurations)),
+        "environmentVariables": {e["key"]: e["value"] for e in env} or None,
+        "additionalOsCapabilities": list(cfn.additional_os_capabilities or []) or None,
+        "hooks": _camel(stack.resolve(cfn.hooks)),
+        "egressNetworkConnectors": list(cfn.egress_network_connectors or []) or None,
+    }
+
+
+def _camel(value: Any) -> Any:
+    """A resolved CloudFormation value (PascalCase keys) back in the API's camelCase."""
+    return camel_case(value) if value is not None else None
+
+
+def _write_artifact(artifact: bytes, digest: str) -> Path:
+    """The composed zip at a path named by its content (same bytes, same path, same asset hash)."""
+    folder = Path(tempfile.gettempdir()) / "rayito-constructs-images"
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{digest}.zip"
+    if not path.is_file() or path.read_bytes() != artifact:
+        partial = path.with_suffix(f".{os.getpid()}.part")
+        partial.write_bytes(artifact)
+        os.replace(partial, path)
+    return path

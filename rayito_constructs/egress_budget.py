@@ -37,6 +37,8 @@ class EgressBudget(Construct):
     :param metrics: the agents' ``EmfRecorder`` sends the metrics (``RAYITO_METRICS=on`` in their
         image, which ``AgentFleet`` sets when it builds the image). Default: the fleet's
         ``metrics`` (off outside a fleet).
+    :param table_name: a fixed physical name, for a name baked into the agents' image at synth.
+        Default: one CloudFormation makes.
     :param alarms: the alarms above; they watch custom metrics, so True while metrics are off is
         a synth error. Default: when metrics are on.
     """
@@ -52,6 +54,7 @@ class EgressBudget(Construct):
         removal_policy: cdk.RemovalPolicy = cdk.RemovalPolicy.DESTROY,
         alarms: Optional[bool] = None,
         metrics: Optional[bool] = None,
+        table_name: Optional[str] = None,
     ) -> None:
         seen: set[str] = set()
         for envelope in envelopes:  # one envelope per target (EgressOptions checks the project's)
@@ -65,7 +68,7 @@ class EgressBudget(Construct):
         self.envelopes = tuple(envelopes)
         self.table = state_table(
             self, "Table", partition_key="target", sort_key="item", encryption_key=encryption_key,
-            removal_policy=removal_policy,
+            removal_policy=removal_policy, table_name=table_name,
         )
         """The buckets and the envelope history."""
         self.alarms: list[cloudwatch.Alarm] = []

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Mapping, Optional, Sequence, Union
+from typing import Any, Mapping, Optional, Sequence, Union
 
 import aws_cdk as cdk
 from aws_cdk import aws_dynamodb as dynamodb
@@ -28,7 +28,13 @@ from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
 from .access_token import FleetAccessToken, token_secret_name
-from .agent_image import DEFAULT_LOG_RETENTION, AgentImage, _usable_log_key
+from .agent_image import (
+    DEFAULT_BASE_IMAGE_VERSION,
+    DEFAULT_LOG_RETENTION,
+    AgentImage,
+    _usable_log_key,
+    rayd_from_context,
+)
 from .dashboard import FleetDashboard
 from .egress.client import ENVELOPES_ENV, TABLE_ENV
 from .egress_budget import EgressBudget
@@ -66,6 +72,12 @@ from .reconciler import FleetReconciler, _check_whole
 
 _IMAGE_NAME = re.compile(r":microvm-image:([A-Za-z0-9_-]{1,64})$")
 _IMAGE_NAME_ONLY = re.compile(r"^[A-Za-z0-9_-]{1,64}\Z")
+
+
+def egress_table_name(fleet_name: str) -> str:
+    """The egress budget table's fixed name when the fleet bakes it into its image at synth
+    (one fleet of a name per account and region, so one table)."""
+    return f"rayito-egress-{fleet_name}"
 
 
 def _image_name(image_arn: Optional[str], fleet_name: str) -> Optional[str]:
@@ -183,11 +195,19 @@ class AgentFleet(_FleetGrants):
     """One fleet of agent MicroVMs: recipe, policies, execution role and optional metadata index.
 
     :param project: the agent project (``AgentProject.load(folder, **overrides)``).
-    :param image_arn: a MicroVM image published elsewhere. Default: the fleet builds an
-        :class:`AgentImage` from the project's folder when it has a Dockerfile; otherwise the image
+    :param image_arn: a MicroVM image published elsewhere. Default: the fleet builds the
+        product's agent image (:class:`AgentImage`) when it has a ``rayd``; otherwise the image
         named after the fleet in this account and region (what ``rayito agent deploy`` publishes).
     :param image: an :class:`AgentImage` to run. Default: see ``image_arn``.
-    :param build_image: build the image from the project folder when neither is given. Default: True.
+    :param build_image: build the product's agent image of the project when neither is given and
+        ``rayd`` is. Default: True.
+    :param rayd: where the image's ``rayd`` comes from (see :class:`AgentImage`): the product's
+        release zip (``rayito.cdk.MicrovmImageArtifact.from_file(path, sha256=...)``) or a
+        ``rayito.cdk.RayitoMicrovmImage`` of the app. Default: the release zip the app's context
+        names (``-c base_artifact=PATH -c base_artifact_sha256=HEX``); without one the fleet
+        builds no image and runs the one ``rayito agent deploy`` published under its name
+        (docs/image.md).
+    :param base_image_version: the managed base's major version for a release zip. Default: ``"1"``.
     :param base_rollout: how base VMs move to a new image version: ``on_expiry`` (default) or
         ``rolling`` (a successor starts at once). Parked slots are always replaced first.
     :param execution_role: the role the MicroVMs run as. Default: a new
@@ -278,6 +298,8 @@ class AgentFleet(_FleetGrants):
         image_arn: Optional[str] = None,
         image: Optional[AgentImage] = None,
         build_image: bool = True,
+        rayd: Any = None,
+        base_image_version: str = DEFAULT_BASE_IMAGE_VERSION,
         base_rollout: str = "on_expiry",
         execution_role: Optional[iam.IRole] = None,
         metadata_index: bool = False,
@@ -361,32 +383,31 @@ class AgentFleet(_FleetGrants):
         """The boundary of every role the fleet creates, when given."""
         if permissions_boundary is not None:
             iam.PermissionsBoundary.of(self).apply(permissions_boundary)
-        folder = project.folder
+        if rayd is None and image is None and image_arn is None and build_image:
+            rayd = rayd_from_context(self)
+        builds = image is None and image_arn is None and build_image and rayd is not None
         self.egress_budget: Optional[EgressBudget] = (
             EgressBudget(self, "EgressBudget", fleet_name=project.name, envelopes=project.egress.budgets,
-                         encryption_key=recipe_key, metrics=metrics, alarms=egress_alarms)
+                         encryption_key=recipe_key, metrics=metrics, alarms=egress_alarms,
+                         # rayd hands the name to every process from the composed zip: a synth value.
+                         table_name=egress_table_name(project.name) if builds else None)
             if project.egress.budgets
             else None
         )
         """The per-target egress envelopes, when the project declares ``[[egress.budgets]]``."""
-        buildable = folder is not None and (folder / "Dockerfile").is_file() and _IMAGE_NAME_ONLY.match(project.name)
-        if image is None and image_arn is None and build_image and buildable:
+        if builds:
             image = AgentImage(
                 self,
                 "Image",
-                folder=folder,
-                image_name=project.name,
-                memory_mib=project.image.memory_mib,
-                architecture=project.image.architecture,
-                environment={
-                    **project.env,
-                    # The agents' EmfRecorder follows the fleet's metrics switch through the image.
-                    **({TABLE_ENV: self.egress_budget.table_name, METRICS_ENV: metrics_value(metrics),
-                        ENVELOPES_ENV: json.dumps(egress_declaration(project.egress), sort_keys=True,
-                                                  separators=(",", ":"))} if self.egress_budget else {}),
-                },
-                secret_looking_names="allow",  # the project already warned (env_looks_secret)
-                own_log_group=own_microvm_log_group is not False,
+                project=project,
+                rayd=rayd,
+                base_image_version=base_image_version,
+                # The fleet's own variables, for every process rayd starts (the agents' EmfRecorder
+                # and egress client); the project's [env] is the run payload's, never baked.
+                template_env={TABLE_ENV: egress_table_name(project.name), METRICS_ENV: metrics_value(metrics),
+                              ENVELOPES_ENV: json.dumps(egress_declaration(project.egress), sort_keys=True,
+                                                        separators=(",", ":"))} if self.egress_budget else {},
+                own_log_group=True,
                 log_retention=microvm_log_retention,
                 encryption_key=recipe_key,
                 keep_image_versions=keep_image_versions,
@@ -413,7 +434,8 @@ class AgentFleet(_FleetGrants):
         """The fleet's name."""
         self.microvm_log_group: Optional[logs.LogGroup] = getattr(image, "log_group", None)
         """``/aws/lambda-microvms/<image name>``, when the stack owns it."""
-        if self.microvm_log_group is None and own_microvm_log_group and image_name is not None:
+        owns_vm_logs = builds if own_microvm_log_group is None else own_microvm_log_group
+        if self.microvm_log_group is None and owns_vm_logs and image_name is not None:
             self.microvm_log_group = logs.LogGroup(
                 self, "MicrovmLogs", log_group_name=f"{LOG_GROUP_PREFIX}{image_name}",
                 retention=microvm_log_retention, removal_policy=cdk.RemovalPolicy.DESTROY,

@@ -51,6 +51,10 @@ class StackOptions(_Options):
     metadata_index: bool = False
     keep_recipe: bool = False
     image_arn: Optional[str] = None
+    base_artifact: Optional[str] = None
+    base_artifact_sha256: Optional[str] = Field(None, pattern=r"^[0-9a-fA-F]{64}$")
+    base_image_version: Optional[str] = None
+    build_image: bool = True
 
 
 class FleetFile(ValidatedModel):

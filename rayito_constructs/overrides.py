@@ -132,6 +132,10 @@ APP_CONTEXT: dict[str, str] = {
     "log_retention": "a CloudWatch Logs retention in days (90), 0 for never expire",
     "retain_vms_on_delete": "true or false",
     "keep_image_versions": "a whole number of image versions from 1 to 49 (5), or none",
+    "base_artifact": "the path of the product's rayito-image.zip (as rayito agent deploy --base-artifact)",
+    "base_artifact_sha256": "the sha256 of base_artifact, 64 hexadecimal digits",
+    "base_image_version": "the managed base image's major version, such as 1",
+    "build_image": "true or false (false: as rayito agent deploy --no-build, the image is not built)",
 }
 
 
@@ -195,13 +199,20 @@ def read_context(context: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, 
         else:
             raw[table] = variables
     for key in ("metadata_index", "keep_recipe", "scope_microvm_actions_to_image", "metrics", "dashboard",
-                "saved_queries", "retain_vms_on_delete"):
+                "saved_queries", "retain_vms_on_delete", "build_image"):
         if key in app:
             flag = _flag(app[key])
             if not isinstance(flag, bool):
                 problems.append(Problem(key, f"-c {key}: {show(app[key])} is not true or false"))
             app[key] = flag
-    for key in ("project", "image_arn"):
+    if "base_artifact_sha256" in app and not re.fullmatch(r"[0-9a-fA-F]{64}", str(app["base_artifact_sha256"])):
+        problems.append(Problem("base_artifact_sha256", f"-c base_artifact_sha256: {show(app['base_artifact_sha256'])} "
+                                                        f"is not {APP_CONTEXT['base_artifact_sha256']}"))
+    if "base_artifact_sha256" in app and "base_artifact" not in app:
+        problems.append(Problem("base_artifact_sha256", "-c base_artifact_sha256: give -c base_artifact=PATH with it"))
+    if "base_image_version" in app:
+        app["base_image_version"] = str(app["base_image_version"])
+    for key in ("project", "image_arn", "base_artifact"):
         if key in app and (not isinstance(app[key], str) or not app[key].strip()):
             problems.append(Problem(key, f"-c {key}: {show(app[key])} is not {APP_CONTEXT[key]}"))
     if "alarm_actions" in app:

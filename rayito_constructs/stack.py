@@ -10,6 +10,7 @@ from aws_cdk import aws_kms as kms
 from aws_cdk import aws_logs as logs
 from constructs import Construct
 
+from .agent_image import DEFAULT_BASE_IMAGE_VERSION
 from .agent_image import DEFAULT_LOG_RETENTION as DEFAULT_MICROVM_LOG_RETENTION
 from .fleet import AgentFleet
 from .monitoring import DEFAULT_LOG_RETENTION, AlarmActionLike
@@ -22,6 +23,9 @@ class FleetStack(cdk.Stack):
 
     :param project: the agent project.
     :param image_arn: see :class:`AgentFleet`. Default: the image named after the fleet.
+    :param rayd: see :class:`AgentFleet`. Default: none (no image built).
+    :param base_image_version: see :class:`AgentFleet`. Default: ``"1"``.
+    :param build_image: see :class:`AgentFleet`. Default: True.
     :param metadata_index: see :class:`AgentFleet`. Default: False.
     :param keep_recipe: see :class:`AgentFleet`. Default: False.
     :param scope_microvm_actions_to_image: see :class:`AgentFleet`. Default: True (False is the
@@ -58,6 +62,9 @@ class FleetStack(cdk.Stack):
         *,
         project: AgentProject,
         image_arn: Optional[str] = None,
+        rayd: Any = None,
+        base_image_version: str = DEFAULT_BASE_IMAGE_VERSION,
+        build_image: bool = True,
         metadata_index: bool = False,
         keep_recipe: bool = False,
         scope_microvm_actions_to_image: bool = True,
@@ -89,6 +96,9 @@ class FleetStack(cdk.Stack):
             "Fleet",
             project=project,
             image_arn=image_arn,
+            rayd=rayd,
+            base_image_version=base_image_version,
+            build_image=build_image,
             metadata_index=metadata_index,
             keep_recipe=keep_recipe,
             scope_microvm_actions_to_image=scope_microvm_actions_to_image,

@@ -19,8 +19,32 @@ ASSET_HASH = re.compile(r"^[0-9a-f]{64}(\.zip)?$")
 HASH_INSIDE = re.compile(r"[0-9a-f]{64}")
 
 
+def stand_in_rayd() -> str:
+    """A stand-in for the product's ``rayito-image.zip`` (its Dockerfile, ``rayd``, the notices),
+    the same bytes at the same path every time, so that fleets build the product's agent image."""
+    import io
+    import tempfile
+    import zipfile
+    from pathlib import Path
+
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:
+        for name, data in (("Dockerfile", 'FROM scratch\nCOPY rayd /usr/local/bin/rayd\nENTRYPOINT ["/usr/local/bin/rayd"]\n'),
+                           ("licenses/LICENSE", "stand-in"), ("rayd", "\x7fELF stand-in")):
+            info = zipfile.ZipInfo(name, date_time=(1980, 1, 1, 0, 0, 0))
+            archive.writestr(info, data)
+    path = Path(tempfile.gettempdir()) / "rayito-constructs-tests" / "rayito-image.zip"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if not path.is_file() or path.read_bytes() != buffer.getvalue():
+        path.write_bytes(buffer.getvalue())
+    return str(path)
+
+
 def new_app(**context: Any) -> cdk.App:
-    """An App with pinned feature flags, no analytics and no bootstrap-version rule."""
+    """An App with pinned feature flags, no analytics and no bootstrap-version rule; its fleets
+    build the product's agent image over a stand-in rayd zip (``base_artifact=None``: none)."""
+    context.setdefault("base_artifact", stand_in_rayd())
+    context = {k: v for k, v in context.items() if v is not None}
     return cdk.App(analytics_reporting=False, context={**FLAGS, **context})
 
 

@@ -43,7 +43,11 @@ def synth_example(outdir: Path) -> dict[str, Any]:
 
     # `make synth -c metrics=true` (CDK_ARGS): the fleet whose telemetry the contract reads (since
     # issue #15 custom metrics are opt-in; the default fleet publishes none)
-    context = {**json.loads((ROOT / "cdk.json").read_text())["context"], "metrics": "true"}
+    # and `-c base_artifact=<rayito-image.zip>`: the fleet builds the product's agent image
+    from .cdk_helpers import stand_in_rayd
+
+    context = {**json.loads((ROOT / "cdk.json").read_text())["context"], "metrics": "true",
+               "base_artifact": stand_in_rayd()}
     spec = importlib.util.spec_from_file_location("rayito_app_contract", ROOT / "app.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -57,6 +61,18 @@ def synth_example(outdir: Path) -> dict[str, Any]:
     # makes it), and tests/iam_invariants.py's allow-list reads the resolved ARNs of a stack with
     # an account and region; the same fleet with one is gated by tests/test_fleet.py.
     return template
+
+
+def image_template_env(outdir: Path, template: dict[str, Any]) -> dict[str, str]:
+    """What rayd hands to every process of the fleet's image: the template env inside the
+    composed zip the assembly stages (``asset.<hash>.zip``)."""
+    import re
+
+    from rayito_constructs.image_composition import template_env_of
+
+    (image,) = [r for r in template["Resources"].values() if r["Type"] == "AWS::Lambda::MicrovmImage"]
+    (digest,) = re.findall(r"([0-9a-f]{64})\.zip", json.dumps(image["Properties"]["CodeArtifact"]))
+    return template_env_of((outdir / f"asset.{digest}.zip").read_bytes())
 
 
 def function(template: dict[str, Any], handler: str) -> tuple[str, dict[str, Any]]:

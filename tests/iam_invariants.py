@@ -82,6 +82,9 @@ ALLOWED_WILDCARDS: tuple[tuple[re.Pattern[str], frozenset[str], frozenset[str] |
     # the fleet image's build log group (/rayito/<image>, the product's) and its streams
     (re.compile(_arn(r"^arn:{P}:logs:{R}:{A}:log-group:/rayito/[^*]+:\*$")),
      frozenset({"logs:DescribeLogStreams", "logs:GetLogEvents"}), frozenset({"BuildLogs"})),
+    # the agent image's build role writes its own /rayito/<image> group's streams (AgentImage)
+    (re.compile(_arn(r"^arn:{P}:logs:{R}:{A}:log-group:/rayito/[^*]+:\*$")), frozenset(LOG_ACTIONS),
+     frozenset({"BuildLogs"})),
     # account-wide: every fleet's token, every secret under rayito/ (webhooks denied), every build log group
     (re.compile(_arn(r"^arn:{P}:secretsmanager:{R}:{A}:secret:rayito/agents/\*/access-token-\?{6}$")),
      frozenset({"secretsmanager:GetSecretValue"}), frozenset({"AccessToken"})),
@@ -89,6 +92,9 @@ ALLOWED_WILDCARDS: tuple[tuple[re.Pattern[str], frozenset[str], frozenset[str] |
      frozenset({"secretsmanager:GetSecretValue"}), frozenset({"GatewaySecrets"})),
     (re.compile(_arn(r"^arn:{P}:logs:{R}:{A}:log-group:/rayito/\*(:\*)?$")),
      frozenset({"logs:DescribeLogStreams", "logs:GetLogEvents"}), frozenset({"BuildLogs"})),
+    # the agent image's build role writes its own /rayito/<image> group's streams (AgentImage)
+    (re.compile(_arn(r"^arn:{P}:logs:{R}:{A}:log-group:/rayito/[^*]+:\*$")), frozenset(LOG_ACTIONS),
+     frozenset({"BuildLogs"})),
     # EventBridge Scheduler invokes one function and its versions (CDK's grant)
     (re.compile(_arn(r"^<[A-Za-z0-9]+\.Arn>:\*$")), frozenset({"lambda:InvokeFunction"}), None),
     # an image's code artifact objects (given by the caller of ImagePublisherPolicy)

@@ -1,186 +1,364 @@
-"""AgentImage: the MicroVM image built from the agent folder, with no Docker at synth."""
+"""AgentImage is the product's agent image: what ``rayito agent deploy`` publishes for the project.
+
+The proof that matters is the first one: the zip composed at synth is byte for byte the zip the
+product's own, unmodified ``ProjectService.build`` uploads, run against the MicroVMs emulator
+and moto, for the example and for projects ``rayito agent init`` scaffolds.
+"""
 
 from __future__ import annotations
 
+import hashlib
+import io
+import json
+import shutil
+import subprocess
+import sys
+import zipfile
 from pathlib import Path
+from typing import Any, Iterator
 
 import pytest
-from aws_cdk.assertions import Match, Template
+from aws_cdk.assertions import Template
 
-from rayito_constructs import AgentFleet, AgentImage, AgentProject, ImageHooks
+from rayito_constructs import AgentFleet, AgentImage, AgentProject
+from rayito_constructs.image_composition import (
+    PRODUCT_FUNCTIONS,
+    compose_artifact,
+    has_rayd,
+    template_env_of,
+)
 
 from .cdk_helpers import lint_template, nag, new_app, new_stack
 from .conftest import EXAMPLE
-from .projects import project_with
+
+BASE_DOCKERFILE = 'FROM scratch\nCOPY rayd /usr/local/bin/rayd\nENTRYPOINT ["/usr/local/bin/rayd"]\n'
+#: The product's hooks of rayito-base (_images_publish_domain.IMAGE_HOOKS), in CloudFormation's names.
+PRODUCT_HOOKS = {
+    "Port": 9000,
+    "MicrovmHooks": {"Run": "ENABLED", "RunTimeoutInSeconds": 30, "Resume": "ENABLED", "ResumeTimeoutInSeconds": 30,
+                     "Suspend": "ENABLED", "SuspendTimeoutInSeconds": 30, "Terminate": "ENABLED",
+                     "TerminateTimeoutInSeconds": 10},
+    "MicrovmImageHooks": {"Ready": "ENABLED", "ReadyTimeoutInSeconds": 600, "Validate": "ENABLED",
+                          "ValidateTimeoutInSeconds": 600},
+}
 
 
-def synth_image(**props):
+def base_zip(*, rayd: bool = True, variant: str | None = None) -> bytes:
+    """A stand-in for the product's rayito-image.zip: its Dockerfile, rayd and the notices."""
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:
+        archive.writestr("Dockerfile", BASE_DOCKERFILE)
+        if rayd:
+            archive.writestr("rayd", b"\x7fELF stand-in")
+        archive.writestr("licenses/LICENSE", "stand-in")
+        if variant == "slim":
+            archive.writestr("kernel-sidecar/ipython/startup/warmup_variant", "slim\n")
+    return buffer.getvalue()
+
+
+@pytest.fixture
+def release(tmp_path) -> Any:
+    from rayito.cdk import MicrovmImageArtifact
+
+    path = tmp_path / "rayito-image.zip"
+    path.write_bytes(base_zip())
+    return MicrovmImageArtifact.from_file(path, sha256=hashlib.sha256(path.read_bytes()).hexdigest())
+
+
+def copy_example(tmp_path: Path, **replace: str) -> Path:
+    folder = tmp_path / "agent"
+    shutil.copytree(EXAMPLE, folder)
+    toml = folder / "rayito-agent.toml"
+    text = toml.read_text()
+    for old, new in replace.items():
+        assert old in text
+        text = text.replace(old, new)
+    toml.write_text(text)
+    return folder
+
+
+def scaffold(tmp_path: Path, runtime: str) -> Path:
+    folder = tmp_path / runtime
+    done = subprocess.run([sys.executable, "-m", "rayito.cli", "agent", "init", str(folder), "--runtime", runtime,
+                           "--region", "us-east-1"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return folder
+
+
+def synth_image(project: Any, rayd: Any, **props: Any) -> tuple[Any, Any, Template]:
     app = new_app()
     stack = new_stack(app)
-    # The image's own pieces; its pruner's function, role and log group: tests/test_image_pruner.py.
-    props.setdefault("keep_image_versions", None)
-    image = AgentImage(stack, "Image", **props)
-    return app, stack, image, Template.from_stack(stack)
+    props.setdefault("keep_image_versions", None)  # the pruner: tests/test_image_pruner.py
+    image = AgentImage(stack, "Image", project=project, rayd=rayd, **props)
+    return app, image, Template.from_stack(stack)
 
 
-def test_image_from_the_example_folder() -> None:
-    app, _, image, template = synth_image(
-        folder=EXAMPLE, image_name="mi-agente", memory_mib=4096, environment={"LOG_LEVEL": "info"},
-        hooks=ImageHooks(run=True, ready=True, port=9000, runtime_timeout_seconds=10, build_timeout_seconds=900),
-    )
-    props = template.find_resources("AWS::Lambda::MicrovmImage")
-    (resource,) = props.values()
+# ------------------------------------------------------------------ the product's own build
+
+
+@pytest.fixture(scope="module")
+def moto_endpoint() -> Iterator[str]:
+    from .moto_server import moto_server
+
+    with moto_server() as url:
+        yield url
+
+
+@pytest.fixture
+def product_world(moto_endpoint, monkeypatch) -> Iterator[Any]:
+    """The emulator (builds done at once) and moto for S3, STS and Logs, with the base
+    ``rayito-base-caps`` published as ``rayito setup --caps-image`` leaves it: its zip in S3."""
+    import boto3
+
+    from rayito_constructs.testing import MicrovmsEmulator
+
+    for name, value in {"AWS_ENDPOINT_URL_S3": moto_endpoint, "AWS_ENDPOINT_URL_STS": moto_endpoint,
+                        "AWS_ENDPOINT_URL_CLOUDWATCH_LOGS": moto_endpoint, "AWS_ACCESS_KEY_ID": "testing",
+                        "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
+                        "AWS_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true"}.items():
+        monkeypatch.setenv(name, value)
+    for name in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL"):
+        monkeypatch.delenv(name, raising=False)
+    with MicrovmsEmulator(image_build_seconds=0, consistency_seconds=0) as emulator:
+        monkeypatch.setenv("AWS_ENDPOINT_URL_LAMBDA_MICROVMS", emulator.endpoint_url)
+        session = boto3.Session()
+        s3 = session.client("s3")
+        for bucket in ("rayito-artifacts-base", "rayito-artifacts-agent"):
+            try:
+                s3.create_bucket(Bucket=bucket)
+            except s3.exceptions.BucketAlreadyOwnedByYou:
+                pass
+        s3.put_object(Bucket="rayito-artifacts-base", Key="rayito/images/base.zip", Body=base_zip())
+        microvms = session.client("lambda-microvms")
+        if not any(i["name"] == "rayito-base-caps" for i in microvms.list_microvm_images()["items"]):
+            microvms.create_microvm_image(
+                name="rayito-base-caps", baseImageArn="arn:aws:lambda:us-east-1:aws:microvm-image:al2023-1",
+                baseImageVersion="1", buildRoleArn="arn:aws:iam::123456789012:role/rayito-build",
+                codeArtifact={"uri": "s3://rayito-artifacts-base/rayito/images/base.zip"},
+                additionalOsCapabilities=["ALL"], hooks=json.loads(json.dumps(_api_hooks())),
+                cpuConfigurations=[{"architecture": "ARM_64"}])
+        yield session
+
+
+def _api_hooks() -> dict[str, Any]:
+    from rayito._images_publish_domain import IMAGE_HOOKS
+
+    return IMAGE_HOOKS
+
+
+def product_upload(session: Any, folder: Path) -> tuple[bytes, dict[str, Any]]:
+    """What the product's unmodified ``ProjectService.build`` uploads for ``folder``, and the
+    image it creates."""
+    from rayito import AgentProject as ProductProject
+    from rayito._agent._project_service import ProjectService
+
+    project = ProductProject.load(str(folder))
+    # force=True skips the reuse lookup: it lists the versions of an image that does not exist
+    # yet, which the emulator answers with ResourceNotFoundException (the upload is the same).
+    info = ProjectService(project).build(bucket="rayito-artifacts-agent", session=session, region="us-east-1",
+                                         timeout=60, force=True)
+    microvms = session.client("lambda-microvms")
+    version = str(info.build_id).split("/", 1)[0]
+    image = microvms.get_microvm_image_version(imageIdentifier=str(info.template_id), imageVersion=version)
+    bucket, _, key = image["codeArtifact"]["uri"][len("s3://"):].partition("/")
+    data = session.client("s3").get_object(Bucket=bucket, Key=key)["Body"].read()
+    assert key == f"rayito/templates/{hashlib.sha256(data).hexdigest()}.zip"
+    return data, image
+
+
+def entries(data: bytes) -> dict[str, bytes]:
+    with zipfile.ZipFile(io.BytesIO(data)) as archive:
+        return {name: archive.read(name) for name in archive.namelist()}
+
+
+def test_the_composed_zip_is_what_the_products_build_uploads(product_world, tmp_path, release) -> None:
+    folder = copy_example(tmp_path)
+    uploaded, created = product_upload(product_world, folder)
+    project = AgentProject.load(folder)
+    composed = compose_artifact(project.product, base_zip())
+    assert entries(composed) == entries(uploaded)  # a readable diff first
+    assert composed == uploaded
+    # The construct's asset holds those very bytes, and declares what the product's build sent.
+    _, image, template = synth_image(project, release)
+    assert image.artifact_sha256 == hashlib.sha256(uploaded).hexdigest()
+    (resource,) = template.find_resources("AWS::Lambda::MicrovmImage").values()
     p = resource["Properties"]
-    assert p["Name"] == "mi-agente"
-    assert p["Resources"] == [{"MinimumMemoryInMiB": 4096}]
+    assert p["Hooks"] == PRODUCT_HOOKS
+    assert created["hooks"]["port"] == p["Hooks"]["Port"] == 9000
+    assert p["AdditionalOsCapabilities"] == created["additionalOsCapabilities"] == ["ALL"]
+    assert p["Resources"] == [{"MinimumMemoryInMiB": created["resources"][0]["minimumMemoryInMiB"]}]
+    assert p["Logging"] == {"CloudWatch": {"LogGroup": created["logging"]["cloudWatch"]["logGroup"]}}
     assert p["CpuConfigurations"] == [{"Architecture": "ARM_64"}]
-    assert p["BaseImageArn"] == "arn:aws:lambda:us-east-1:aws:microvm-image:al2023-1" and p["BaseImageVersion"] == "1"
-    assert p["EnvironmentVariables"] == [{"Key": "LOG_LEVEL", "Value": "info"}]
-    assert p["Logging"] == {"CloudWatch": {"LogGroup": "/aws/lambda-microvms/mi-agente"}}
-    assert p["Hooks"]["Port"] == 9000
-    assert p["Hooks"]["MicrovmHooks"]["Run"] == "ENABLED" and p["Hooks"]["MicrovmHooks"]["Suspend"] == "DISABLED"
-    assert p["Hooks"]["MicrovmImageHooks"] == {"Ready": "ENABLED", "ReadyTimeoutInSeconds": 900,
-                                               "Validate": "DISABLED", "ValidateTimeoutInSeconds": 900}
-    uri = p["CodeArtifact"]["Uri"]
-    assert uri.startswith("s3://cdk-hnb659fds-assets-123456789012-us-east-1/") and uri.endswith(".zip")
-    # The build role: trusted by Lambda for this image only, reads this zip only, writes its logs.
-    roles = template.find_resources("AWS::IAM::Role")
-    (role,) = roles.values()
-    (trust,) = role["Properties"]["AssumeRolePolicyDocument"]["Statement"]
-    assert sorted(trust["Action"]) == ["sts:AssumeRole", "sts:TagSession"]
-    image = "arn:aws:lambda:us-east-1:123456789012:microvm-image:mi-agente"
-    assert trust["Condition"]["ArnLike"] == {"aws:SourceArn": [image, image + ":*"]}
-    # Its log group belongs to the stack and exists before the build.
-    ((group_id, group),) = template.find_resources("AWS::Logs::LogGroup").items()
-    assert group["Properties"] == {"LogGroupName": "/aws/lambda-microvms/mi-agente", "RetentionInDays": 30}
-    assert group_id in resource["DependsOn"]
-    (policy,) = template.find_resources("AWS::IAM::Policy").values()
-    by_sid = {s["Sid"]: s for s in policy["Properties"]["PolicyDocument"]["Statement"]}
-    assert by_sid["ReadCode"]["Action"] == "s3:GetObject"
-    assert by_sid["ReadCode"]["Resource"] == uri.replace("s3://", "arn:aws:s3:::")
-    assert resource["DependsOn"]  # the role and its policy exist before the build starts
+    assert p["BaseImageVersion"] == "1"
+
+
+@pytest.mark.parametrize("runtime", ["strands", "custom", "deepagents"])
+def test_scaffolds_compose_as_the_product_builds_them(product_world, tmp_path, runtime) -> None:
+    folder = scaffold(tmp_path, runtime)
+    uploaded, _ = product_upload(product_world, folder)
+    assert compose_artifact(AgentProject.load(folder).product, base_zip()) == uploaded
+
+
+def test_the_fleets_variables_go_to_the_template_env_and_nothing_else_changes() -> None:
+    project = AgentProject.load(EXAMPLE)
+    plain = compose_artifact(project.product, base_zip())
+    with_env = compose_artifact(project.product, base_zip(), template_env={"RAYITO_METRICS": "off"})
+    # The product's own variables (its OpenCode switches) stay; ours are added beside them.
+    assert template_env_of(with_env) == {**template_env_of(plain), "RAYITO_METRICS": "off"}
+    assert "RAYITO_METRICS" not in template_env_of(plain)
+    assert has_rayd(with_env) and has_rayd(plain)
+    # The project's [env] is the run payload's, never baked.
+    assert "GREETING" not in template_env_of(with_env)
+
+
+def test_same_project_same_bytes_same_asset(release) -> None:
+    project = AgentProject.load(EXAMPLE)
+    assert compose_artifact(project.product, base_zip()) == compose_artifact(project.product, base_zip())
+    _, first, one = synth_image(project, release)
+    _, second, two = synth_image(project, release)
+    assert first.artifact_sha256 == second.artifact_sha256
+    assert one.to_json() == two.to_json()
+
+
+def test_product_functions_still_exist() -> None:
+    assert all(callable(f) for f in PRODUCT_FUNCTIONS)
+
+
+def test_the_image_passes_the_gates(release) -> None:
+    app, _, template = synth_image(AgentProject.load(EXAMPLE), release, template_env={"A": "1"})
     assert lint_template(template) == [] and nag(app) == []
+    (group,) = template.find_resources("AWS::Logs::LogGroup").values()
+    assert group["Properties"]["LogGroupName"] == "/rayito/mi-agente"
 
 
-def test_asset_holds_the_folder_as_the_service_expects(tmp_path) -> None:
-    folder = tmp_path / "agente"
-    (folder / "tests").mkdir(parents=True)
-    (folder / "__pycache__").mkdir()
-    (folder / "Dockerfile").write_text("FROM scratch\n")
-    (folder / "server.py").write_text("print('hola')\n")
-    (folder / "notes.secret").write_text("x\n")
-    (folder / "tests" / "test_x.py").write_text("\n")
-    (folder / "__pycache__" / "server.cpython-311.pyc").write_bytes(b"\0")
-    (folder / ".dockerignore").write_text("# not shipped\ntests\n*.secret\n")
+def test_a_rayito_microvm_image_of_the_app_gives_rayd_and_its_configuration(tmp_path, release) -> None:
+    from rayito.cdk import RayitoMicrovmImage
+
     app = new_app()
     stack = new_stack(app)
-    AgentImage(stack, "Image", folder=folder, image_name="agente", keep_image_versions=None)  # no pruner code asset
-    assembly = app.synth()
-    (staged,) = [p for p in Path(assembly.directory).iterdir() if p.name.startswith("asset.")]
-    files = sorted(str(p.relative_to(staged)) for p in staged.rglob("*") if p.is_file())
-    assert files == [".dockerignore", "Dockerfile", "server.py"]
-
-
-def test_clear_errors() -> None:
-    app = new_app()
-    stack = new_stack(app)
-    with pytest.raises(ValueError) as info:
-        AgentImage(stack, "Bad", folder=Path(__file__).parent, image_name="no name", memory_mib=3000,
-                   architecture="RISCV", environment={"GITHUB_TOKEN": "x", "REPO_URL": "https://bot:s3cret@git.example/x"})
-    assert str(info.value).splitlines() == [
-        "image_name: 'no name' must be 1 to 64 letters, digits, '-' or '_'",
-        "memory_mib: 3000 is not a MicroVM size class (512, 1024, 2048, 4096, 8192 MiB)",
-        "architecture: 'RISCV' is not one of 'ARM_64', 'X86_64'",
-        "environment: GITHUB_TOKEN looks like a secret (it ends in _TOKEN); pass it at run time, not in the image",
-        "environment.REPO_URL: the value looks like a credential (a URL with a user and password); plain env "
-        "values are stored in the image and the recipe, readable by anyone who may read the template or the "
-        "recipe: move REPO_URL to secret_env (--secret-env REPO_URL=<secret>)",
-        f"folder: {str(Path(__file__).parent)!r} has no Dockerfile at its root",
-    ]
-    with pytest.raises(ValueError, match="folder, code: give exactly one of them"):
-        AgentImage(stack, "Neither", image_name="x")
-
-
-def test_from_image_arn() -> None:
-    app = new_app()
-    stack = new_stack(app)
-    image = AgentImage.from_image_arn(stack, "Shared", "arn:aws:lambda:us-east-1:123456789012:microvm-image:compartida")
-    assert image.image_name == "compartida"
-
-
-def test_fleet_builds_its_image_and_grants_the_publisher() -> None:
-    app = new_app()
-    stack = new_stack(app)
-    fleet = AgentFleet(stack, "Fleet", project=AgentProject.load(EXAMPLE), base_rollout="rolling")
-    assert fleet.image is not None
+    base = RayitoMicrovmImage(stack, "Base", name="team-base", artifact=release, base_image_version="1",
+                              os_capabilities=True, environment={"TEAM": "a"})
+    image = AgentImage(stack, "Image", project=AgentProject.load(EXAMPLE), rayd=base, keep_image_versions=None)
     template = Template.from_stack(stack)
-    template.resource_count_is("AWS::Lambda::MicrovmImage", 1)
-    template.has_resource_properties("AWS::Lambda::MicrovmImage", {
-        "Name": "mi-agente", "Resources": [{"MinimumMemoryInMiB": 4096}],
-        "EnvironmentVariables": [
-            {"Key": "GREETING", "Value": "Hola"}, {"Key": "LOG_LEVEL", "Value": "info"},
-            # The example declares egress budgets: the agents find their table here.
-            {"Key": "RAYITO_EGRESS_BUDGET_TABLE", "Value": {"Ref": Match.string_like_regexp("^FleetEgressBudgetTable")}},
-            # ... the envelopes they declare (rayito-constructs.toml's [egress]: the recipe has no place for them)
-            {"Key": "RAYITO_EGRESS_ENVELOPES", "Value": Match.string_like_regexp('^\\{"budgets":\\[\\{"burst":5,')},
-            # ... and whether their EmfRecorder sends metrics (the fleet's metrics=, off by default).
-            {"Key": "RAYITO_METRICS", "Value": "off"},
-        ],
-    })
-    publisher = [p for k, p in template.find_resources("AWS::IAM::ManagedPolicy").items() if k.startswith("FleetImagePublisher")][0]
-    sids = {s["Sid"] for s in publisher["Properties"]["PolicyDocument"]["Statement"]}
-    assert {"PassBuildRole", "UploadArtifacts"} <= sids
-    env = [f["Properties"]["Environment"]["Variables"] for f in template.find_resources("AWS::Lambda::Function").values()
-           if f["Properties"].get("Handler") == "reconciler.index.handler"][0]
-    assert env["BASE_ROLLOUT"] == "rolling"
+    images = template.find_resources("AWS::Lambda::MicrovmImage")
+    ours = next(v for k, v in images.items() if k.startswith("Image"))
+    theirs = next(v for k, v in images.items() if k.startswith("Base"))
+    for key in ("Hooks", "AdditionalOsCapabilities", "EnvironmentVariables", "BaseImageArn", "BaseImageVersion",
+                "CpuConfigurations"):
+        assert ours["Properties"][key] == theirs["Properties"][key], key
+    assert any(d.startswith("Base") for d in ours["DependsOn"])
+    assert image.artifact_sha256 == hashlib.sha256(
+        compose_artifact(AgentProject.load(EXAMPLE).product, base_zip())).hexdigest()
 
 
-def test_fleet_with_a_given_image_arn_builds_nothing() -> None:
+def test_the_fleet_builds_it_from_rayd_and_bakes_its_own_variables(release) -> None:
     app = new_app()
     stack = new_stack(app)
-    AgentFleet(stack, "Fleet", project=AgentProject.load(EXAMPLE),
-               image_arn="arn:aws:lambda:us-east-1:123456789012:microvm-image:elsewhere")
-    Template.from_stack(stack).resource_count_is("AWS::Lambda::MicrovmImage", 0)
-    with pytest.raises(ValueError, match="base_rollout"):
-        AgentFleet(stack, "Bad", project=project_with(name="otra"), base_rollout="sometimes")
+    fleet = AgentFleet(stack, "Fleet", project=AgentProject.load(EXAMPLE), rayd=release, metrics=True)
+    assert fleet.image is not None
+    env = fleet.image.template_env
+    assert env["RAYITO_EGRESS_BUDGET_TABLE"] == "rayito-egress-mi-agente"
+    assert set(env) == {"RAYITO_EGRESS_BUDGET_TABLE", "RAYITO_METRICS", "RAYITO_EGRESS_ENVELOPES"} or len(env) == 3
+    template = Template.from_stack(stack)
+    tables = template.find_resources("AWS::DynamoDB::Table")
+    assert any(t["Properties"].get("TableName") == "rayito-egress-mi-agente" for t in tables.values())
 
 
-@pytest.mark.parametrize("version, ok", [("1", True), ("0", True), ("12", True), ("1.0", False), ("latest", False),
-                                         ("", False), (" 1", False), ("1 ", False), ("1\n", False)])
-def test_base_image_version_is_a_major_number(version: str, ok: bool) -> None:
-    """Measured: create rejects "1.0" ("Expected a single major version number (e.g., 1)")."""
-    app = new_app()
+def test_without_rayd_the_fleet_builds_no_image() -> None:
+    app = new_app(base_artifact=None)
     stack = new_stack(app)
-    if ok:
-        AgentImage(stack, "Image", folder=EXAMPLE, image_name="x", base_image_version=version)
-        return
-    with pytest.raises(ValueError, match="is not a major version number such as '1'"):
-        AgentImage(stack, "Image", folder=EXAMPLE, image_name="x", base_image_version=version)
+    fleet = AgentFleet(stack, "Fleet", project=AgentProject.load(EXAMPLE))
+    assert fleet.image is None
+    assert Template.from_stack(stack).find_resources("AWS::Lambda::MicrovmImage") == {}
 
 
-def test_base_image_version_may_be_a_parameter() -> None:
+# ------------------------------------------------------------------ one-line refusals
+
+
+def refusal(call: Any) -> str:
+    with pytest.raises(ValueError) as caught:
+        call()
+    message = str(caught.value)
+    assert "\n" not in message and "Traceback" not in message, message
+    return message
+
+
+def test_a_reserved_image_name(tmp_path, release) -> None:
+    folder = copy_example(tmp_path, **{'name = "mi-agente"': 'name = "rayito-base-mine"'})
+    message = refusal(lambda: synth_image(AgentProject.load(folder), release))
+    assert message.startswith("image name: 'rayito-base-mine' starts with 'rayito-base'")
+
+
+@pytest.mark.parametrize("port", [8080, 9000, 8088])
+def test_an_app_on_a_port_of_rayd_the_hooks_or_the_host(tmp_path, release, port) -> None:
+    folder = copy_example(tmp_path, **{"port = 9100": f"port = {port}"})
+    message = refusal(lambda: synth_image(AgentProject.load(folder), release))
+    assert message.startswith(f"runtime.app.port: {port} is ")
+
+
+def test_a_zip_without_rayd(tmp_path) -> None:
+    from rayito.cdk import MicrovmImageArtifact
+
+    path = tmp_path / "no-rayd.zip"
+    path.write_bytes(base_zip(rayd=False))
+    message = refusal(lambda: synth_image(AgentProject.load(EXAMPLE), MicrovmImageArtifact.from_file(path)))
+    assert message.startswith("rayd: the zip has no 'rayd'")
+
+
+def test_the_products_artifact_errors(tmp_path) -> None:
+    from rayito.cdk import MicrovmImageArtifact
+
+    from rayito_constructs.agent_image import release_artifact
+
+    path = tmp_path / "slim.zip"
+    path.write_bytes(base_zip(variant="slim"))
+    assert refusal(lambda: release_artifact(str(path), "0" * 64)).startswith("base_artifact: ")
+    assert refusal(lambda: release_artifact(str(tmp_path / "none.zip"), None)).startswith("base_artifact: ")
+    message = refusal(lambda: synth_image(AgentProject.load(EXAMPLE), MicrovmImageArtifact.from_file(path)))
+    assert message.startswith("rayd: ") and "slim" in message
+
+
+def test_a_deploy_time_value_in_the_template_env(release) -> None:
     import aws_cdk as cdk
 
-    app = new_app()
-    stack = new_stack(app)
-    version = cdk.CfnParameter(stack, "BaseVersion", type="String", default="1")
-    AgentImage(stack, "Image", folder=EXAMPLE, image_name="x", base_image_version=version.value_as_string)
-    (image,) = Template.from_stack(stack).find_resources("AWS::Lambda::MicrovmImage").values()
-    assert image["Properties"]["BaseImageVersion"] == {"Ref": "BaseVersion"}
+    message = refusal(lambda: synth_image(AgentProject.load(EXAMPLE), release,
+                                          template_env={"TABLE": cdk.Aws.STACK_NAME}))
+    assert message.startswith("template_env.TABLE: a deploy-time value")
 
 
-def test_without_its_own_log_group_the_build_may_create_it() -> None:
-    app, _, image, template = synth_image(folder=EXAMPLE, image_name="x_1", own_log_group=False)
-    template.resource_count_is("AWS::Logs::LogGroup", 0)
-    (policy,) = template.find_resources("AWS::IAM::Policy").values()
-    logs = [s for s in policy["Properties"]["PolicyDocument"]["Statement"] if s["Sid"] == "BuildLogs"][0]
-    assert logs["Action"][0] == "logs:CreateLogGroup" and not image.owns_log_group
-    assert nag(app) == []
+def test_memory_below_the_floor_or_not_a_class(release) -> None:
+    from rayito_constructs.agent_image import check_image_project
+
+    project = AgentProject.load(EXAMPLE).product
+    import dataclasses
+
+    for memory in (3000, 1024):
+        changed = dataclasses.replace(project, memory_mib=memory) if memory >= 2048 else _bypass(project, memory)
+        message = refusal(lambda: check_image_project(changed, "mi-agente"))
+        assert message.startswith(f"memory_mib: {memory} is not one the product's agent image takes")
 
 
-@pytest.mark.parametrize("name", ["agente\n", "\nagente", "agente\r", "a" * 65, "", "agénte"])
-def test_image_name_is_checked_whole(name: str) -> None:
-    """A trailing newline is not a name character (``$`` would have let ``'agente\\n'`` through)."""
-    stack = new_stack(new_app())
-    with pytest.raises(ValueError, match="must be 1 to 64 letters, digits"):
-        AgentImage(stack, "Image", folder=EXAMPLE, image_name=name)
+def _bypass(project: Any, memory: int) -> Any:
+    """A project with memory under the floor (the product's own dataclass refuses to make one)."""
+    import copy
+
+    clone = copy.copy(project)
+    object.__setattr__(clone, "memory_mib", memory)
+    return clone
+
+
+def test_a_runtime_the_product_cannot_install(release) -> None:
+    from rayito_constructs.agent_image import check_image_project
+
+    clone = _bypass(AgentProject.load(EXAMPLE).product, 4096)
+    object.__setattr__(clone, "runtime", "no-such-runtime")
+    message = refusal(lambda: check_image_project(clone, "mi-agente"))
+    assert message.startswith("runtime: the product cannot build this project")
+
+
+def test_a_dockerfile_in_the_folder_is_ignored_with_an_info_line(tmp_path, release) -> None:
+    folder = copy_example(tmp_path)
+    (folder / "Dockerfile").write_text("FROM scratch\n")
+    app, image, _ = synth_image(AgentProject.load(folder), release)
+    texts = [str(entry.data) for entry in image.node.metadata]
+    assert any("Dockerfile" in text and "ignored" in text for text in texts), texts

@@ -1,8 +1,9 @@
 """Contract from template to agent: the egress chokepoint as a deployed agent makes it.
 
 From the assembly `make synth` writes (app.py): the egress budget table is made in moto from the
-template's own properties, the image's ``RAYITO_EGRESS_BUDGET_TABLE`` names that table, and its
-``RAYITO_EGRESS_ENVELOPES`` declares the envelopes. The agent side is what an agent runs:
+template's own properties, the image's template env (in the composed zip, handed to every process
+by rayd) names that table in ``RAYITO_EGRESS_BUDGET_TABLE``, and its ``RAYITO_EGRESS_ENVELOPES``
+declares the envelopes. The agent side is what an agent runs:
 ``BudgetClient.from_environment`` with its default store client (its timeouts, one attempt), the real
 clock and its store-clock calibration, ``EmfRecorder`` attached, and the ``httpx`` adapter in front
 of the next hop. The next hop counts what reached it; moto holds the bucket items; stdout holds the
@@ -32,37 +33,24 @@ SEARCH = "https://api.example.com/v1/search?region=eu"
 @pytest.fixture
 def agent(example_assembly, monkeypatch):
     outdir, template = example_assembly
-    (declared,) = set(_values_of(template, "RAYITO_EGRESS_ENVELOPES"))  # what the fleet sets in its image
+    from rayito_constructs.egress.telemetry import METRICS_ENV
+
+    image_env = cs.image_template_env(outdir, template)  # what rayd hands to every process
+    declared = image_env["RAYITO_EGRESS_ENVELOPES"]
     recipe = {"name": "mi-agente", "egress": json.loads(declared)}
-    (table_logical,) = {value["Ref"] for value in _values_of(template, "RAYITO_EGRESS_BUDGET_TABLE")}
-    assert template["Resources"][table_logical]["Type"] == "AWS::DynamoDB::Table"
+    (table_logical,) = [k for k, r in template["Resources"].items() if r["Type"] == "AWS::DynamoDB::Table"
+                        and r["Properties"].get("TableName") == image_env["RAYITO_EGRESS_BUDGET_TABLE"]]
     with moto_server() as aws:
         ddb = aws_client("dynamodb", aws)
         only = {"Resources": {table_logical: template["Resources"][table_logical]}}
         made = cs.provision(only, ddb, None, types=("AWS::DynamoDB::Table",))
-        from rayito_constructs.egress.telemetry import METRICS_ENV
-
-        (switch,) = set(_values_of(template, METRICS_ENV))  # the metrics switch the fleet sets in its image
+        switch = image_env[METRICS_ENV]  # the metrics switch the fleet sets in its image
         for key, value in {METRICS_ENV: switch, "RAYITO_EGRESS_BUDGET_TABLE": made.names[table_logical],
                            "RAYITO_EGRESS_ENVELOPES": declared, "AWS_ENDPOINT_URL_DYNAMODB": aws,
                            "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
                            "AWS_DEFAULT_REGION": "us-east-1", "AWS_REGION": "us-east-1"}.items():
             monkeypatch.setenv(key, value)
         yield {"recipe": recipe, "ddb": ddb, "table": made.names[table_logical]}
-
-
-def _values_of(node: Any, key: str) -> list[Any]:
-    """Every value set for ``key`` anywhere in the template (the image's environment)."""
-    found = []
-    if isinstance(node, dict):
-        for k, v in node.items():
-            if k == key or (isinstance(v, str) and v == key and "Value" in node):
-                found.append(node["Value"] if k != key else v)
-            found += _values_of(v, key)
-    elif isinstance(node, list):
-        for item in node:
-            found += _values_of(item, key)
-    return found
 
 
 def _records(out: io.StringIO) -> list[dict[str, Any]]:

@@ -134,9 +134,11 @@ def test_the_stack_owns_the_microvm_log_group(example) -> None:
     groups = template.find_resources("AWS::Logs::LogGroup", {"Properties": {"LogGroupName": "/aws/lambda-microvms/mi-agente"}})
     ((logical, group),) = groups.items()
     assert group["Properties"]["RetentionInDays"] == 30 and group["DeletionPolicy"] == "Delete"
-    # Created before the image, so that neither the build nor a VM creates it first.
+    # The build writes the product's /rayito/<image> group, made before the image.
+    builds = template.find_resources("AWS::Logs::LogGroup", {"Properties": {"LogGroupName": "/rayito/mi-agente"}})
+    ((build_logical, _),) = builds.items()
     (image,) = template.find_resources("AWS::Lambda::MicrovmImage").values()
-    assert logical in image["DependsOn"]
+    assert build_logical in image["DependsOn"]
 
 
 def test_metadata_index(with_index) -> None:
@@ -570,7 +572,8 @@ def test_token_valued_inputs() -> None:
     # The image named by a token has no name at synth: no log group of its own, and the VMs'
     # log streams are found from the ARN by CloudFormation.
     named = [g["Properties"].get("LogGroupName") for g in template.find_resources("AWS::Logs::LogGroup").values()]
-    assert [n for n in named if n] == ["/aws/lambda-microvms/second"]  # the second fleet builds its image
+    # the second fleet builds its image: the product's build group and the VMs' group
+    assert sorted(n for n in named if n) == ["/aws/lambda-microvms/second", "/rayito/second"]
     assert iam_violations(template.to_json()) == [] and nag(app) == [] and lint_template(template) == []
 
 

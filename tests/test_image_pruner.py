@@ -24,7 +24,13 @@ IMAGE = "arn:aws:lambda:us-east-1:123456789012:microvm-image:mi-agente"
 def synth(folder: Path = EXAMPLE, **props) -> tuple[cdk.App, dict]:
     app = new_app()
     stack = new_stack(app)
-    AgentImage(stack, "Image", folder=folder, image_name="mi-agente", **props)
+    from rayito_constructs.agent_image import release_artifact
+
+    from .cdk_helpers import stand_in_rayd
+
+    memory = props.pop("memory_mib", None)
+    project = AgentProject.load(folder, **({"memory": memory} if memory else {}))
+    AgentImage(stack, "Image", project=project, rayd=release_artifact(stand_in_rayd(), None), **props)
     return app, Template.from_stack(stack).to_json()
 
 
@@ -73,8 +79,8 @@ def test_the_digest_changes_exactly_when_the_image_builds(tmp_path) -> None:
     first = digest()
     assert digest() == first  # same folder, same properties: no build, no room made
     assert digest(keep_image_versions=7) == first  # keep changes the pruner, not the image
-    assert digest(memory_mib=4096) != first
-    (folder / "app.py").write_text("print('changed')\n")
+    assert digest(memory_mib=8192) != first
+    (folder / "serve.py").write_text("print('changed')\n")
     assert digest() != first  # a changed folder is a new zip: a build
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 from typing import Any
 
 import aws_cdk as cdk
@@ -87,9 +88,12 @@ def reconciler_env(template: dict) -> dict[str, Any]:
     return fn["Properties"]["Environment"]["Variables"]
 
 
-def image_env(template: dict) -> dict[str, Any]:
-    (image,) = resources(template, "AWS::Lambda::MicrovmImage").values()
-    return {v["Key"]: v["Value"] for v in image["Properties"]["EnvironmentVariables"]}
+def image_env(stack: Any) -> dict[str, Any]:
+    """What rayd hands the agents: the template env composed into the fleet's image zip."""
+    from rayito_constructs.image_composition import template_env_of
+
+    return template_env_of(Path(stack.fleet.image.code.asset_path if Path(stack.fleet.image.code.asset_path).is_absolute()
+                                else Path(cdk.Stage.of(stack).outdir) / stack.fleet.image.code.asset_path).read_bytes())
 
 
 # --------------------------------------------------------------------------- metrics off: nothing custom
@@ -102,7 +106,7 @@ def test_metrics_are_off_by_default_everywhere(off) -> None:
     assert env["RAYITO_METRICS"] == "off" and env["POWERTOOLS_METRICS_DISABLED"] == "true"
     (recipe,) = resources(template, "Custom::RayitoRecipe").values()
     assert recipe["Properties"]["Metrics"] == "off"
-    assert image_env(template)["RAYITO_METRICS"] == "off"  # the agents' EmfRecorder
+    assert image_env(stack)["RAYITO_METRICS"] == "off"  # the agents' EmfRecorder
     assert not resources(template, "AWS::CloudWatch::Dashboard")
     assert "DashboardName" not in template["Outputs"]
     # The one alarm left needs no custom metric: the dead-letter queue's depth (SQS).
@@ -117,7 +121,7 @@ def test_metrics_on_turn_on_every_emitter_and_every_alarm(on) -> None:
     assert "POWERTOOLS_METRICS_DISABLED" not in reconciler_env(template)
     (recipe,) = resources(template, "Custom::RayitoRecipe").values()
     assert recipe["Properties"]["Metrics"] == "on"
-    assert image_env(template)["RAYITO_METRICS"] == "on"
+    assert image_env(stack)["RAYITO_METRICS"] == "on"
     made = {stack.resolve(stack.get_logical_id(a.node.default_child)) for a in stack.fleet.alarms}
     watched = [resources(template, "AWS::CloudWatch::Alarm")[k]["Properties"] for k in made]
     # A metric's name, or a metric math alarm's expression (the egress deferral rate: the fleet's).
@@ -376,10 +380,11 @@ def test_default_retention_of_every_log_group(off) -> None:
     groups = log_groups(template)
     assert {k: v for k, v in groups.items() if k.startswith("FleetReconcilerLogs")} .popitem()[1] == 90
     assert {k: v for k, v in groups.items() if k.startswith("RayitoRecipeWriterLogs")}.popitem()[1] == 90
-    assert {k: v for k, v in groups.items() if k.startswith("FleetImageLogs") or "Microvm" in k}.popitem()[1] == 30
+    # The image's build group (/rayito/<name>) and the VMs' group: the MicroVM retention.
+    assert [v for k, v in groups.items() if k.startswith("FleetImageLogs") or "Microvm" in k] == [30, 30]
     # The fleet's teardown and the image's pruner (#13) follow the fleet's function retention.
     assert [v for k, v in groups.items() if k.startswith(("FleetTeardown", "FleetImagePrunerLogs"))] == [90, 90]
-    assert len(groups) == 5  # and no log group is left without a retention
+    assert len(groups) == 6  # and no log group is left without a retention
     assert all(v for v in groups.values())
 
 

@@ -14,7 +14,9 @@ from rayito_constructs import AgentFleet, AgentImage, AgentProject, FleetStack, 
 from rayito_constructs.names import is_fleet_name, safe_stack_name, stack_name_for
 from rayito_constructs.recipe import plan_recipe
 
-from .cdk_helpers import new_app, new_stack, stack_props
+from rayito_constructs.agent_image import release_artifact
+
+from .cdk_helpers import new_app, new_stack, stack_props, stand_in_rayd
 from .conftest import EXAMPLE
 
 CFN_STACK_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9-]*$")
@@ -118,11 +120,11 @@ def test_the_same_name_in_other_places_or_apps_is_fine(agent_folder) -> None:
 def test_an_image_or_a_recipe_of_a_fleets_name(agent_folder) -> None:
     app = new_app()
     stack = new_stack(app)
-    folder = agent_folder(name="mi-agente")  # with a Dockerfile: the fleet builds its image
+    folder = agent_folder(name="mi-agente")  # the app's context names a rayd zip: the fleet builds its image
     project = AgentProject.load(folder)
     AgentFleet(stack, "Fleet", project=project)
     with pytest.raises(ValueError, match=r"the image 'mi-agente' is defined twice .* at Test/Fleet/Image and at Test/Loose"):
-        AgentImage(stack, "Loose", folder=folder, image_name="mi-agente")
+        AgentImage(stack, "Loose", project=project, rayd=release_artifact(stand_in_rayd(), None))
     recipe = plan_recipe(project, "1").encoded
     with pytest.raises(ValueError, match=r"the recipe parameter '/rayito/agents/mi-agente/recipe' is defined twice"):
         RecipeParameter(stack, "Writer", fleet_name="mi-agente", recipe=recipe)
@@ -132,6 +134,6 @@ def test_a_fleet_may_run_an_image_made_beside_it(agent_folder) -> None:
     app = new_app()
     stack = new_stack(app)
     folder = agent_folder(name="mi-agente")
-    image = AgentImage(stack, "Image", folder=folder, image_name="mi-agente")
+    image = AgentImage(stack, "Image", project=AgentProject.load(folder), rayd=release_artifact(stand_in_rayd(), None))
     AgentFleet(stack, "Fleet", project=AgentProject.load(folder), image=image)
     Template.from_stack(stack).resource_count_is("AWS::Lambda::MicrovmImage", 1)

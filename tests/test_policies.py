@@ -187,7 +187,9 @@ def test_build_role_pinned(example) -> None:
     template = example[1]
     assert pinned(template, "FleetImageBuildRole") == {
         ("ReadCode", ("s3:GetObject",), ("arn:aws:s3:::cdk-hnb659fds-assets-123456789012-us-east-1/<asset>.zip",), ""),
-        ("BuildLogs", ("logs:CreateLogStream", "logs:PutLogEvents"), (LOG_STREAMS,), ""),
+        # the product's build log group, /rayito/<image>
+        ("BuildLogs", ("logs:CreateLogStream", "logs:PutLogEvents"),
+         (ACCOUNT.format(service="logs", rest="log-group:/rayito/mi-agente:*"),), ""),
     }
     assert trust(template, "FleetImageBuildRole") == [exact_trust()]
 

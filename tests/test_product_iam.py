@@ -60,7 +60,7 @@ def proof(tmp_path_factory) -> Iterator[tuple[World, list[PathRun]]]:
 
     workdir = tmp_path_factory.mktemp("product-iam")
     folder = scaffold_agent(workdir / FLEET, name=FLEET, extra_toml=EXTRA_TOML)
-    app = new_app()
+    app = new_app(base_artifact=None)  # the product publishes the image here (rayito image publish)
     from aws_cdk.assertions import Template
 
     stack = FleetStack(app, "Eco", project=AgentProject.load(str(folder)), metadata_index=True, **stack_props())

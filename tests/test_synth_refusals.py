@@ -395,7 +395,11 @@ def test_permissions_boundary_reaches_an_image_given_to_the_fleet(agent_folder) 
     app = new_app()
     stack = new_stack(app)
     boundary = iam.ManagedPolicy.from_managed_policy_name(stack, "Boundary", "rayito-boundary")
-    image = AgentImage(stack, "Image", folder=folder, image_name="agente")
+    from rayito_constructs.agent_image import release_artifact
+
+    from .cdk_helpers import stand_in_rayd
+
+    image = AgentImage(stack, "Image", project=AgentProject.load(folder), rayd=release_artifact(stand_in_rayd(), None))
     AgentFleet(stack, "Fleet", project=AgentProject.load(folder), image=image, permissions_boundary=boundary)
     roles = {k: r for k, r in Template.from_stack(stack).to_json()["Resources"].items() if r["Type"] == "AWS::IAM::Role"}
     assert any(k.startswith("ImageBuildRole") for k in roles) and any(k.startswith("ImagePruner") for k in roles)

@@ -317,10 +317,10 @@ def synth(key: str, build: Callable[..., str]) -> Assembly:
         return _SYNTH_CACHE[key]
     import aws_cdk as cdk
 
-    from .cdk_helpers import FLAGS
+    from .cdk_helpers import FLAGS, stand_in_rayd
 
     outdir = _SYNTH_ROOT / re.sub(r"[^A-Za-z0-9-]", "-", key)
-    app = cdk.App(outdir=str(outdir), analytics_reporting=False, context=dict(FLAGS))
+    app = cdk.App(outdir=str(outdir), analytics_reporting=False, context={**FLAGS, "base_artifact": stand_in_rayd()})
     name = build(app, env=cdk.Environment(account=ACCOUNT, region=REGION),
                  synthesizer=cdk.DefaultStackSynthesizer(generate_bootstrap_version_rule=False))
     app.synth()

@@ -17,12 +17,17 @@ from .report import Finding, fail, ok, warn
 
 def declared(ctx: Context) -> tuple[Optional[list[dict[str, Any]]], str]:
     """The declared envelopes ``[{target, rate_per_second, burst}]`` and where they come from: the
-    image the stack deployed (its ``RAYITO_EGRESS_ENVELOPES``, what the agents read), else
+    image the stack deployed (its ``RAYITO_EGRESS_ENVELOPES`` in the template env rayd hands the
+    agents, recorded on the image resource as ``RayitoTemplateEnv`` metadata), else
     ``--project``."""
     images = [r for r in (ctx.template().get("Resources") or {}).values()
               if isinstance(r, dict) and r.get("Type") == "AWS::Lambda::MicrovmImage"]
     for image in images:
-        text = _variable((image.get("Properties") or {}).get("EnvironmentVariables"), ENVELOPES_ENV)
+        # The template env composed into the image's zip (AgentImage records it as metadata), or,
+        # for an image built before, its EnvironmentVariables.
+        baked = (image.get("Metadata") or {}).get("RayitoTemplateEnv")
+        text = _variable(baked if isinstance(baked, dict) else
+                         (image.get("Properties") or {}).get("EnvironmentVariables"), ENVELOPES_ENV)
         if isinstance(text, str):
             try:
                 return list((json.loads(text) or {}).get("budgets") or []), "image"
