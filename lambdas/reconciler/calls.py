@@ -17,9 +17,10 @@ from .budget import Deferral
 from .core import BASE, WARM, Intent, IntentKind, Observed, Reason, Slot
 from .letters import Outbox
 from .looks import READ_LAG_SECONDS, Looks
-from .ports import Shell
+from .ports import Server, Shell
 from .run_requests import RequestFor
-from .timing import Deadline, StepResult
+from .serving import serve_request
+from .timing import STEP_RESERVE_SECONDS, Deadline, StepResult
 
 #: The operation and client method of each call an intent makes.
 OPERATIONS: dict[IntentKind, tuple[str, str]] = {
@@ -66,10 +67,12 @@ class Calls:
     outbox: Outbox
     deadline: Deadline
     request_for: RequestFor
+    server: Optional[Server] = None
 
     def table(self) -> dict[IntentKind, Callable[[Step, Intent], None]]:
         return {
             IntentKind.RUN: self.run,
+            IntentKind.SERVE: self.serve,
             IntentKind.SUSPEND: self.suspend,
             IntentKind.TERMINATE: self.terminate,
             IntentKind.RESUME: self.resume,
@@ -129,7 +132,7 @@ class Calls:
         if outcome == "started":
             step.live += 0 if intent.retry else 1
             step.filled += 1
-            if held.role == WARM:
+            if held.role == WARM and not spec.serve:  # served fleets park on the server's answer instead
                 step.result.add(step.now + core.PENDING_POLL_SECONDS, Reason.LOOK)  # to park it once it runs
                 step.started_warm.append(held.microvm_id or "")
         elif outcome == "in_doubt":
@@ -146,10 +149,12 @@ class Calls:
         tick runs and parks it. Before the soft bound a run always goes out (a tick shorter than a
         start would otherwise never run one)."""
         clock = self.deadline.clock()
-        if clock + core.PENDING_POLL_SECONDS <= self.deadline.hard:
+        # A served fleet parks a VM on its server's answer (warmed), looked for this long after the run.
+        parked_after = core.SERVE_EXPECTED_SECONDS if self.shell.spec.serve else core.PENDING_POLL_SECONDS
+        if clock + parked_after <= self.deadline.hard - STEP_RESERVE_SECONDS:  # a step may still wake then
             return True
         next_tick = self.deadline.start + float(self.shell.spec.look_period_seconds)
-        return bool(next_tick - (clock + core.PENDING_POLL_SECONDS) <= PARK_LATE_SECONDS)
+        return bool(next_tick - (clock + parked_after) <= PARK_LATE_SECONDS)
 
     def start(self, step: Step, slot: Slot, intent: Intent, want: int) -> str | Deferral:
         """One RunMicrovm of the slot's generation: written (fenced) before the call, so a step
@@ -175,6 +180,8 @@ class Calls:
         seen = Observed(vm_id, str(vm["state"]), answers.epoch(vm["startedAt"]), vm.get("imageVersion"))
         self.looks.run_answered(seen, self.shell.now())
         self.apply(step, core.run_answered(slot, vm_id, seen.started_at, seen.state))
+        if self.shell.spec.serve:
+            self.ask_server(step, step.slots[slot.slot_id])  # the server waits for the VM to be ready itself
         return "started"
 
     def collides(self, step: Step, slot: Slot, vm_id: str) -> bool:
@@ -235,6 +242,34 @@ class Calls:
         if not emit_first:
             for told in change.events:
                 self.shell.emit(told)
+
+    # ------------------------------------------------------------------ serving
+
+    def serve(self, step: Step, intent: Intent) -> None:
+        slot = step.slots.get(intent.slot_id)
+        if slot is None or slot.microvm_id != intent.microvm_id:  # uncovered: a guard: the plan asks about its slots' VMs
+            return
+        self.ask_server(step, slot)
+
+    def ask_server(self, step: Step, slot: Slot) -> None:
+        """Ask the fleet's server to serve (base) or warm (parked) the slot's VM: the ask written
+        (fenced) first, so its answer is matched to it; the step wakes when an answer may be in."""
+        now = self.shell.now()
+        asked = core.serve_asked(slot, now)
+        self.shell.write(step.slots, [asked])
+        if self.server is None:
+            self.shell.emit(core.event("serve_not_asked", asked, reason="this reconciler has no server"))
+            return
+        try:
+            self.server.ask(serve_request(self.shell.spec.fleet, asked, now))
+        except (answers.ClientError, answers.BotoCoreError) as exc:
+            self.shell.write(step.slots, [core.serve_ask_failed(asked, now)])
+            self.shell.emit({"event": "api_error", "operation": "Invoke", "code": answers.error_code(exc),
+                             "slot": slot.slot_id, "microvm_id": slot.microvm_id, "error_message": str(exc)[:300]})
+            step.result.add(now + core.SERVE_POLL_SECONDS, core.answer_reason(asked))
+            return
+        self.shell.emit(core.event("serve_asked", asked, attempt=asked.serve_asks))
+        step.result.add(now + core.SERVE_EXPECTED_SECONDS, core.answer_reason(asked))
 
     # ------------------------------------------------------------------ suspend, terminate, resume
 
@@ -316,6 +351,9 @@ class Calls:
             return base
         if intent.kind == IntentKind.TERMINATE and intent.microvm_id == slot.microvm_id:
             slot = core.end_requested(slot, intent.reason)
+            self.shell.write(step.slots, [slot])
+        elif intent.kind == IntentKind.TERMINATE and intent.microvm_id == slot.retiring_id:
+            slot = core.retiring_end_requested(slot, sent)
             self.shell.write(step.slots, [slot])
         elif intent.kind == IntentKind.SUSPEND:
             slot = core.park_sent(slot, sent)

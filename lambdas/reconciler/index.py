@@ -1,16 +1,23 @@
 """Lambda entry point of the fleet reconciler: wires AWS clients to :class:`.tick.Reconciler`.
 
-Configuration comes from the environment the construct sets:
+What the fleet is comes from the product's recipe (:mod:`.fleet_source`), read at every tick: its
+project (how each VM is started: :mod:`.product_launch`), its ``scaling`` (``min_vms``,
+``max_vms``, ``warm_vms``) and its image version. No recipe, no VMs: ``rayito agent stop`` deletes
+it, and every tick then returns ``{"skipped": "fleet_stopped"}`` without a MicroVMs call until a
+deploy writes it again. The rest comes from the environment the construct sets:
 
-``FLEET_NAME``, ``IMAGE_ARN``, ``MIN_VMS``, ``MAX_VMS``, ``WARM_VMS``, ``MAX_LIFETIME_SECONDS``,
-``IDLE_SECONDS`` (optional), ``EXECUTION_ROLE_ARN`` (optional), ``LEDGER_TABLE``,
-``BUDGET_TABLE``, ``BUDGETS`` (JSON ``{operation: [rate, burst]}``), ``DEAD_LETTER_QUEUE_URL``,
-``SUCCESSOR_LEAD_SECONDS``, ``MAX_START_ATTEMPTS``, ``MAX_STARTS_PER_STEP``, ``TICK_SECONDS``,
-``IMAGE_VERSION`` (the version to roll onto), ``BASE_ROLLOUT`` (``on_expiry`` or ``rolling``),
+``FLEET_NAME``, ``IMAGE_ARN``, ``ACCESS_TOKEN_SECRET`` (the fleet's token, whose sha256 every VM's
+run payload carries), ``SERVER_FUNCTION`` (the fleet's server: each VM started is handed to it), ``MIN_VMS``, ``MAX_VMS``, ``WARM_VMS`` (what the stack deployed: used only
+until a recipe was read), ``MAX_LIFETIME_SECONDS`` (a cap on the product's lifetime, optional),
+``EXECUTION_ROLE_ARN`` (optional), ``LEDGER_TABLE``, ``BUDGET_TABLE``, ``BUDGETS`` (JSON
+``{operation: [rate, burst]}``), ``DEAD_LETTER_QUEUE_URL``, ``SUCCESSOR_LEAD_SECONDS``,
+``MAX_START_ATTEMPTS``, ``MAX_STARTS_PER_STEP``, ``TICK_SECONDS``, ``IMAGE_VERSION`` (the version
+the stack built, when the recipe names none), ``BASE_ROLLOUT`` (``on_expiry`` or ``rolling``),
 ``SHARED_WITH`` (JSON list of the other fleets on the image, whose ledger items in the same table
 say which VMs are theirs), ``TERMINATE_STRAYS`` (``1``: end idle foreign VMs),
-``STRAY_GRACE_SECONDS``, ``SCHEDULE_SECONDS`` (how often the schedule ticks; 60 when unset), ``RAYITO_METRICS`` (``on``: send the custom metrics; off or unset: send
-none, print no EMF line; the log lines are the same either way).
+``STRAY_GRACE_SECONDS``, ``SCHEDULE_SECONDS`` (how often the schedule ticks; 60 when unset),
+``RAYITO_METRICS`` (``on``: send the custom metrics; off or unset: send none, print no EMF line;
+the log lines are the same either way).
 
 The clients (:mod:`.aws`) make one attempt per call: the reconciler's own budget and backoff decide
 retries, and every call it makes is one the budget admitted and the metrics count.
@@ -35,7 +42,8 @@ from .core import DEAD, FleetSpec
 from .core.lifetimes import CALL_MARGIN_SECONDS
 from .ledger import DynamoDBLedger, FencedOut, FleetOff
 from .ports import DeadLetters, Telemetry
-from .run_requests import RunRequests
+from .fleet_source import FleetSource, RecipeSource, TokenSource
+from .serving import LambdaServer
 from .tick import Reconciler
 
 __all__ = ["LETTER_CONFIG", "MICROVMS_CONFIG", "STORE_CONFIG", "build", "handler", "redrive", "session",
@@ -117,7 +125,9 @@ def build(env: Optional[dict[str, str]] = None, telemetry: Optional[Telemetry] =
         telemetry=telemetry,
         monotonic=time.monotonic,
         dead_letters=letters_to(aws.client("sqs", config=LETTER_CONFIG), queue_url) if queue_url else None,
-        run_requests=RunRequests.of(spec),
+        state_source=fleet_source(aws, env, spec),
+        server=LambdaServer(aws.client("lambda", config=LETTER_CONFIG), env["SERVER_FUNCTION"])
+        if env.get("SERVER_FUNCTION") else None,
         siblings=tuple(json.loads(env.get("SHARED_WITH") or "[]")),
     )
 
@@ -130,6 +140,13 @@ def build(env: Optional[dict[str, str]] = None, telemetry: Optional[Telemetry] =
 
     dynamodb.meta.events.register("after-call.dynamodb", learn_offset)
     return reconciler
+
+
+def fleet_source(aws: Any, env: dict[str, str], spec: FleetSpec) -> FleetSource:
+    """The fleet as its recipe says, read at every tick with the function's own clients."""
+    region = aws.region_name or env.get("AWS_REGION") or "us-east-1"
+    token = TokenSource(aws.client("secretsmanager", config=STORE_CONFIG), env["ACCESS_TOKEN_SECRET"], time.monotonic)
+    return FleetSource(env, spec, RecipeSource(aws.client("ssm", config=STORE_CONFIG), spec.fleet), token, region)
 
 
 def letters_to(sqs: Any, queue_url: str) -> DeadLetters:
@@ -181,6 +198,13 @@ def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
     try:
         if isinstance(event, dict) and event.get("action") == "redrive":
             return redrive(reconciler)
+        why = reconciler.refresh()
+        if why is not None:
+            # No fleet to keep now (stopped, or its recipe or token unreadable): no MicroVMs call.
+            fleet = reconciler.spec.fleet
+            reconciler.telemetry.event(fleet, {"event": "tick_skipped", "reason": why})
+            reconciler.telemetry.flush()
+            return {"fleet": fleet, "skipped": why.split(":", 1)[0], "reason": why}
         # The tick's time: the invocation's, read once here and counted on a monotonic clock by
         # the tick (a step of the wall clock moves neither bound). No call starts in its last
         # CALL_MARGIN_SECONDS; steps past tick_seconds only for a wait worth overtime.

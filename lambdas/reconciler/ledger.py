@@ -15,6 +15,10 @@ DynamoDB layout (partition key ``fleet``, sort key ``key``):
   ``retired`` (the next generation of each slot id the spec dropped, as JSON: a slot asked for
   again later starts there, so its client tokens are never those of its earlier VMs) and
   ``letters`` (dead letters of slots a spec dropped before the queue took them, as JSON).
+* ``ready#<VM id>``: ``doc`` = what the fleet's server answered about the VM (a
+  :class:`.core.Ready`: its agent host serves, it is warmed, or why not). The server writes it
+  (unfenced: it holds no lease, and the answer belongs to the VM, not to a tick); the reconciler
+  deletes it in a fenced write once no slot holds the VM.
 
 **Off.** The fleet's teardown (``teardown.py``, when the fleet is deleted) sets ``off`` on the
 ``#tick`` item in the same update that increments the fence: a tick already running fails its next
@@ -31,7 +35,7 @@ import secrets
 import threading
 from typing import Any, Iterable, Optional
 
-from .core import Slot
+from .core import Ready, Slot
 
 
 class FencedOut(Exception):
@@ -47,6 +51,11 @@ def _new_stats() -> dict[str, Any]:
             "retired": {}, "letters": {}}
 
 
+def _facts(docs: Iterable[dict[str, Any]]) -> dict[str, Ready]:
+    facts = [Ready.from_dict(doc) for doc in docs]
+    return {fact.microvm_id: fact for fact in facts}
+
+
 class MemoryLedger:
     """The ledger in one process (tests and the benchmark), with the same fencing."""
 
@@ -55,6 +64,12 @@ class MemoryLedger:
         self._slots: dict[str, dict[str, dict[str, Any]]] = {}
         self._leases: dict[str, dict[str, Any]] = {}
         self._stats: dict[str, dict[str, Any]] = {}
+        self._facts: dict[str, dict[str, dict[str, Any]]] = {}
+
+    def put_fact(self, fleet: str, fact: Ready) -> None:
+        """The server's answer about a VM (no fence: the server holds no lease)."""
+        with self._lock:
+            self._facts.setdefault(fleet, {})[fact.microvm_id] = fact.to_dict()
 
     def acquire_tick(self, fleet: str, holder: str, now: float, lease_seconds: float,
                      tick_until: Optional[float] = None) -> Optional[int]:
@@ -107,8 +122,9 @@ class MemoryLedger:
     def load(self, fleet: str) -> tuple[dict[str, Slot], dict[str, Any]]:
         with self._lock:
             slots = {k: Slot.from_dict(v) for k, v in self._slots.get(fleet, {}).items()}
-            stats = self._stats.setdefault(fleet, _new_stats())
-            return slots, json.loads(json.dumps(stats))
+            stats = json.loads(json.dumps(self._stats.setdefault(fleet, _new_stats())))
+            stats["facts"] = _facts(self._facts.get(fleet, {}).values())
+            return slots, stats
 
     def peek(self, fleet: str) -> tuple[dict[str, Slot], Optional[dict[str, Any]]]:
         with self._lock:
@@ -131,7 +147,7 @@ class MemoryLedger:
                     for i in (d.get("microvm_id"), d.get("retiring_id")) if i}
 
     def write(self, fleet: str, fence: Optional[int], puts: Iterable[Slot] = (), deletes: Iterable[str] = (),
-              meta: Optional[dict[str, Any]] = None) -> None:
+              meta: Optional[dict[str, Any]] = None, facts_gone: Iterable[str] = ()) -> None:
         """Slots and metadata in one write, only while ``fence`` is the lease's."""
         with self._lock:
             self._check(fleet, fence)
@@ -140,6 +156,8 @@ class MemoryLedger:
                 table[slot.slot_id] = slot.to_dict()
             for slot_id in deletes:
                 table.pop(slot_id, None)
+            for vm_id in facts_gone:
+                self._facts.get(fleet, {}).pop(vm_id, None)
             if meta:
                 self._stats.setdefault(fleet, _new_stats()).update(json.loads(json.dumps(meta)))
 
@@ -178,6 +196,11 @@ class DynamoDBLedger:
 
     def _key(self, fleet: str, key: str) -> dict[str, Any]:
         return {"fleet": {"S": fleet}, "key": {"S": key}}
+
+    def put_fact(self, fleet: str, fact: Ready) -> None:
+        """The server's answer about a VM (no fence: the server holds no lease)."""
+        self._ddb.put_item(TableName=self._table, Item={**self._key(fleet, f"ready#{fact.microvm_id}"),
+                                                        "doc": {"S": json.dumps(fact.to_dict(), sort_keys=True)}})
 
     def acquire_tick(self, fleet: str, holder: str, now: float, lease_seconds: float,
                      tick_until: Optional[float] = None) -> Optional[int]:
@@ -268,11 +291,18 @@ class DynamoDBLedger:
 
     def peek(self, fleet: str) -> tuple[dict[str, Slot], Optional[dict[str, Any]]]:
         """The slots and the stats as they are (``None`` when there are none), creating nothing."""
+        slots, stats, _ = self._peek(fleet)
+        return slots, stats
+
+    def _peek(self, fleet: str) -> tuple[dict[str, Slot], Optional[dict[str, Any]], dict[str, Ready]]:
         slots: dict[str, Slot] = {}
         stats: Optional[dict[str, Any]] = None
+        facts: list[dict[str, Any]] = []
         for item in self._query(fleet):
             key = item["key"]["S"]
-            if key.startswith("slot#"):
+            if key.startswith("ready#"):
+                facts.append(json.loads(item["doc"]["S"]))
+            elif key.startswith("slot#"):
                 slot = Slot.from_dict(json.loads(item["doc"]["S"]))
                 slots[slot.slot_id] = slot
             elif key == "#stats":
@@ -285,7 +315,7 @@ class DynamoDBLedger:
                     "retired": json.loads(item.get("retired", {}).get("S", "{}")),
                     "letters": json.loads(item.get("letters", {}).get("S", "{}")),
                 }
-        return slots, stats
+        return slots, stats, _facts(facts)
 
     def forget(self, fleet: str, slot_ids: Iterable[str], stats: bool = False) -> None:
         """Delete slot items (unfenced: the teardown, after turning the fleet off), and with
@@ -296,7 +326,7 @@ class DynamoDBLedger:
             self._ddb.delete_item(TableName=self._table, Key=self._key(fleet, key))
 
     def load(self, fleet: str) -> tuple[dict[str, Slot], dict[str, Any]]:
-        slots, stats = self.peek(fleet)
+        slots, stats, facts = self._peek(fleet)
         if stats is None:
             stats = _new_stats()
             try:
@@ -309,6 +339,7 @@ class DynamoDBLedger:
                 # uncovered: two invocations of a new fleet writing its first #stats at once; the
                 # tests reach it only when their ticks happen to race (covered in some runs)
                 return self.load(fleet)
+        stats["facts"] = facts
         return slots, stats
 
     def load_vm_ids(self, fleets: Iterable[str]) -> set[str]:
@@ -321,7 +352,7 @@ class DynamoDBLedger:
         return out
 
     def write(self, fleet: str, fence: Optional[int], puts: Iterable[Slot] = (), deletes: Iterable[str] = (),
-              meta: Optional[dict[str, Any]] = None) -> None:
+              meta: Optional[dict[str, Any]] = None, facts_gone: Iterable[str] = ()) -> None:
         """Slots and metadata in one transaction, conditioned on the tick's fence."""
         actions: list[dict[str, Any]] = []
         if meta:
@@ -338,6 +369,8 @@ class DynamoDBLedger:
                 **self._key(fleet, f"slot#{slot.slot_id}"), "doc": {"S": json.dumps(slot.to_dict(), sort_keys=True)}}}})
         for slot_id in deletes:
             actions.append({"Delete": {"TableName": self._table, "Key": self._key(fleet, f"slot#{slot_id}")}})
+        for vm_id in facts_gone:
+            actions.append({"Delete": {"TableName": self._table, "Key": self._key(fleet, f"ready#{vm_id}")}})
         if not actions:
             return
         if fence is None:

@@ -9,7 +9,9 @@ Every look lands in one map, ``VM -> source -> (VM as seen, when)``, with five s
 * ``ASSUMED``: a parked slot's VM this tick started, assumed RUNNING ``PENDING_POLL_SECONDS`` after
   its run's answer (measured PENDING: p50 1.85 s, p95 2.13 s; 3.59 s with 20 runs at once), so it is
   suspended without a look of its own; a refused suspend (409: still PENDING) ends every
-  assumption of the tick.
+  assumption of the tick;
+* ``FACT``: the fleet's server said the VM serves or is warmed (``ready#`` in the ledger): it was
+  RUNNING then (its rayd answered), so a warmed parked VM is suspended without a look either.
 
 A plan sees the newest of LIST, PEEK and RUN since the last list, the confirmations of the VMs it
 asks about, and the assumptions. A VM whose suspend's answer was lost is shown only by a *read*
@@ -35,6 +37,7 @@ from .core import (
     WARM,
     Observed,
     Plan,
+    Ready,
     Reason,
     Slot,
     to_confirm,
@@ -74,6 +77,7 @@ class Source(StrEnum):
     CONFIRM = "confirm"
     RUN = "run"
     ASSUMED = "assumed"
+    FACT = "fact"
 
 
 #: The sources that read the VM (its state as the service has it, ``READ_LAG_SECONDS`` late).
@@ -145,7 +149,17 @@ class Looks:
         return list(out.values())
 
     def list_view(self) -> list[Observed]:
-        return self.view(Source.LIST, Source.RUN)
+        return self.view(Source.LIST, Source.RUN, Source.FACT)
+
+    def facts_seen(self, facts: Mapping[str, Ready], slots: Mapping[str, Slot], now: float) -> None:
+        """The server's answers as looks: a VM it found ready was RUNNING when it said so."""
+        held = {s.microvm_id: s for s in slots.values() if s.microvm_id}
+        for vm_id, fact in facts.items():
+            slot = held.get(vm_id)
+            if slot is None or not fact.ready or fact.at > now or self.look(vm_id, Source.FACT) is not None:
+                continue
+            started = slot.vm_started_at if slot.vm_started_at is not None else fact.at
+            self.record(Source.FACT, vm_id, Observed(vm_id, "RUNNING", started), fact.at)
 
     def last_look_at(self) -> Optional[float]:
         return self.peeked_at if self.peeked_at is not None else self.listed_at
@@ -172,7 +186,7 @@ class Looks:
 
     # ------------------------------------------------------------------ choosing a look
 
-    def choose(self, now: float, ready: bool) -> Choice:
+    def choose(self, now: float, ready: bool, answers_only: bool = False) -> Choice:
         """The look a step plans on: a list a step may reuse when reserved tokens came due (at
         most ``OBSERVATION_TTL_SECONDS`` old, or ``PEEK_TTL_SECONDS`` when only suspends came due:
         the VMs to park are our own, seen RUNNING by it, and a suspend of one that ended since is
@@ -181,6 +195,10 @@ class Looks:
         ``STALE_OBSERVATION_SECONDS`` old, ending and resuming nothing."""
         listed_age = now - self.listed_at if self.listed_at is not None else None
         parking_only = self.admission.parking_only(now)
+        if answers_only and listed_age is not None and listed_age <= PEEK_TTL_SECONDS:
+            # Woken only for the server's answers (the ledger, read already): the last list with
+            # them, ending and resuming nothing on it (a client may have taken a parked VM since).
+            return Choice(self.view(Source.LIST, Source.RUN, Source.PEEK, Source.FACT), suspends_only=True)
         if ready and listed_age is not None and listed_age <= OBSERVATION_TTL_SECONDS:
             return Choice(self.list_view())
         if ready and (looked := self.last_look(now, parking_only)) is not None:
@@ -201,7 +219,7 @@ class Looks:
         at = self.last_look_at()
         if at is None or now - at > (PEEK_TTL_SECONDS if parking_only else OBSERVATION_TTL_SECONDS):
             return None
-        return self.view(Source.LIST, Source.RUN, Source.PEEK) if self.peeked_at is not None else self.list_view()
+        return self.view(Source.LIST, Source.RUN, Source.PEEK, Source.FACT) if self.peeked_at is not None else self.list_view()
 
     def list_image(self, now: float) -> list[Observed] | Deferral:
         """Every page of the image's VMs (TERMINATED ones stay listed 20 minutes: churn multiplies
@@ -293,7 +311,7 @@ class Looks:
         if not read:  # nothing read (every VM assumed RUNNING): not a look of its own
             return self.list_view()
         self.peeked_at = now
-        return self.view(Source.LIST, Source.RUN, Source.PEEK)
+        return self.view(Source.LIST, Source.RUN, Source.PEEK, Source.FACT)
 
     # ------------------------------------------------------------------ what the plan sees
 
@@ -394,6 +412,11 @@ class Looks:
         step that parked earlier VMs meanwhile must not put that look off). One VM (or the missed
         ones, or VMs to be assumed RUNNING) is a GetMicrovm; more, a list."""
         now = result.now
+        if self.shell.spec.serve:
+            # The fleet's server waits for each VM to run and says when it is warmed (a fact, in
+            # the ledger): parked slots' VMs need no look of their own to be parked.
+            plan = Plan(plan.slots, plan.intents, plan.events, plan.gauges, plan.live_vms, pending_warm=[])
+            started_warm = []
         pending = list(plan.pending_warm) + [vm for vm in started_warm if vm and vm not in plan.pending_warm]
         listed_at = self.listed_at if self.listed_at is not None else now
         shown = {o.microvm_id for o in observed}

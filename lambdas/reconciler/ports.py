@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any, Callable, Iterable, Optional, Protocol, Union
 
 from .budget import Deferral, Granted
-from .core import FleetSpec, Slot
+from .core import FleetSpec, Ready, Slot
 
 Decision = Union[Granted, Deferral]
 Stats = dict[str, Any]
@@ -30,9 +30,11 @@ class Ledger(Protocol):
     def load_vm_ids(self, fleets: Iterable[str]) -> set[str]: ...
 
     def write(self, fleet: str, fence: Optional[int], puts: Iterable[Slot] = (), deletes: Iterable[str] = (),
-              meta: Optional[dict[str, Any]] = None) -> None: ...
+              meta: Optional[dict[str, Any]] = None, facts_gone: Iterable[str] = ()) -> None: ...
 
     def add_stats(self, fleet: str, **deltas: int) -> None: ...
+
+    def put_fact(self, fleet: str, fact: Ready) -> None: ...
 
 
 class Budget(Protocol):
@@ -70,6 +72,21 @@ class MicrovmsApi(Protocol):
     def resume_microvm(self, **kwargs: Any) -> dict[str, Any]: ...
 
     def terminate_microvm(self, **kwargs: Any) -> dict[str, Any]: ...
+
+
+class Server(Protocol):
+    """The fleet's server (:mod:`.server`, a function of its own): asked to serve a base slot's VM
+    (the product's agent host started on it) or to warm a parked slot's, it answers in the ledger
+    (:class:`.core.Ready`). ``ask`` only hands the request over; it raises when it could not."""
+
+    def ask(self, request: dict[str, Any]) -> None: ...
+
+
+class FleetState(Protocol):
+    """What the fleet is at each tick (:mod:`.fleet_source`: the product's recipe): the spec the
+    core plans with and the RunMicrovm parameters of a slot, or why there is none now."""
+
+    def desired(self) -> Union[tuple[FleetSpec, Callable[[Slot], dict[str, Any]]], str]: ...
 
 
 class Shell(Protocol):

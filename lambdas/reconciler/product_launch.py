@@ -10,15 +10,19 @@ both ending in ``Sandbox.create``), through the product's ``control_plane=`` sea
 the ``LaunchRequest`` where the product would call RunMicrovm and stops there. The reconciler
 then sends it with its own deterministic ``clientToken`` (the product draws a random one).
 
-A shorter lifetime (a fleet's first VMs are spread so their ends do not coincide) is the
-product's request for a shorter serve timeout: the product derives the lifecycle block, the
-maximum duration and the idle policy from it, as it would for such a project.
+A VM's lifetime, for the reconciler, is its logical one: ``rayd`` ends it at its run payload's
+``lifecycle.timeout_s`` (the project's serve timeout), a minute before the maximum duration the
+service enforces, and a successor must serve by then. A shorter lifetime (a fleet's first VMs are
+spread so their ends do not coincide) is the product's request for that shorter serve timeout:
+the product derives the lifecycle block, the maximum duration and the idle policy from it, as it
+would for such a project.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 from dataclasses import dataclass
 from typing import Any, Optional, cast
 
@@ -30,6 +34,8 @@ from rayito._aws import LaunchRequest
 from rayito._pool_base import launch_kwargs
 from rayito._agent._scaling_domain import ScalingOptions
 from rayito.sandbox_sync import Sandbox
+
+from .core import WARM, Slot
 
 #: The shortest serve timeout the product takes (``validate_timeout``): shorter first lifetimes
 #: are not asked for.
@@ -66,6 +72,11 @@ class ProductLaunch:
     access_token: str
     image_arn: str
     region: str
+    image_version: Optional[str] = None
+    """The image version new VMs run (the recipe's; ``None``: the image's latest active one)."""
+    execution_role_arn: Optional[str] = None
+    """The fleet's execution role, added to the product's request (the agents' egress budget
+    table is reached with it; the product's client starts its own VMs without one)."""
     _requests: dict[tuple[str, Optional[str], Optional[int]], LaunchRequest] = dataclasses.field(
         default_factory=dict, repr=False)
 
@@ -75,18 +86,55 @@ class ProductLaunch:
         ``warm`` slot, with ``client_token``; ``lifetime``: a shorter life (the serve timeout
         the product is asked for: ``lifetime`` less its margin)."""
         request = self._request(role, image_version, self._timeout(lifetime))
-        return dataclasses.replace(request, client_token=client_token).to_api()
+        params = dataclasses.replace(request, client_token=client_token).to_api()
+        if self.execution_role_arn:
+            params["executionRoleArn"] = self.execution_role_arn
+        return params
 
-    def maximum_duration(self, role: str, *, lifetime: Optional[int] = None) -> int:
-        """The ``maximumDurationInSeconds`` the product sends for that VM."""
-        return int(self._request(role, None, self._timeout(lifetime)).maximum_duration_seconds)
+    def for_slot(self, slot: Slot) -> dict[str, Any]:
+        """A slot's RunMicrovm parameters without the client token (the shell adds it at the call):
+        a ``base`` slot runs a member, a ``warm`` slot a parked slot of the pool, living
+        ``slot.lifetime`` when that is shorter than the full lifetime (a fleet's first VMs)."""
+        role = "warm" if slot.role == WARM else "member"
+        lifetime = slot.lifetime if slot.lifetime and slot.lifetime < self.logical_lifetime(role) else None
+        params = self.parameters(role, "", image_version=self.image_version, lifetime=lifetime)
+        params.pop("clientToken", None)
+        return params
+
+    def __call__(self, slot: Slot) -> dict[str, Any]:
+        return self.for_slot(slot)
+
+    def logical_lifetime(self, role: str = "member", *, lifetime: Optional[int] = None) -> int:
+        """How long after its start ``rayd`` ends the VM (the run payload's ``lifecycle.timeout_s``;
+        the maximum duration when the product sends no lifecycle)."""
+        request = self._request(role, None, self._timeout(lifetime))
+        timeout = self._lifecycle_timeout(request)
+        return int(request.maximum_duration_seconds) if timeout is None else timeout
+
+    def rayd_deadline(self, role: str = "member") -> bool:
+        """Whether ``rayd`` ends the VM before its maximum duration: the product sends a lifecycle
+        only for a fleet that scales in (``fleet_lifetime``); otherwise the service ends it."""
+        request = self._request(role, None, None)
+        timeout = self._lifecycle_timeout(request)
+        return timeout is not None and timeout < int(request.maximum_duration_seconds)
+
+    @staticmethod
+    def _lifecycle_timeout(request: LaunchRequest) -> Optional[int]:
+        try:
+            return int(json.loads(request.run_hook_payload or "{}")["lifecycle"]["timeout_s"])
+        except (ValueError, KeyError, TypeError):
+            return None
 
     def _timeout(self, lifetime: Optional[int]) -> Optional[int]:
-        if lifetime is None:
-            return None
-        full = self.maximum_duration("member")
+        """The serve timeout the product is asked for so that ``rayd`` ends the VM ``lifetime``
+        seconds after its start: never under the product's floor, and longer than the idle
+        policy's idle time (the product refuses an idle policy that cannot fire)."""
         own = int(self.project.serve.timeout_seconds)
-        return max(MIN_TIMEOUT_SECONDS, own - max(0, full - int(lifetime)))
+        if lifetime is None or int(lifetime) >= own:
+            return None
+        idle = self.project.serve.idle
+        floor = int(idle.max_idle_seconds) + 1 if idle is not None else 0
+        return max(MIN_TIMEOUT_SECONDS, floor, int(lifetime))
 
     def _request(self, role: str, image_version: Optional[str], timeout: Optional[int]) -> LaunchRequest:
         key = (role, image_version, timeout)

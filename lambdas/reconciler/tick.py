@@ -26,9 +26,9 @@ from .core.lifetimes import CALL_MARGIN_SECONDS
 from .ledger import FencedOut
 from .letters import Outbox
 from .looks import Looks
-from .ports import Budget, DeadLetters, Ledger, MicrovmsApi, Stats, Telemetry
+from .ports import Budget, DeadLetters, FleetState, Ledger, MicrovmsApi, Server, Stats, Telemetry
 from .run_requests import RequestFor, RunRequests
-from .timing import MIN_WAIT_SECONDS, Deadline, StepResult, next_sleep
+from .timing import MIN_WAIT_SECONDS, Deadline, StepResult, next_sleep, wakes
 
 #: A tick waits for an overlapping one of its fleet only if this much of its own time is left.
 HOLDER_WAIT_SPARE_SECONDS = 1.0
@@ -61,6 +61,8 @@ class TickState:
     loaded: Optional[tuple[dict[str, Slot], Stats]] = None  # the tick's first ledger read, for its first plan
     short_at_start: bool = False  # the first read had wanted slots without a VM
     dues: list[float] = field(default_factory=list)  # when the last plan found a step worth overtime
+    woken_for_answers: bool = False  # this step woke only to read the server's answers
+    answers_at: Optional[float] = None  # when the last plan expects the server's next answer
 
 
 @dataclass
@@ -82,6 +84,8 @@ class Reconciler:
     monotonic: Optional[Callable[[], float]] = None
     dead_letters: Optional[DeadLetters] = None
     run_requests: Optional[RequestFor] = None
+    state_source: Optional[FleetState] = None
+    server: Optional[Server] = None
     holder: str = field(default_factory=lambda: uuid.uuid4().hex)
     siblings: tuple[str, ...] = ()
     api_calls: int = 0
@@ -92,6 +96,18 @@ class Reconciler:
     no_room_until: float = float("-inf")  # the account refuses new VMs for room until then (shared clock)
     state: Optional[TickState] = None
     _pause: Optional[Callable[[float], None]] = None  # the running tick's sleep
+
+    def refresh(self) -> Optional[str]:
+        """Take the fleet as it is now (``state_source``: the product's recipe) for the next tick:
+        its spec and its VMs' run parameters. Returns why there is no fleet to keep (the tick then
+        makes no call), None otherwise, and when there is no source (the spec given stands)."""
+        if self.state_source is None:
+            return None
+        got = self.state_source.desired()
+        if isinstance(got, str):
+            return got
+        self.spec, self.run_requests = got
+        return None
 
     # ------------------------------------------------------------------ shared services (ports.Shell)
 
@@ -197,6 +213,9 @@ class Reconciler:
                     self.emit({"event": "tick_overtime", "reason": "a base slot is, or is about to be, without a VM",
                                "wake": round(wake.seconds, 3)})
                 pause(wake.seconds)
+                if self.state is not None:
+                    due = [w.reason for w in result.waits if w.at <= self.now() + 1e-6 and wakes(w.reason)]
+                    self.state.woken_for_answers = bool(due) and set(due) <= {Reason.SERVE, Reason.SERVED}
         except FencedOut:
             outcome["lease_lost"] = True
             self.emit({"event": "lease_lost", "reason": "another tick took the lease; this one stops"})
@@ -254,7 +273,8 @@ class Reconciler:
         told: set[str] = set()
         looks = Looks(self, admission, deadline, told)
         outbox = Outbox(self, deadline, self.dead_letters)
-        calls = Calls(self, admission, looks, outbox, deadline, self.run_requests or RunRequests.of(self.spec))
+        calls = Calls(self, admission, looks, outbox, deadline, self.run_requests or RunRequests.of(self.spec),
+                      self.server)
         return TickState(deadline, admission, looks, outbox, calls, told)
 
     def end_tick(self) -> None:
@@ -307,7 +327,11 @@ class Reconciler:
         state.short_at_start = False  # a plan from here on: its waits say what is short
         owed = looks.owed(now)
         looks.park_at = None
-        choice = looks.choose(now, admission.ready(now))
+        loaded, state.loaded = state.loaded, None
+        slots, stats = loaded or self.ledger.load(self.spec.fleet)
+        facts = stats.get("facts") or {}
+        looks.facts_seen(facts, slots, now)
+        choice = looks.choose(now, admission.ready(now), answers_only=state.woken_for_answers)
         if choice.observed is None:
             assert choice.deferral is not None
             admission.drop_due(now)  # reserved calls cannot wait for a list: given up, never sent late
@@ -315,15 +339,13 @@ class Reconciler:
             return self._carry(state, now, choice.deferral.retry_after_seconds, Reason.LIST if refused else Reason.BUDGET)
         if choice.fresh:
             owed = None
-        loaded, state.loaded = state.loaded, None
-        slots, stats = loaded or self.ledger.load(self.spec.fleet)
         observed = looks.for_plan(looks.confirm(slots, choice.observed, now), slots, now)
         others = self.ledger.load_vm_ids(self.siblings) if self.siblings else set()
         fingerprint = self.spec.fingerprint()
         no_room = admission.no_room_until > now
         plan = core.plan(self.spec, slots, observed, now, others=others, strays=stats.get("strays") or {},
                          redrive=stats.get("spec") not in (None, fingerprint), retired=stats.get("retired") or {},
-                         no_room=no_room)
+                         no_room=no_room, facts=facts)
         orphans = self._persist(slots, plan, stats, fingerprint)
         self._tell(state, plan, now)
         result = StepResult(now)
@@ -347,6 +369,8 @@ class Reconciler:
         if short is not None:
             result.add(short, Reason.SHORT)
         state.dues = [w.at for w in result.waits if w.reason.overtime]
+        serve_waits = [w.at for w in result.waits if w.reason in (Reason.SERVE, Reason.SERVED)]
+        state.answers_at = min(serve_waits) if serve_waits else None
         result.booked = bool(admission.booked())
         return result
 
@@ -371,9 +395,12 @@ class Reconciler:
                 del admission.demand[operation]
         park_at = state.looks.park_at
         park_due = park_at is not None and park_at <= now + 1e-6
-        if not waits or admission.ready(now) or park_due:
+        answers_at = state.answers_at  # the server's answers may be in the ledger then (a VM to park, one that serves)
+        answers_due = answers_at is not None and answers_at <= now + 1e-6
+        if not waits or admission.ready(now) or park_due or answers_due:
             return None
-        wait = min([*waits, *[at - now for at in admission.booked()], *([park_at - now] if park_at is not None else [])])
+        wait = min([*waits, *[at - now for at in admission.booked()], *([park_at - now] if park_at is not None else []),
+                    *([answers_at - now] if answers_at is not None else [])])
         if not state.deadline.reaches(wait):  # uncovered: tokens past the deadline for successors only (their slots hold VMs: nothing short)
             if state.dues or state.short_at_start:
                 # Wanted slots without a VM wait for these tokens: worth the overtime, from when
@@ -409,8 +436,11 @@ class Reconciler:
             meta["strays"] = plan.strays
         puts = [slot for slot_id, slot in plan.slots.items() if before.get(slot_id) != slot]
         deletes = sorted(before.keys() - plan.slots.keys())
-        if puts or deletes or meta:
-            self.ledger.write(self.spec.fleet, self.fence, puts=puts, deletes=deletes, meta=meta or None)
+        held = core.own_vm_ids(plan.slots)
+        facts_gone = sorted(vm for vm in stats.get("facts") or {} if vm not in held)  # the server's answers about VMs no slot holds
+        if puts or deletes or meta or facts_gone:
+            self.ledger.write(self.spec.fleet, self.fence, puts=puts, deletes=deletes, meta=meta or None,
+                              facts_gone=facts_gone)
         return orphans
 
     def _tell(self, state: TickState, plan: core.Plan, now: float) -> None:

@@ -106,6 +106,11 @@ class StepResult:
         self.waits.append(Wait(at, reason))
 
 
+def wakes(reason: Reason) -> bool:
+    """Whether a wait for ``reason`` wakes a step (the others only make one worth overtime)."""
+    return reason in _WAKES
+
+
 def soonest(waits: Iterable[Wait], overtime: bool = False) -> Optional[float]:
     """The first wait that wakes a step (``overtime``: that is worth a step past the soft bound)."""
     ats = [w.at for w in waits if (w.reason.overtime if overtime else w.reason in _WAKES)]

@@ -31,12 +31,14 @@ class Role(StrEnum):
 
 
 class Phase(StrEnum):
-    """Where a slot is in its life. A slot with a VM is STARTING until the VM is RUNNING (base) or
-    PARKED (warm); issue #33 adds SERVING (a base VM connected and its host started) between
-    STARTING and RUNNING."""
+    """Where a slot is in its life. A base slot's VM is STARTING until it runs, SERVING while the
+    reconciler's server starts the product's agent host on it, and RUNNING once the host is ready
+    (only then does it count toward ``min_vms``); a parked slot's VM is STARTING until the server
+    warmed it, PARKING while it is suspended, PARKED once SUSPENDED."""
 
     QUEUED = "queued"
     STARTING = "starting"
+    SERVING = "serving"
     RUNNING = "running"
     PARKING = "parking"
     PARKED = "parked"
@@ -53,9 +55,12 @@ class DeadKind(StrEnum):
 
 class IntentKind(StrEnum):
     """The calls a plan asks for. ``HANDOVER`` moves a parked slot's VM that is not suspended
-    (PENDING, RUNNING, or parking) to a base slot: a fenced write, no call."""
+    (PENDING, RUNNING, or parking) to a base slot: a fenced write, no call. ``SERVE`` asks the
+    fleet's server (a function of its own) to serve a base slot's VM or warm a parked slot's: its
+    answer comes back as a :class:`Ready` fact in the ledger."""
 
     RUN = "run"
+    SERVE = "serve"
     SUSPEND = "suspend"
     TERMINATE = "terminate"
     RESUME = "resume"
@@ -63,8 +68,8 @@ class IntentKind(StrEnum):
 
 
 BASE, WARM, MEMBER = Role.BASE, Role.WARM, Role.MEMBER
-QUEUED, STARTING, RUNNING, PARKING, PARKED, DEAD = (
-    Phase.QUEUED, Phase.STARTING, Phase.RUNNING, Phase.PARKING, Phase.PARKED, Phase.DEAD)
+QUEUED, STARTING, SERVING, RUNNING, PARKING, PARKED, DEAD = (
+    Phase.QUEUED, Phase.STARTING, Phase.SERVING, Phase.RUNNING, Phase.PARKING, Phase.PARKED, Phase.DEAD)
 
 
 @dataclass(frozen=True)
@@ -99,6 +104,14 @@ class FleetSpec:
     """How long a foreign VM must stay SUSPENDED, unowned, before it may be ended."""
     look_period_seconds: float = 60.0
     """How often the schedule invokes a tick (the longest a due successor may wait for a look)."""
+    serve: bool = False
+    """The fleet's VMs are the product's: a base VM counts toward ``min_vms`` only once the fleet's
+    server says its agent host serves, and a parked slot's VM is suspended only once the server
+    warmed it (:class:`Ready`). False: a VM counts once RUNNING (a fleet with no server)."""
+    rayd_deadline: bool = False
+    """The VMs' run payload sets a lifecycle: ``rayd`` ends their agents at the lifetime, before
+    the maximum duration the service enforces, and the service lists them RUNNING ~15 s more (a
+    fleet that scales in; the product sends none for one whose ``max_vms`` is ``min_vms``)."""
 
     def fingerprint(self) -> str:
         """Changes when a deploy changes what the fleet runs (dead slots are then tried again)."""
@@ -135,9 +148,15 @@ class Slot:
     end_requested_at: Optional[float] = None  # when the service accepted our TerminateMicrovm
     park_doubt_since: Optional[float] = None  # a SuspendMicrovm sent then, its answer lost
     retiring_ends_at: Optional[float] = None  # the retiring VM's expected end (its start + lifetime)
+    retiring_end_asked_at: Optional[float] = None  # a served fleet's retiring VM ended past its deadline
     room_asked_at: Optional[float] = None  # when a plan last asked to end this parked VM for room
     first_generation: int = 0  # the generation this slot id (asked for again) started at
     letter: Optional[dict[str, Any]] = None  # its dead letter, until the queue took it (sent again)
+    auto_resume: bool = False  # the VM's idle policy suspends it when idle and wakes it on a request
+    ready_at: Optional[float] = None  # when the server said the VM serves (base) or is warmed (parked)
+    serve_asked_at: Optional[float] = None  # the server's last ask for this VM that has no answer yet
+    serve_asks: int = 0  # asks made for this VM
+    serve_failures: int = 0  # asks the server answered with a failure
 
     def __post_init__(self) -> None:
         # A slot read from the ledger has strings here; one made in code, the enums already.
@@ -198,6 +217,34 @@ def ended(vm: Optional[Observed]) -> bool:
 
 
 @dataclass(frozen=True)
+class Ready:
+    """What the fleet's server wrote of one VM it was asked about (a *fact* of the ledger):
+    ``ready`` (a base VM's agent host serves, a parked slot's VM is warmed, both RUNNING then) or
+    ``failed`` (``reason`` says why), at ``at`` on the shared clock, for ask number ``attempt``."""
+
+    microvm_id: str
+    outcome: str
+    at: float
+    attempt: int = 0
+    reason: Optional[str] = None
+    role: str = "member"
+    """What the server was asked: ``member`` (serve it) or ``warm`` (warm it for a parked slot): a
+    parked VM handed to a base slot is warmed, not served, until the server serves it."""
+
+    @property
+    def ready(self) -> bool:
+        return self.outcome == "ready"
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Ready:
+        return cls(str(data["microvm_id"]), str(data["outcome"]), float(data["at"]), int(data.get("attempt") or 0),
+                   data.get("reason"), str(data.get("role") or "member"))
+
+
+@dataclass(frozen=True)
 class Intent:
     """A control-plane call the step wants to make, in priority order."""
 
@@ -231,6 +278,8 @@ class Reason(StrEnum):
     RETRY = "retry"  # a run answered ambiguously or refused, asked again
     LIST = "list"  # a list the service refused, asked again (no step past the deadline waits for it)
     ROOM = "room"  # the account said no room: a plan hands parked VMs to base slots
+    SERVE = "serve"  # the server was asked to warm a parked slot's VM: parked once it answers
+    SERVED = "served"  # ... to serve a base slot's VM: counted once it answers (no overtime for it)
     SHORT = "short"  # a wanted slot without a VM can run one
     PARK = "park"  # a parked slot's VM to suspend (its token, its look)
     PARK_DUE = "park_due"  # ... a look at one worth overtime, though the step sleeps for others first
@@ -242,7 +291,7 @@ class Reason(StrEnum):
         return self in _OVERTIME
 
 
-_OVERTIME = frozenset({Reason.REPLACE, Reason.SHORT, Reason.PARK, Reason.PARK_DUE, Reason.OWED})
+_OVERTIME = frozenset({Reason.REPLACE, Reason.SHORT, Reason.PARK, Reason.PARK_DUE, Reason.OWED, Reason.SERVE})
 
 
 @dataclass(frozen=True, order=True)

@@ -30,6 +30,7 @@ from .model import (
     IntentKind,
     Observed,
     Plan,
+    Ready,
     Reason,
     Slot,
     Wait,
@@ -45,10 +46,12 @@ from .transitions import (
     CONSISTENCY_SECONDS,
     PARK_GRACE_SECONDS,
     Change,
+    ask_about,
     base_seen,
     member_of,
     member_seen,
     probe,
+    ready_seen,
     redrive,
     refused_for_room,
     retiring_seen,
@@ -94,6 +97,7 @@ class Draft:
     successors: list[Intent] = field(default_factory=list)
     retiring_waits: list[float] = field(default_factory=list)  # due successors held by their own retiring VM
     handovers: list[Intent] = field(default_factory=list)
+    facts: Mapping[str, Ready] = field(default_factory=dict)  # the server's answers, by VM
 
     def apply(self, change: Change) -> None:
         """One transition's result into the draft."""
@@ -117,7 +121,8 @@ class Draft:
 
 def plan(spec: FleetSpec, ledger: Mapping[str, Slot], observed: Iterable[Observed], now: float, *,
          others: Iterable[str] = (), strays: Optional[Mapping[str, Mapping[str, Any]]] = None,
-         redrive: bool = False, retired: Optional[Mapping[str, int]] = None, no_room: bool = False) -> Plan:
+         redrive: bool = False, retired: Optional[Mapping[str, int]] = None, no_room: bool = False,
+         facts: Optional[Mapping[str, Ready]] = None) -> Plan:
     """Reconcile the ledger with what the service shows; return the new ledger and the intents.
 
     :param observed: ListMicrovms items of the image, and GetMicrovm answers for VMs of ours the
@@ -129,9 +134,12 @@ def plan(spec: FleetSpec, ledger: Mapping[str, Slot], observed: Iterable[Observe
         again starts there, never at 0, so its client tokens are not those of its earlier VMs.
     :param no_room: the account refuses new VMs for room now (a shared backoff for the memory
         quota or capacity, whichever fleet met it): base slots take parked VMs, parked slots wait.
+    :param facts: what the fleet's server answered about VMs it was asked to serve or warm.
     """
-    draft = Draft(spec, now, {k: copy.copy(v) for k, v in ledger.items()}, {o.microvm_id: o for o in observed})
+    draft = Draft(spec, now, {k: copy.copy(v) for k, v in ledger.items()}, {o.microvm_id: o for o in observed},
+                  facts=facts or {})
     settle_slots(draft, redrive)
+    ask_server(draft)
     track(draft, strays or {}, set(others))
     shape(draft, retired or {})
     count_live(draft)
@@ -172,7 +180,32 @@ def settle(d: Draft, slot: Slot, redriven: bool) -> Change:
         return Change(slot)  # no VM, or not shown and not provably gone: live, state unknown
     if vm.ended:
         return vm_ended(d.spec, slot, vm, d.now)
-    return base_seen(d.spec, slot, vm, d.now) if slot.role == BASE else warm_seen(slot, vm, d.now)
+    fact = d.facts.get(slot.microvm_id or "")
+    told: list[dict[str, Any]] = []
+    if fact is not None:
+        answered = ready_seen(slot, fact, d.now)
+        slot, told = answered.slot or slot, answered.events
+    change = base_seen(d.spec, slot, vm, d.now) if slot.role == BASE else warm_seen(d.spec, slot, vm, d.now)
+    change.events[:0] = told
+    return change
+
+
+def ask_server(d: Draft) -> None:
+    """A served fleet's slots whose VM does not serve (base) or is not warmed (parked) yet: the
+    server is asked about it (in any state the VM has but ended: it waits for the VM itself), and
+    the step wakes for its answer."""
+    if not d.spec.serve:
+        return
+    for slot_id in sorted(d.slots):
+        slot = d.slots[slot_id]
+        if (slot.role not in (BASE, WARM) or slot.microvm_id is None or slot.ready_at is not None
+                or slot.phase == DEAD or slot.draining or ended(d.seen.get(slot.microvm_id))):
+            continue
+        if slot.ending and slot.ending != "not_serving":
+            continue
+        if slot.role == WARM and slot.phase != STARTING:
+            continue  # parked (or parking) already: a client's take serves it
+        d.apply(ask_about(d.spec, slot, d.now))
 
 
 # ------------------------------------------------------------------------------ 2. strays
@@ -270,6 +303,8 @@ def schedule_runs(d: Draft) -> None:
         current = d.seen.get(slot.microvm_id)
         expires = d.life(slot)
         ready = slot.phase in (RUNNING, PARKED)
+        if d.spec.rayd_deadline and slot.role == BASE and d.live >= d.spec.max_vms:
+            end_past_deadline(d, slot, current, expires)
         if ready and slot.retiring_id is not None and slot.role == BASE and expires - d.now <= lead:
             # A VM so short-lived that its successor is due while the VM it replaced still runs
             # (two VMs a slot at most): the successor runs when that one ends, woken for it.
@@ -285,6 +320,28 @@ def schedule_runs(d: Draft) -> None:
                                         reason="replaced_parked_slot"))
     # The VM closest to its end first: room under max_vms freed by one end goes to the next.
     d.successors.sort(key=lambda i: (i.priority, i.expires))
+
+
+def end_past_deadline(d: Draft, slot: Slot, current: Optional[Observed], expires: float) -> None:
+    """A base VM at its end when ``rayd`` ends it (the run payload's lifecycle) and the fleet has
+    no room left under ``max_vms``: rayd stops its agents there, yet the service lists the VM
+    RUNNING ~15 s more while its app exits, holding the room a successor waits for. It is ended
+    then (``past_deadline``), the slot's VM or the one it is replacing, and the step wakes for
+    that end. The end is reckoned from the VM's start, rayd's from ``/run``: a launch (about 2 s)
+    earlier, a cut accepted only when the room is needed (with room, rayd ends it)."""
+    if current is not None and not current.ended and slot.phase == RUNNING and not slot.ending:
+        if expires <= d.now:
+            d.intents.append(Intent(IntentKind.TERMINATE, slot.slot_id, slot.microvm_id, reason="past_deadline"))
+        else:
+            d.wake(expires, Reason.REPLACE)
+    retiring = d.seen.get(slot.retiring_id or "")
+    end = slot.retiring_ends_at
+    if retiring is None or retiring.ended or end is None:
+        return
+    if end > d.now:
+        d.wake(end, Reason.REPLACE)
+    elif slot.retiring_end_asked_at is None or d.now - slot.retiring_end_asked_at >= CONSISTENCY_SECONDS:
+        d.intents.append(Intent(IntentKind.TERMINATE, slot.slot_id, slot.retiring_id, reason="past_deadline"))
 
 
 def queue_run(d: Draft, slot: Slot) -> None:
@@ -503,7 +560,7 @@ def finish(d: Draft) -> Plan:
     """The intents in order (handovers, ends and parks, runs, successors), the gauges, and the
     look at parked slots' PENDING VMs: as PENDING usually ends (about 2 s), then less often for
     slow starts (a fresh image version's first launches take up to a minute)."""
-    if d.pending:
+    if d.pending and not d.spec.serve:  # a served fleet's server waits for its VMs to run
         youngest = max(vm.started_at for vm in d.pending)
         d.wake(d.now + max(PENDING_POLL_SECONDS, (d.now - youngest) / 2), Reason.PENDING)
     base = [s for s in d.slots.values() if s.role == BASE]

@@ -10,8 +10,9 @@ lost, an end asked for), writing each slot before and after its call.
 from __future__ import annotations
 
 import copy
+import json
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Mapping, Optional
 
 from .model import (
     BASE,
@@ -21,6 +22,7 @@ from .model import (
     PARKING,
     QUEUED,
     RUNNING,
+    SERVING,
     STARTING,
     WARM,
     DeadKind,
@@ -28,6 +30,7 @@ from .model import (
     Intent,
     IntentKind,
     Observed,
+    Ready,
     Reason,
     Slot,
     Wait,
@@ -66,6 +69,14 @@ REQUESTED_END_REASONS = ("success", "exceeded maximum lifetime", "exceeded suspe
                          "terminated_by_request", "idle_timeout", "maximum_duration")
 #: How soon a step looks again at our own resume or suspend (a base slot's handed-over VM).
 TRANSITION_POLL_SECONDS = 5.0
+#: The server's answer about a VM is looked for this long after the ask (measured: RunMicrovm to
+#: the product's agent ready, p50 2.33 s; the agent host's start and a warm slot's settling cell
+#: add about a second), then every ``SERVE_POLL_SECONDS`` while the tick lasts.
+SERVE_EXPECTED_SECONDS = 3.0
+SERVE_POLL_SECONDS = 2.0
+#: An ask the server has not answered this long after is asked again (the server's own timeout is
+#: two minutes: a VM not ready by then is a failure it writes down).
+SERVE_RETRY_SECONDS = 150.0
 
 # RunMicrovm errors, by what they prove (docs/reconciler.md "Ownership").
 THROTTLED = "ThrottlingException"
@@ -131,7 +142,12 @@ def requeue(slot: Slot, reason: str, now: float) -> Slot:
     slot.park_doubt_since = None
     slot.request, slot.lifetime, slot.in_doubt_since, slot.ending, slot.handover_from = None, None, None, None, None
     slot.end_requested_at = slot.room_asked_at = None
+    _forget_serving(slot)
     return slot
+
+
+def _forget_serving(slot: Slot) -> None:
+    slot.auto_resume, slot.ready_at, slot.serve_asked_at, slot.serve_asks, slot.serve_failures = False, None, None, 0, 0
 
 
 def redrive(slot: Slot, now: float, why: str) -> Change:
@@ -185,7 +201,7 @@ def retiring_seen(slot: Slot, retiring: Optional[Observed], now: float) -> Chang
     if retiring is not None and retiring.ended:
         slot = _copy(slot)
         told = event("vm_retired", slot, retired_id=slot.retiring_id)
-        slot.retiring_id = slot.retiring_ends_at = None
+        slot.retiring_id = slot.retiring_ends_at = slot.retiring_end_asked_at = None
         return Change(slot, [told])
     if (slot.role == WARM and retiring is not None and retiring.state in ("PENDING", "RUNNING")
             and now - (slot.queued_at or now) > PARK_GRACE_SECONDS):
@@ -210,21 +226,23 @@ def vm_ended(spec: FleetSpec, slot: Slot, vm: Observed, now: float) -> Change:
     started = slot.vm_started_at if slot.vm_started_at is not None else vm.started_at
     life = slot.lifetime or spec.max_lifetime_seconds
     reason = (vm.reason or "").strip().lower()
-    if started + life <= now + EXPIRY_MARGIN_SECONDS or slot.ending or any(w in reason for w in REQUESTED_END_REASONS):
+    not_serving = slot.ending == "not_serving"  # ended by us because it never served: a crash
+    if not not_serving and (started + life <= now + EXPIRY_MARGIN_SECONDS or slot.ending
+                            or any(w in reason for w in REQUESTED_END_REASONS)):
         told = event("vm_expired" if not slot.ending else "vm_ended", slot, state=vm.state, end_reason=vm.reason)
         after = requeue(slot, "expired" if not slot.ending else slot.ending, now)
         after.crashes = 0
         return Change(after, [told])
     crashes = slot.crashes + 1
-    told = event("vm_ended_unexpectedly", slot, state=vm.state, crashes=crashes, end_reason=vm.reason,
-                 lived=round(now - started, 3))
+    told = event("vm_ended_unexpectedly", slot, state=vm.state, crashes=crashes,
+                 end_reason=slot.reason if not_serving else vm.reason, lived=round(now - started, 3))
     if crashes < spec.max_start_attempts:
         after = requeue(slot, "replaced_after_early_end", now)
         after.crashes = crashes
         return Change(after, [told])
     after = requeue(slot, "crash_loop", now)
     after.crashes, after.phase, after.dead_kind = crashes, DEAD, DeadKind.CRASH
-    after.reason = f"ended early {crashes} times in a row (last: {vm.reason or vm.state})"
+    after.reason = f"ended early {crashes} times in a row (last: {(slot.reason if not_serving else vm.reason) or vm.state})"
     letter = event("slot_dead_lettered", after, reason=after.reason, kind=DeadKind.CRASH, errors=crashes,
                    last_vm=slot.microvm_id)
     after.letter = dict(letter)  # written with the DEAD slot; sent after the write
@@ -232,13 +250,22 @@ def vm_ended(spec: FleetSpec, slot: Slot, vm: Observed, now: float) -> Change:
 
 
 def base_seen(spec: FleetSpec, slot: Slot, vm: Observed, now: float) -> Change:
-    """A base slot's VM, live: RUNNING (or suspended by its idle policy) is the slot running; a
-    parked VM handed to the slot and still SUSPENDED is resumed again after the park grace (a
-    resume waits for the VM's ``/resume`` hook; a step may have died after the handover)."""
+    """A base slot's VM, live. Served (the server said its agent host is ready), RUNNING or
+    suspended by its idle policy (a request wakes it) is the slot running; not served yet, the
+    slot is SERVING and the server is asked (again, :func:`serve_due`). A parked VM handed to the
+    slot and still SUSPENDED is resumed again after the park grace (a resume waits for the VM's
+    ``/resume`` hook; a step may have died after the handover)."""
     slot = _copy(slot)
     slot.vm_started_at = vm.started_at
-    idle_suspended = vm.state in ("SUSPENDING", "SUSPENDED") and bool(spec.idle_seconds) and not slot.handover_from
-    if (vm.state == "RUNNING" or idle_suspended) and slot.phase in (STARTING, QUEUED):
+    idle_suspended = (vm.state in ("SUSPENDING", "SUSPENDED") and (bool(spec.idle_seconds) or slot.auto_resume)
+                      and not slot.handover_from)
+    if (vm.state == "RUNNING" or idle_suspended) and slot.ready_at is None and spec.serve:
+        change = Change(slot)  # the server is asked about it (:func:`ask_about`)
+        if slot.phase in (STARTING, QUEUED):
+            slot.phase, slot.handover_from = SERVING, None
+            change.events.append(event("vm_started", slot, claim_to_complete=since(slot.requested_at, now)))
+        return change
+    if (vm.state == "RUNNING" or idle_suspended) and slot.phase in (STARTING, SERVING, QUEUED):
         slot.phase, slot.handover_from = RUNNING, None
         return Change(slot, [event("vm_running", slot, claim_to_complete=since(slot.requested_at, now))])
     if vm.state == "SUSPENDED" and not idle_suspended:
@@ -249,7 +276,7 @@ def base_seen(spec: FleetSpec, slot: Slot, vm: Observed, now: float) -> Change:
     return Change(slot)
 
 
-def warm_seen(slot: Slot, vm: Observed, now: float) -> Change:
+def warm_seen(spec: FleetSpec, slot: Slot, vm: Observed, now: float) -> Change:
     """A parked slot's VM, live: RUNNING is suspended (PARKING), SUSPENDED is PARKED; RUNNING again
     after our suspend was accepted (past the park grace) or after it was parked is a client's: the
     VM becomes a member and the slot is refilled. A suspend whose answer was lost is settled first
@@ -268,6 +295,8 @@ def warm_seen(slot: Slot, vm: Observed, now: float) -> Change:
         events.append(event("warm_slot_taken", slot, taken_id=vm.microvm_id))
         return Change(requeue(slot, "taken_by_client", now), events,
                       members=[member_of(vm.microvm_id, vm.started_at, now)])
+    if vm.state == "RUNNING" and slot.ready_at is None and slot.phase == STARTING and spec.serve:
+        return Change(slot, events)  # warmed by the server (:func:`ask_about`) before it is parked
     if vm.state == "RUNNING":
         if slot.phase != PARKING:
             slot.phase, slot.parking_since = PARKING, None  # set when the service accepts it
@@ -314,7 +343,8 @@ def admit_run(spec: FleetSpec, slot: Slot, intent: Intent, now: float,
     if slot.request is None:
         slot.lifetime = run_lifetime(spec, slot, intent)
         slot.request = request(slot) if request else {"maximumDurationInSeconds": slot.lifetime}
-    slot.lifetime = int(slot.request.get("maximumDurationInSeconds") or spec.max_lifetime_seconds)
+    slot.lifetime = serving_life(slot.request, spec.max_lifetime_seconds)
+    slot.auto_resume = bool((slot.request.get("idlePolicy") or {}).get("autoResumeEnabled"))
     slot.phase = STARTING
     slot.requested_at = now
     # What was told of this wait is forgotten, except that it passed the admission deadline: a run
@@ -323,6 +353,24 @@ def admit_run(spec: FleetSpec, slot: Slot, intent: Intent, now: float,
     slot.retry_at = None
     slot.parking_since = None  # of the previous VM: never of this one
     return slot
+
+
+def serving_life(request: Mapping[str, Any], default: int) -> int:
+    """How long a VM started with ``request`` serves: its ``maximumDurationInSeconds``, or the
+    product's logical deadline when one comes first (the run hook payload's ``lifecycle.timeout_s``
+    with ``on_timeout="kill"``: rayd ends the VM then, 60 s before the cap the product asks the
+    service for)."""
+    life = int(request.get("maximumDurationInSeconds") or default)
+    payload = request.get("runHookPayload")
+    try:
+        lifecycle = json.loads(payload).get("lifecycle") if isinstance(payload, str) else None
+    except ValueError:
+        return life
+    if isinstance(lifecycle, dict) and lifecycle.get("on_timeout") == "kill":
+        timeout = lifecycle.get("timeout_s")
+        if isinstance(timeout, (int, float)) and 0 < timeout < life:
+            return int(timeout)
+    return life
 
 
 def run_requested(spec: FleetSpec, slot: Slot, intent: Intent, now: float) -> dict[str, Any]:
@@ -430,6 +478,89 @@ def dead_probe_delay(probes_failed: int) -> float:
     return min(DEAD_PROBE_SECONDS, DEAD_PROBE_FIRST_SECONDS * 2.0 ** max(0, min(probes_failed, 16)))
 
 
+# ------------------------------------------------------------------------------ serving
+
+
+def serve_due(spec: FleetSpec, slot: Slot, now: float) -> Optional[str]:
+    """Whether the server should be asked about the slot's VM now: ``ask`` (never asked, its last
+    failure written down, or no answer ``SERVE_RETRY_SECONDS`` after the ask), ``wait`` (an ask
+    may still be answered), ``give_up`` (``max_start_attempts`` asks without the VM serving: it is
+    ended and replaced, counted as a crash)."""
+    if slot.ready_at is not None or slot.microvm_id is None:
+        return None
+    if slot.serve_asked_at is not None and now - slot.serve_asked_at < SERVE_RETRY_SECONDS:
+        return "wait"
+    if slot.serve_asks >= spec.max_start_attempts:
+        return "give_up"
+    return "ask"
+
+
+def ask_about(spec: FleetSpec, slot: Slot, now: float) -> Change:
+    """What a served fleet's slot holding a VM that does not serve yet asks of the server (its VM
+    in any state but ended: the server waits for it to be ready), per :func:`serve_due`: an ask, a
+    wake for the answer, or, every ask spent, the VM's end."""
+    slot = _copy(slot)
+    change = Change(slot)
+    due = serve_due(spec, slot, now)
+    if due == "ask":
+        change.intents.append(Intent(IntentKind.SERVE, slot.slot_id, slot.microvm_id, role=slot.role))
+    elif due == "wait":
+        expected = (slot.serve_asked_at or now) + SERVE_EXPECTED_SECONDS
+        change.waits.append(Wait(expected if expected > now else now + SERVE_POLL_SECONDS, answer_reason(slot)))
+    elif due == "give_up" and not slot.ending:
+        slot.ending = "not_serving"
+        change.events.append(event("vm_not_serving", slot, asks=slot.serve_asks, failures=slot.serve_failures,
+                                   reason=slot.reason))
+        change.intents.append(Intent(IntentKind.TERMINATE, slot.slot_id, slot.microvm_id, reason="not_serving"))
+    return change
+
+
+def answer_reason(slot: Slot) -> Reason:
+    """Why a step wakes for the server's answer about ``slot``'s VM: a parked slot's VM, to park it
+    (worth overtime: it runs unparked until then); a base slot's, to count it (not worth overtime:
+    the VM serves whether the ledger says so yet or not)."""
+    return Reason.SERVE if slot.role == WARM else Reason.SERVED
+
+
+def serve_asked(slot: Slot, now: float) -> Slot:
+    """Written (fenced) before the server is asked: the ask's number goes with it, so its answer
+    is known for this ask and no later one."""
+    slot = _copy(slot)
+    slot.serve_asked_at, slot.serve_asks = now, slot.serve_asks + 1
+    return slot
+
+
+def serve_ask_failed(slot: Slot, now: float) -> Slot:
+    """The ask could not be handed to the server (an Invoke refused or lost): asked again after
+    ``SERVE_POLL_SECONDS``, not counted."""
+    slot = _copy(slot)
+    slot.serve_asks = max(0, slot.serve_asks - 1)
+    slot.serve_asked_at = now - SERVE_RETRY_SECONDS + SERVE_POLL_SECONDS
+    return slot
+
+
+def ready_seen(slot: Slot, fact: Ready, now: float) -> Change:
+    """The server's answer about the slot's VM, once the shared clock reached it. Ready: the VM
+    serves (base) or is warmed (parked), RUNNING then; the base slot counts it from now. Failed
+    (for the slot's last ask): written down, and the next plan asks again (or gives up)."""
+    if fact.at > now or slot.microvm_id != fact.microvm_id or fact.role != ("warm" if slot.role == WARM else "member"):
+        return Change(slot)
+    if fact.ready:
+        if slot.ready_at is not None:
+            return Change(slot)
+        slot = _copy(slot)
+        slot.ready_at, slot.serve_asked_at = fact.at, None
+        name = "vm_serving" if slot.role == BASE else "vm_warmed"
+        return Change(slot, [event(name, slot, after=since(slot.requested_at, fact.at), asks=slot.serve_asks)])
+    if fact.attempt != slot.serve_asks or slot.serve_asked_at is None:
+        return Change(slot)  # an earlier ask's failure, already counted
+    slot = _copy(slot)
+    slot.serve_failures += 1
+    slot.serve_asked_at = None
+    slot.reason = f"not_serving: {fact.reason or 'unknown'}"[:500]
+    return Change(slot, [event("serve_failed", slot, attempt=fact.attempt, reason=fact.reason)])
+
+
 # ------------------------------------------------------------------------------ parking, handover, ends
 
 
@@ -481,6 +612,13 @@ def end_requested(slot: Slot, reason: Optional[str]) -> Slot:
     return slot
 
 
+def retiring_end_requested(slot: Slot, at: float) -> Slot:
+    """The VM the slot is replacing was asked to end (past its deadline: :func:`.phases.end_past_deadline`)."""
+    slot = _copy(slot)
+    slot.retiring_end_asked_at = at
+    return slot
+
+
 def end_accepted(slot: Slot, at: float) -> Slot:
     slot = _copy(slot)
     slot.end_requested_at = at
@@ -502,6 +640,8 @@ def handover(base: Slot, donor: Slot, now: float) -> tuple[Slot, Slot]:
     base.vm_started_at, base.lifetime = donor.vm_started_at, donor.lifetime
     base.phase, base.requested_at, base.handover_from, base.parking_since = STARTING, now, donor.slot_id, None
     base.park_doubt_since = None
+    _forget_serving(base)  # warmed as a parked slot, it is served as a base one
+    base.auto_resume = donor.auto_resume
     return base, requeue(donor, "handed_to_" + base.slot_id, now)
 
 
