@@ -482,6 +482,12 @@ class AgentFleet(_FleetGrants):
         plan = plan_recipe(project, image_version=image_version, builds_image=image is not None)
         for warning in (*project.warnings, *plan.warnings):
             cdk.Annotations.of(self).add_warning_v2(f"rayito:{warning.code}", f"{warning.code}: {warning.message}")
+        if reconciler and plan.encoded is None:
+            # The reconciler starts and serves every VM from the project the recipe embeds, and reads
+            # the fleet's scaling from it, as the product's client does: without one it starts nothing.
+            raise ValueError(
+                f"reconciler=True needs the fleet's recipe, and {plan.reason}; the reconciler starts the fleet's "
+                "VMs from the project the recipe holds (pass reconciler=False for a fleet the stack does not keep)")
         if recipe_failure == "fail" and plan.document is not None and plan.encoded is None:
             problems = "; ".join(f"{w.code}: {w.message}" for w in plan.warnings if w.code == "recipe_too_large")
             raise ValueError(f"recipe_failure='fail': the recipe cannot be saved ({problems})")

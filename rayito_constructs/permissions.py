@@ -159,6 +159,9 @@ STAR_REASONS = {
         "every image account-wide"
     ),
     "MicrovmImages": "the fleet's image and its versions (<image ARN>:*), every image account-wide",
+    "ServeMicrovms": (
+        "the fleet's VMs, authorized through its image and its versions (<image ARN>:*), every image account-wide"
+    ),
     "PassNetworkConnectors": (
         "the AWS-managed network connectors (aws-network-connector:*), passed by every RunMicrovm even "
         "when none is named (ground truth section 1)"
@@ -515,7 +518,8 @@ def via(service: str, region: str) -> dict[str, dict[str, str]]:
     return {"StringEquals": {"kms:ViaService": f"{service}.{region}.amazonaws.com"}}
 
 
-def _recipe_key(sid: str, actions: tuple[str, ...], access: FleetAccess) -> list[Statement]:
+def recipe_key_statements(sid: str, actions: tuple[str, ...], access: FleetAccess) -> list[Statement]:
+    """``actions`` on the recipe's customer key, through SSM only (none with ``aws/ssm``)."""
     if not access.recipe_key_arn:
         return []  # the AWS managed key aws/ssm needs no KMS permission
     return [Statement(sid, actions, (access.recipe_key_arn,), via("ssm", access.region))]
@@ -613,7 +617,7 @@ def launcher_statements(access: FleetAccess) -> list[Statement]:
     return [
         *_client_microvms(access),
         Statement("AgentRecipe", RECIPE_READ_DELETE, access.recipe_parameter_arns),
-        *_recipe_key("AgentRecipeKey", ("kms:Decrypt",), access),
+        *recipe_key_statements("AgentRecipeKey", ("kms:Decrypt",), access),
         *session_secret_statements(access),
         *_metadata_index(access),
     ]

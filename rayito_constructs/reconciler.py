@@ -32,8 +32,19 @@ from ._lambdas.reconciler.core import lifetimes
 from ._nag import acknowledge_wildcard_resources
 from .control_plane_budget import ControlPlaneBudget
 from .fleet_ledger import FleetLedger
+from .fleet_server import FleetServer
 from .monitoring import METRICS_ENV, Operations, check_evaluation_periods, check_threshold, create_alarm, metrics_value
-from .permissions import FleetAccess, Statement, microvm_statements, table_key_statement, wildcard_reasons
+from .access_token import token_secret_name
+from .permissions import (
+    FleetAccess,
+    Statement,
+    recipe_key_statements,
+    microvm_statements,
+    session_secret_statements,
+    table_key_statement,
+    wildcard_reasons,
+)
+from .product_layer import ProductLayer
 
 def _check_whole(option: str, value: object, *, optional: bool = False) -> None:
     """A whole number (not a bool: ``True`` would be 1; not ``100.5``: the API takes integers)."""
@@ -335,6 +346,9 @@ class FleetReconciler(Construct):
             cdk.Acknowledgment(id="AwsSolutions-SQS3", reason="this queue is the dead-letter queue itself")
         )
 
+        self.server = FleetServer(self, "Server", fleet_name=project.name, access=access, ledger=ledger_table,
+                                  image_version=image_version, log_retention=log_retention)
+        """Serves and warms the VMs this reconciler starts (the product's agent host, the pool's warming)."""
         layer_arn = powertools_layer_arn or (
             f"arn:{stack.partition}:lambda:{stack.region}:{POWERTOOLS_ACCOUNT}:layer:"
             f"AWSLambdaPowertoolsPythonV3-python314-arm64:{POWERTOOLS_LAYER_VERSION}"
@@ -342,6 +356,10 @@ class FleetReconciler(Construct):
         environment = {
             "FLEET_NAME": project.name,
             "IMAGE_ARN": access.image_arns[0],
+            # The token's name, not its value: the function reads it (GetSecretValue) and sends its
+            # sha256 in each VM's run payload.
+            "ACCESS_TOKEN_SECRET": token_secret_name(project.name),
+            "SERVER_FUNCTION": self.server.function.function_name,
             "MIN_VMS": str(project.scaling.min_vms),
             "MAX_VMS": str(project.scaling.max_vms),
             "WARM_VMS": str(project.scaling.warm_vms),
@@ -385,6 +403,12 @@ class FleetReconciler(Construct):
                       {"ForAllValues:StringEquals": {"dynamodb:LeadingKeys": [project.name]}}),
             Statement("ControlPlaneBudget", ("dynamodb:UpdateItem", "dynamodb:GetItem"), (budget_table.table_arn,)),
             Statement("DeadLetters", ("sqs:SendMessage",), (self.dead_letter_queue.queue_arn,)),
+            # What the fleet is (the product's recipe, at every tick) and the token its VMs admit.
+            Statement("AgentRecipe", ("ssm:GetParameter",), access.recipe_parameter_arns),
+            # Each VM it starts is served (base) or warmed (parked) by the fleet's server.
+            Statement("AskServer", ("lambda:InvokeFunction",), (self.server.function.function_arn,)),
+            *recipe_key_statements("AgentRecipeKey", ("kms:Decrypt",), access),
+            *[st for st in session_secret_statements(access) if st.sid in ("AccessToken", "SecretsKey")],
         ]
         if share_image:
             # Which VMs the other fleets on the image hold: their slot items, read only.
@@ -407,7 +431,9 @@ class FleetReconciler(Construct):
             role_description=f"Rayito reconciler of fleet {project.name}",
             statements=statements,
             wildcard_reasons=reasons,
-            layers=[lambda_.LayerVersion.from_layer_version_arn(self, "Powertools", layer_arn)],
+            layers=[lambda_.LayerVersion.from_layer_version_arn(self, "Powertools", layer_arn),
+                    # The product: its recipe decoder and its launch of each VM (lambdas/reconciler/product_launch.py).
+                    ProductLayer.of(self).layer],
             timeout=cdk.Duration.seconds(tick_seconds + 15),
             environment=environment,
             # Stale ticks are dropped, never retried: the next tick starts from the truth anyway.

@@ -3,11 +3,13 @@
 The Rayito agent host starts it with ``python serve.py`` from the copied code, gives it its port
 in ``$PORT`` (``port_env``), waits for ``GET /health`` and, with ``protocol = "json"``, turns each
 ``POST /invocations`` into a ``POST /invoke`` ``{"prompt": ...}`` and the ``answer`` field of the
-reply into the invocation's text.
+reply into the invocation's text. A prompt ``sleep <seconds>`` answers that much later: a long
+session, to watch the fleet's queue and its parked slots at work.
 """
 
 import json
 import os
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 PORT = int(os.environ.get("PORT", "9100"))
@@ -27,6 +29,8 @@ class Handler(BaseHTTPRequestHandler):
             return
         length = int(self.headers.get("Content-Length", 0))
         prompt = json.loads(self.rfile.read(length) or b"{}").get("prompt", "")
+        if prompt.startswith("sleep "):
+            time.sleep(min(float(prompt.split()[1]), 600.0))
         self._reply(200, {"answer": f"{GREETING}: {prompt}"})
 
     def _reply(self, status, body):

@@ -125,7 +125,7 @@ class DeployedFleet:
 
     @property
     def reconciler_function(self) -> Optional[str]:
-        return self.output("ReconcilerFunctionName") or self.physical("AWS::Lambda::Function", "Reconciler")
+        return self.output("ReconcilerFunctionName") or self.physical("AWS::Lambda::Function", "ReconcilerFunction")
 
     @property
     def dead_letter_queue_url(self) -> Optional[str]:

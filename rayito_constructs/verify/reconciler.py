@@ -99,7 +99,7 @@ def log_group(ctx: Context, function: str, config: dict[str, Any]) -> str:
     group = (config.get("LoggingConfig") or {}).get("LogGroup")
     if group:
         return group
-    resource = ctx.fleet.resource("AWS::Logs::LogGroup", "Reconciler", "Logs")
+    resource = ctx.fleet.resource("AWS::Logs::LogGroup", "ReconcilerLogs")  # not its server's (ReconcilerServerLogs)
     return resource.physical_id if resource and resource.physical_id else f"/aws/lambda/{function}"
 
 
