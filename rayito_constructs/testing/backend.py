@@ -86,6 +86,22 @@ class RequestRecord:
     held_seconds: float
 
 
+def _rayd_deadline(params: Mapping[str, Any], version: Mapping[str, Any], run_at: float) -> Optional[float]:
+    """When the product's rayd would end a VM not hosted here: its run payload's logical deadline
+    (``lifecycle.timeout_s`` with ``on_timeout="kill"``, from the ``/run`` hook, when it runs), on
+    an image whose run hook is on."""
+    if ((version.get("hooks") or {}).get("microvmHooks") or {}).get("run") != "ENABLED":
+        return None
+    try:
+        lifecycle = json.loads(params.get("runHookPayload") or "{}").get("lifecycle")
+    except (ValueError, AttributeError):
+        return None
+    if not isinstance(lifecycle, dict) or lifecycle.get("on_timeout") != "kill":
+        return None
+    timeout = lifecycle.get("timeout_s")
+    return run_at + float(timeout) if isinstance(timeout, (int, float)) and timeout > 0 else None
+
+
 class MicrovmsBackend:
     """A Lambda MicroVMs account in one region: images, versions, MicroVMs, quotas and faults.
 
@@ -399,7 +415,8 @@ class MicrovmsBackend:
         """A deploy published a new version of image ``name``: ACTIVE once built (``build_seconds``,
         default at once), the latest, so new VMs run it; its first launches are slow (``fresh``).
         What it runs is :meth:`create_image`'s (``rayd``, ``hooks``, ``app_dir``,
-        ``environment``); ``rayd=None`` keeps the latest version's runtime. Returns the version."""
+        ``environment``); ``rayd=None`` keeps the latest version's runtime and hooks. Returns the
+        version."""
         now = self.clock.now()
         with self._lock:
             image = self._image_by_name(name, now)
@@ -412,6 +429,8 @@ class MicrovmsBackend:
             if rayd is None:
                 rayd = previous.rayd
                 app_dir = previous.app_dir if app_dir is None else app_dir
+                if hooks is None and latest:  # the same image, rebuilt: its hooks too
+                    hooks = latest[-1].request.get("hooks") or False
             runtime, request = self._image_contents(memory, rayd, hooks, app_dir, environment)
             made = image.add_version(now, request, memory, build_seconds, fresh=fresh, version=version, runtime=runtime)
             if build_seconds:
@@ -437,13 +456,17 @@ class MicrovmsBackend:
         when the VM is unknown or gone. For ``vm_host.py``."""
         with self._lock:
             now = self.clock.now()
-            vm = self._vms.get(microvm_id)
-            if vm is None:
-                return None
-            advance(vm, now, self.timings)
-            if self._gone(vm, now):
+            vm = self._current(microvm_id, now)
+            if vm is None or self._gone(vm, now):
                 return None
             return vm.state, vm.exit_at is not None and vm.exit_at <= now
+
+    def _current(self, microvm_id: str, now: float) -> Optional[Microvm]:
+        """The VM with what is due at ``now`` applied (hold the lock); None when never known."""
+        vm = self._vms.get(microvm_id)
+        if vm is not None:
+            advance(vm, now, self.timings)
+        return vm
 
     def auth_token_allows(self, microvm_id: str, token: Optional[str], port: int) -> bool:
         """Whether the proxy lets ``token`` (``x-aws-proxy-auth``) reach ``port`` of the VM: minted
@@ -563,10 +586,28 @@ class MicrovmsBackend:
                 advance(vm, now, self.timings)
                 item = self._truth(vm)
                 item["history"] = list(vm.history)
+                item["idleSuspendedAt"] = list(vm.idle_suspended_at)
+                # When its PID 1 exited (its endpoint answers 502 from then: it serves no more), and
+                # when it serves until at most (its rayd's deadline, else its maximum duration).
+                item["exitedAt"] = vm.exit_at if vm.exit_at is not None and vm.exit_at <= now else None
+                item["servesUntil"] = min(vm.rayd_deadline or float("inf"), vm.started_at + vm.max_duration)
                 item["wasSuspended"] = any(h[1] == "SUSPENDED" for h in vm.history)
                 item["maximumDurationInSeconds"] = vm.max_duration
                 out.append(item)
             return out
+
+    def running_at(self, microvm_id: str) -> Optional[float]:
+        """When the VM (first) runs: the time its history says, or the time its launch ends while
+        it is PENDING; None once it is ending or ended, or when the service does not know it."""
+        with self._lock:
+            now = self.clock.now()
+            vm = self._current(microvm_id, now)
+            if vm is None or vm.state in ("TERMINATING", "TERMINATED"):
+                return None
+            ran = next((at for at, state, _ in vm.history if state == "RUNNING"), None)
+            if ran is not None:
+                return float(ran)
+            return float(vm.since + vm.launch_seconds) if vm.state == "PENDING" else None
 
     def memory_in_use_mib(self) -> int:
         with self._lock:
@@ -687,6 +728,10 @@ class MicrovmsBackend:
             "terminatedAt": vm.terminated_at,
             "caller": vm.caller,
             "memoryMiB": vm.memory_mib,
+            # Ground truth: suspended by its idle policy (not a SuspendMicrovm) and not woken since.
+            "idleSuspended": vm.state in ("SUSPENDING", "SUSPENDED") and bool(vm.idle_suspended_at)
+            and not any(state not in ("SUSPENDING", "SUSPENDED") for at, state, _ in vm.history
+                        if at > vm.idle_suspended_at[-1]),
         }
 
     def _gone(self, vm: Microvm, now: float) -> bool:
@@ -873,6 +918,8 @@ class MicrovmsBackend:
             idle=copy.deepcopy(params.get("idlePolicy")),
         )
         vm.record(now, "PENDING")
+        if not self.host_vms:
+            vm.rayd_deadline = _rayd_deadline(params, version.request, now + launch)
         if self.host_vms:
             try:
                 vm.endpoint = self.vm_host.attach(vm, version.runtime)

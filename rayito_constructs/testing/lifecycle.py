@@ -23,6 +23,12 @@ from .measured import Timings
 
 LIVE = ("PENDING", "RUNNING", "SUSPENDING", "SUSPENDED")
 ENDED = ("TERMINATING", "TERMINATED")
+#: Not a state: the product's rayd exits at its logical deadline (the VM then ends as one whose
+#: PID 1 exited, ``Container Stopped with Exit Code: 124``, the product's "timed out").
+RAYD_EXIT = "rayd_exit"
+RAYD_TIMEOUT_EXIT_CODE = 124
+#: A VM resumed after its deadline gets this long before rayd exits (the stand-in's, assumed: Q5).
+RAYD_RESUME_GRACE_SECONDS = 30.0
 
 
 @dataclass(eq=False)
@@ -51,6 +57,13 @@ class Microvm:
     exit_reason: Optional[str] = None
     suspend_hook_status: Optional[int] = None
     history: list[tuple[float, str, Optional[str]]] = field(default_factory=list)
+    rayd_deadline: Optional[float] = None
+    """The product's logical deadline (its run payload's ``lifecycle``, ``on_timeout="kill"``):
+    rayd exits then if the VM runs, or a grace after it next runs (modelled for VMs that are not
+    hosted; a hosted VM's stand-in rayd enforces its own)."""
+    idle_suspended_at: list[float] = field(default_factory=list)
+    """When its idle policy suspended it (ground truth: the service shows any SUSPENDED VM alike).
+    Such a VM still serves: with auto-resume, a request wakes it."""
     observer: Optional[Callable[["Microvm", float, str], None]] = None
     """Called after every transition, under the backend's lock (``vm_host.Guest.observe``: a
     hosted VM's processes follow its state). It must not call the backend or block."""
@@ -106,6 +119,10 @@ def next_event(vm: Microvm, t: Timings) -> Optional[tuple[float, str, Optional[s
     if vm.exit_at is not None:
         # The app exited: RUNNING for about 15 s more, as measured (Q58/Q63).
         candidates.append((max(vm.exit_at + t.app_exit_report, vm.since), "TERMINATING", vm.exit_reason))
+    elif vm.rayd_deadline is not None and vm.state == "RUNNING":
+        # rayd (PID 1) exits at its deadline; resumed after it, a grace later (vm_host.RESUME_GRACE_MS).
+        late = vm.since > vm.rayd_deadline
+        candidates.append((vm.since + RAYD_RESUME_GRACE_SECONDS if late else vm.rayd_deadline, RAYD_EXIT, None))
     if vm.state == "PENDING":
         candidates.append((vm.since + (t.resume_pending if vm.resumed else vm.launch_seconds), "RUNNING", None))
     elif vm.state == "RUNNING" and vm.idle:
@@ -136,4 +153,9 @@ def advance(vm: Microvm, now: float, t: Timings) -> None:
         if state == "PENDING" and vm.state == "SUSPENDED":
             vm.resumed = True  # the /resume hook returned: serving, the control plane says PENDING
             vm.last_activity = at
+        if state == RAYD_EXIT:
+            vm.exit_at, vm.exit_reason = at, measured.REASON_APP_EXIT.format(code=RAYD_TIMEOUT_EXIT_CODE)
+            continue
+        if state == "SUSPENDING":  # only its idle policy suspends a VM here (SuspendMicrovm is a call)
+            vm.idle_suspended_at.append(at)
         vm.record(at, state, reason)

@@ -18,6 +18,18 @@ from dataclasses import dataclass, field, replace
 #: about +12 s (microvms.md §1.1) with a heavier image: pass ``pending_seconds=12`` for that.
 PENDING_SECONDS = 2.0
 
+#: RunMicrovm -> the product's agent ready (rayd's Health with ``agent_ready``). [M 2026-09-16]
+#: p50 2.33 s with the full image (GT §3, Notes Q42): about 0.5 s after the VM serves HTTP.
+AGENT_READY_AFTER_RUNNING_SECONDS = 2.33 - 1.85
+#: From rayd ready to the agent host's ready marker: the network policy and gateways, the host's
+#: configuration written, the host started (Python, the app behind it) and its marker polled every
+#: 0.5 s. Not measured on AWS; measured here with the stand-in rayd running the product's real
+#: agent host and the example's app (tests/test_fleet_product.py prints it): 1.0-1.6 s.
+AGENT_HOST_START_SECONDS = 1.5
+#: A parked slot's warming after rayd is ready: the pool's settling cell (one trivial Code.Execute)
+#: and the network policy. Not measured on AWS; the stand-in answers it in under 0.1 s.
+WARM_SETTLE_SECONDS = 0.3
+
 #: The first launches of a freshly published image version are much slower. [M 2026-10-07]
 #: ``create()`` took 48-65 s for the first 3 VMs of v1 and 26-63 s for the first 5 of v2, against
 #: 6.9-12.5 s afterwards (GT §3, Q146). The emulator draws each from this range (seeded).
