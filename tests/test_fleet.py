@@ -53,8 +53,8 @@ def test_example_resources(example) -> None:
     _, _, template = example
     template.resource_count_is("AWS::IAM::ManagedPolicy", 3)
     template.resource_count_is("Custom::RayitoRecipe", 1)
-    # The recipe writer, the reconciler, the fleet's teardown and the image's pruner (#13).
-    template.resource_count_is("AWS::Lambda::Function", 4)
+    # The recipe writer, the reconciler and its server, the fleet's teardown and the image's pruner.
+    template.resource_count_is("AWS::Lambda::Function", 5)
     template.resource_count_is("AWS::DynamoDB::Table", 3)  # the reconciler's ledger and budget, egress
     template.resource_count_is("AWS::Scheduler::Schedule", 2)  # the reconciler's and the pruner's
     template.resource_count_is("Custom::RayitoFleetTeardown", 1)
@@ -174,10 +174,13 @@ def test_metadata_index(with_index) -> None:
 def test_no_save_recipe_saves_none_and_says_nothing_as_the_product() -> None:
     app = new_app()
     stack = new_stack(app)
-    fleet = AgentFleet(stack, "Fleet", project=AgentProject.load(EXAMPLE, save_recipe=False))
+    fleet = AgentFleet(stack, "Fleet", project=AgentProject.load(EXAMPLE, save_recipe=False), reconciler=False)
     assert fleet.recipe is None
     Template.from_stack(stack).resource_count_is("Custom::RayitoRecipe", 0)
     assert not Annotations.from_stack(stack).find_warning("*", Match.string_like_regexp("^recipe_"))
+    # the reconciler starts every VM from the recipe's project: a fleet it keeps must save one
+    with pytest.raises(ValueError, match="reconciler=True needs the fleet's recipe"):
+        AgentFleet(stack, "Kept", project=project_with(name="kept", save_recipe=False))
 
 
 def test_a_recipe_too_large_warns_with_the_page_code(agent_folder) -> None:
@@ -187,7 +190,8 @@ def test_a_recipe_too_large_warns_with_the_page_code(agent_folder) -> None:
     noise = "".join(rng.choice("abcdefghijklmnopqrstuvwxyz0123456789") for _ in range(9000))
     app = new_app()
     stack = new_stack(app)
-    fleet = AgentFleet(stack, "Fleet", project=AgentProject.load(agent_folder(name="big", agent={"instructions": noise})))
+    fleet = AgentFleet(stack, "Fleet", project=AgentProject.load(agent_folder(name="big", agent={"instructions": noise})),
+                       reconciler=False)
     assert fleet.recipe is None
     warnings = Annotations.from_stack(stack).find_warning("*", Match.string_like_regexp("^recipe_too_large: "))
     assert len(warnings) == 1
@@ -219,8 +223,10 @@ def test_recipe_too_large_warns() -> None:
     project = project_with(name="big", tables={"agent": {"instructions": noise}})
     app = new_app()
     stack = new_stack(app)
-    assert AgentFleet(stack, "Fleet", project=project).recipe is None
+    assert AgentFleet(stack, "Fleet", project=project, reconciler=False).recipe is None
     assert Annotations.from_stack(stack).find_warning("*", Match.string_like_regexp("^recipe_too_large: "))
+    with pytest.raises(ValueError, match="reconciler=True needs the fleet's recipe, and .*4096 bytes"):
+        AgentFleet(new_stack(new_app()), "Kept", project=project)
 
 
 def test_customer_key_reaches_everything_the_fleet_creates(agent_folder) -> None:
@@ -427,7 +433,7 @@ def test_permissions_boundary_on_the_stack_reaches_every_role() -> None:
     stack = FleetStack(app, "Bounded", project=AgentProject.load(EXAMPLE), permissions_boundary=boundary, **stack_props())
     iam.Role(stack, "AddedLater", assumed_by=iam.ServicePrincipal("lambda.amazonaws.com"))  # now and later
     roles = Template.from_stack(stack).find_resources("AWS::IAM::Role")
-    assert len(roles) == 9  # with the teardown's, the pruner's and the pruner schedule's (#13)
+    assert len(roles) == 10  # with the server's, the teardown's, the pruner's and its schedule's
     assert {k: r["Properties"].get("PermissionsBoundary") for k, r in roles.items()} == {k: arn for k in roles}
 
 
@@ -443,7 +449,7 @@ def test_permissions_boundary_on_a_fleet_reaches_its_roles_and_the_stack_writer(
     bounded = {k for k, r in roles.items() if r["Properties"].get("PermissionsBoundary") == expected}
     assert {k for k in roles if not k.startswith("Unrelated")} == bounded
     assert any(k.startswith("RayitoRecipeWriterRole") for k in bounded)  # the stack's writer, outside the fleet
-    assert len(bounded) == 9  # with the teardown's, the pruner's and the pruner schedule's (#13)
+    assert len(bounded) == 10  # with the server's, the teardown's, the pruner's and its schedule's
 
 
 def test_two_fleets_with_different_boundaries_in_one_stack_are_an_error() -> None:
@@ -469,7 +475,8 @@ def test_recipe_failure_fail_is_strict() -> None:
     rng = random.Random(3)
     noise = "".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(12000))
     with pytest.raises(ValueError, match="recipe_failure='fail': the recipe cannot be saved .recipe_too_large"):
-        AgentFleet(stack, "Big", project=project_with(name="big", tables={"agent": {"instructions": noise}}), recipe_failure="fail")
+        AgentFleet(stack, "Big", project=project_with(name="big", tables={"agent": {"instructions": noise}}),
+                   recipe_failure="fail", reconciler=False)
     with pytest.raises(ValueError, match="recipe_failure: 'ignore' is not one of 'warn', 'fail'"):
         AgentFleet(stack, "Odd", project=project_with(name="odd"), recipe_failure="ignore")
 

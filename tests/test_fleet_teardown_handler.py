@@ -146,10 +146,12 @@ def test_a_tick_that_wrote_before_the_delete_and_calls_after_it_makes_no_vm_that
         world = teardown_world(fleet, cfn, aws)
         world.invoke(monkeypatch, world.event("Create"))
         tick = fleet.reconciler(monkeypatch)
+        assert tick.refresh() is None  # the fleet as its recipe says, as the handler takes it before a tick
         assert tick.begin_tick(120, 50)
         slots, stats = tick.ledger.load("mi-agente")
         slot = core.admit_run(tick.spec, core.Slot("base-0", core.BASE, queued_at=fleet.clock.now()),
                               core.Intent("run", "base-0", role=core.BASE), fleet.clock.now(), tick.run_requests)
+        assert slot.request and slot.request.get("runHookPayload")  # the product's own request, pinned
         tick.ledger.write("mi-agente", tick.fence, puts=[slot])  # written before the call, as _run does
         token = core.client_token(stats["epoch"], "mi-agente", "base-0", slot.generation)
         deleted = world.invoke(monkeypatch, world.event("Delete"))
@@ -400,12 +402,13 @@ def test_two_fleets_on_one_image_each_end_only_their_own(aws, cfn, monkeypatch) 
     clock = VirtualClock()
     with MicrovmsEmulator(clock=clock, seed=3, pending_seconds=5) as emulator:
         untraced_requests(emulator)  # coverage skips its request threads (tests/moto_server.py)
-        emulator.create_image("compartida", memory_mib=2048)
+        emulator.create_image("compartida", memory_mib=2048, hooks=True)  # the product's image: its run hook takes the payload
         image = emulator.image_arn("compartida")
         base = {"IMAGE_ARN": image, "MAX_VMS": "2", "WARM_VMS": "0", "MIN_VMS": "2"}
         with deployed_fleet(aws, emulator=emulator, env={**base, "SHARED_WITH": '["dos"]'}) as uno:
             env = {**base, "SHARED_WITH": '["mi-agente"]', "FLEET_NAME": "dos", "LEDGER_TABLE": uno.env["LEDGER_TABLE"],
-                   "BUDGET_TABLE": uno.env["BUDGET_TABLE"]}
+                   "BUDGET_TABLE": uno.env["BUDGET_TABLE"],
+                   "ACCESS_TOKEN_SECRET": "rayito/agents/dos/access-token"}  # its own stack's token
             with deployed_fleet(aws, emulator=emulator, fleet="dos", env=env) as dos:
                 for _ in range(2):
                     uno.invoke(monkeypatch)

@@ -235,7 +235,7 @@ def test_other_vms_of_the_image_are_counted_across_list_pages(aws, cfn, monkeypa
     clock = VirtualClock()
     with MicrovmsEmulator(clock=clock, seed=11, pending_seconds=5) as emulator:
         untraced_requests(emulator)  # coverage skips its request threads (tests/moto_server.py)
-        emulator.create_image("mi-agente", memory_mib=2048)
+        emulator.create_image("mi-agente", memory_mib=2048, hooks=True)  # the product's image: its run hook takes the payload
         emulator.remove_rate_limit("RunMicrovm")
         client = emulator.client()
         others = sorted(client.run_microvm(imageIdentifier=emulator.image_arn("mi-agente"),

@@ -379,12 +379,13 @@ def test_default_retention_of_every_log_group(off) -> None:
     _, _, template = off
     groups = log_groups(template)
     assert {k: v for k, v in groups.items() if k.startswith("FleetReconcilerLogs")} .popitem()[1] == 90
+    assert {k: v for k, v in groups.items() if k.startswith("FleetReconcilerServerLogs")}.popitem()[1] == 90
     assert {k: v for k, v in groups.items() if k.startswith("RayitoRecipeWriterLogs")}.popitem()[1] == 90
     # The image's build group (/rayito/<name>) and the VMs' group: the MicroVM retention.
     assert [v for k, v in groups.items() if k.startswith("FleetImageLogs") or "Microvm" in k] == [30, 30]
     # The fleet's teardown and the image's pruner (#13) follow the fleet's function retention.
     assert [v for k, v in groups.items() if k.startswith(("FleetTeardown", "FleetImagePrunerLogs"))] == [90, 90]
-    assert len(groups) == 6  # and no log group is left without a retention
+    assert len(groups) == 7  # and no log group is left without a retention
     assert all(v for v in groups.values())
 
 
@@ -459,7 +460,7 @@ def test_context_keys_of_app_py(monkeypatch, tmp_path, capsys) -> None:
     alarms = resources(template, "AWS::CloudWatch::Alarm")
     assert len(alarms) == 11 and all(a["Properties"]["AlarmActions"] == [OPS, PAGER] for a in alarms.values())
     assert resources(template, "AWS::CloudWatch::Dashboard")
-    assert sorted(v for k, v in log_groups(template).items() if "Microvm" not in k and "ImageLogs" not in k) == [30] * 4  # with teardown, pruner
+    assert sorted(v for k, v in log_groups(template).items() if "Microvm" not in k and "ImageLogs" not in k) == [30] * 5  # with server, teardown, pruner
     assert len(resources(template, "AWS::Logs::QueryDefinition")) == 4
     code, err, outdir = synth(monkeypatch, tmp_path / "quiet", capsys, saved_queries="false")
     assert code == 0, err

@@ -207,6 +207,26 @@ def test_reconciler_role_pinned(example) -> None:
         ("DeadLetters", ("sqs:SendMessage",), ("<FleetReconcilerDeadLetters.Arn>",), ""),
         # CDK's on_failure destination grant
         (None, ("sqs:GetQueueAttributes", "sqs:GetQueueUrl", "sqs:SendMessage"), ("<FleetReconcilerDeadLetters.Arn>",), ""),
+        # the product's recipe at every tick, the token whose sha256 goes in each run payload, and
+        # the fleet's server for each VM it starts; nothing that opens a VM
+        ("AgentRecipe", ("ssm:GetParameter",), (RECIPE,), ""),
+        ("AccessToken", ("secretsmanager:GetSecretValue",), (TOKEN,), ""),
+        ("AskServer", ("lambda:InvokeFunction",), ("<FleetReconcilerServerFunction.Arn>",), ""),
+    }
+
+
+def test_server_role_pinned(example) -> None:
+    """The server opens the fleet's VMs (an auth token), reads what serving needs, and writes
+    only its answers into its fleet's ledger partition."""
+    assert pinned(example[1], "FleetReconcilerServerRole") == {
+        ("Logs", ("logs:CreateLogStream", "logs:PutLogEvents"), ("<FleetReconcilerServerLogs.Arn>",), ""),
+        ("ServeMicrovms", ("lambda:CreateMicrovmAuthToken", "lambda:GetMicrovm"),
+         tuple(sorted((BUILT_IMAGE, f"{BUILT_IMAGE}:*"))), ""),
+        ("AgentRecipe", ("ssm:GetParameter",), (RECIPE,), ""),
+        ("AccessToken", ("secretsmanager:GetSecretValue",), (TOKEN,), ""),
+        ("GatewaySecrets", ("secretsmanager:GetSecretValue",), (SECRET.format("rayito/provider-key"),), ""),
+        ("Answers", ("dynamodb:PutItem",), ("<RayitoFleetLedgerTable.Arn>",),
+         '{"ForAllValues:StringEquals": {"dynamodb:LeadingKeys": ["mi-agente"]}}'),
     }
 
 
@@ -264,7 +284,8 @@ def test_pruner_roles_pinned(example) -> None:
 def test_every_role_of_the_example_is_pinned(example) -> None:
     roles = sorted(_norm(k) for k, r in example[1]["Resources"].items() if r["Type"] == "AWS::IAM::Role")
     assert roles == ["FleetExecutionRole", "FleetImageBuildRole", "FleetImagePrunerRole", "FleetImagePrunerScheduleRole",
-                     "FleetReconcilerRole", "FleetReconcilerScheduleRole", "FleetTeardownmiagenteRole",
+                     "FleetReconcilerRole", "FleetReconcilerScheduleRole", "FleetReconcilerServerRole",
+                     "FleetTeardownmiagenteRole",
                      "RayitoRecipeWriterRole"]
     policies = sorted(_norm(k) for k, r in example[1]["Resources"].items() if r["Type"] == "AWS::IAM::ManagedPolicy")
     assert policies == ["FleetCallerPolicy", "FleetImagePublisherPolicy", "FleetSandboxLauncherPolicy"]

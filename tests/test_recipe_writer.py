@@ -266,9 +266,11 @@ def test_the_template_holds_no_recipe(aws) -> None:
     doc = build_recipe(aws.synthesized.project)
     for value in (doc["project"]["agent"]["instructions"], canonical_json(doc)[:60], '"scaleInAfterSeconds"'):
         assert value not in template
-    # [env] values are plain by rule (credential-shaped ones are refused): the image carries them.
+    # [env] values reach the VMs as the product sends them, in each run payload (from the recipe's
+    # project): neither the image nor anything else of the template carries them.
+    assert doc["project"]["env"]
     for key, value in doc["project"]["env"].items():
-        assert json.dumps({"Key": key, "Value": value}) in template
+        assert json.dumps({"Key": key, "Value": value}) not in template
     assert set(aws.synthesized.properties) == {"ServiceToken", "ParameterName", "DocumentBucket", "DocumentKey",
                                                 "DocumentSha256", "ImageVersion", "KeepOnDelete", "FailureMode", "Metrics",
                                                 "ServiceTimeout"}

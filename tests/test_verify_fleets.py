@@ -76,7 +76,7 @@ def shared_image(tmp_path_factory: pytest.TempPathFactory) -> Iterator[vw.World]
         def function(prefix: str) -> dict[str, Any]:
             (name,) = [r["PhysicalResourceId"] for r in resources if r["ResourceType"] == "AWS::Lambda::Function"
                        and r["LogicalResourceId"].startswith(f"{prefix}Reconciler")
-                       and "Teardown" not in r["LogicalResourceId"]]
+                       and "Teardown" not in r["LogicalResourceId"] and "Server" not in r["LogicalResourceId"]]
             return lam.get_function_configuration(FunctionName=name)
 
         for prefix in ("Alpha", "Beta", "Alpha", "Beta", "Alpha", "Beta"):

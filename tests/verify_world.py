@@ -383,6 +383,8 @@ class World:
         self.now = time.time
         self.recipe_fault: Optional[tuple[str, str]] = None
         """``(code, reason)``: the recipe writer saves nothing and answers that outcome."""
+        self.functions: Optional[tuple[str, Any]] = None
+        """Lambda's Invoke on loopback (``tests/lambda_invoke.py``): its URL and registry."""
 
     def moto(self, service: str, region: str = REGION) -> Any:
         return boto3.client(service, endpoint_url=self.endpoint, region_name=region,
@@ -466,6 +468,7 @@ class World:
 
         config = self.function_config(stack)
         env = dict(config["Environment"]["Variables"])
+        env.update(self._serving(env))
         group = self._log_group(stack)
         request_id = str(uuid.uuid4())
 
@@ -499,6 +502,33 @@ class World:
                         "memorySizeMB": 256, "maxMemoryUsedMB": 90}}}))
         self.put_log(group, lines)
         return result
+
+    def _serving(self, env: dict[str, str]) -> dict[str, str]:
+        """What a tick needs of the deploy beyond the template: the fleet's access token (moto's
+        CloudFormation makes no ``AWS::SecretsManager::Secret``: it is put as the stack would
+        generate it) and its server (``VirtualServer`` behind Lambda's Invoke on loopback, on the
+        emulator's clock); the environment the tick adds for it."""
+        from rayito._payload import generate_access_token
+
+        from rayito_constructs.testing.serving import VirtualServer
+
+        from .moto_server import put_secret
+
+        extra: dict[str, str] = {}
+        if env.get("ACCESS_TOKEN_SECRET"):
+            secrets = self.moto("secretsmanager")
+            try:
+                secrets.describe_secret(SecretId=env["ACCESS_TOKEN_SECRET"])
+            except secrets.exceptions.ResourceNotFoundException:
+                put_secret(secrets, env["ACCESS_TOKEN_SECRET"], generate_access_token())
+        if env.get("SERVER_FUNCTION") and self.functions is not None:
+            from rayito_constructs._lambdas.reconciler.ledger import DynamoDBLedger
+
+            url, registry = self.functions
+            server = VirtualServer(self.emulator, DynamoDBLedger(self.moto("dynamodb"), env["LEDGER_TABLE"]))
+            registry.register(env["SERVER_FUNCTION"], server.ask)
+            extra["AWS_ENDPOINT_URL_LAMBDA"] = url
+        return extra
 
     def _log_group(self, stack: str) -> str:
         config = self.function_config(stack)
@@ -570,7 +600,9 @@ def world(monkeypatch: Any, **emulator_options: Any) -> Iterator[World]:
     # fleet that converges in a second or two.
     options = {"pending_seconds": 0.2, "suspending_seconds": 0.1, "terminating_seconds": 0.1,
                "image_build_seconds": 0.0, "consistency_seconds": 0.0, "fresh_launches": 0, **emulator_options}
-    with moto_server() as endpoint, MicrovmsEmulator(**options) as emulator:
+    from .lambda_invoke import lambda_functions
+
+    with moto_server() as endpoint, MicrovmsEmulator(**options) as emulator, lambda_functions() as functions:
         untraced_requests(emulator)  # coverage skips its request threads (tests/moto_server.py)
         # moto's servers in one process share their backends: start from an empty account.
         import urllib.request
@@ -584,6 +616,7 @@ def world(monkeypatch: Any, **emulator_options: Any) -> Iterator[World]:
         for key in ("AWS_PROFILE", "AWS_SESSION_TOKEN", "AWS_REGION"):
             monkeypatch.delenv(key, raising=False)
         current = World(endpoint, emulator)
+        current.functions = functions
         _CURRENT["world"] = current
         try:
             yield current

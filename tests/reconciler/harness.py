@@ -12,6 +12,7 @@ stdout (log lines and EMF records as Powertools prints them).
 
 from __future__ import annotations
 
+import dataclasses
 import fcntl
 import hashlib
 import io
@@ -32,13 +33,15 @@ from lambdas.reconciler import index
 from lambdas.reconciler.budget import DynamoDBBudget
 from lambdas.reconciler.ledger import DynamoDBLedger
 from rayito_constructs.testing import MicrovmsEmulator, VirtualClock
+from rayito_constructs.testing.serving import VirtualServer
 
 from ..moto_server import client as aws_client
+from ..lambda_invoke import lambda_functions
 from ..moto_server import untraced_requests
 
 #: Environment keys whose template values are CloudFormation references, and what stands for them.
 SUBSTITUTED = {"LEDGER_TABLE", "BUDGET_TABLE", "DEAD_LETTER_QUEUE_URL", "IMAGE_ARN", "EXECUTION_ROLE_ARN",
-               "IMAGE_VERSION"}
+               "IMAGE_VERSION", "SERVER_FUNCTION"}
 ROLE_ARN = "arn:aws:iam::123456789012:role/mi-agente-microvm"
 
 
@@ -157,6 +160,7 @@ class Fleet:
     ddb: Any = None
     sqs: Any = None
     invocations: list[Invocation] = field(default_factory=list)
+    server: Optional[VirtualServer] = None  # the fleet's server, in virtual time
     _built_env: Any = None
     _environment: Any = None  # this fleet's warm execution environment (its built reconciler)
     _stdout: io.StringIO = field(default_factory=io.StringIO)
@@ -192,6 +196,8 @@ class Fleet:
         before = dict(self.emulator.calls)
         with redirect_stdout(out):
             changed = self._built_env != (self.env, powertools)
+            if changed:
+                deploy_fleet_state(self)  # a deploy writes the recipe of the spec it deploys
             if cold or (cold is None and changed) or self._environment is None:
                 self._environment = self.reconciler(monkeypatch, powertools=powertools)
                 self._built_env = (dict(self.env), powertools)
@@ -237,6 +243,75 @@ class Fleet:
         return {i["key"]["S"][5:]: json.loads(i["doc"]["S"]) for i in items if i["key"]["S"].startswith("slot#")}
 
 
+#: Environment keys a test sets that the recipe, not the environment, carries to the reconciler.
+RECIPE_KEYS = ("MIN_VMS", "MAX_VMS", "WARM_VMS", "IDLE_SECONDS")
+
+
+def put_fleet_state(aws: str, fleet: str, token_secret: str, *, image_version: Optional[str] = "1.0",
+                    scaling: Optional[dict[str, Any]] = None) -> str:
+    """The example's recipe for ``fleet`` (the product's document and encoding, as the stack's writer
+    stores it, with ``image_version``), and the fleet's token (made once); returns the token."""
+    from rayito._payload import generate_access_token
+
+    from rayito_constructs import AgentProject
+    from rayito_constructs.product import encode, recipe
+
+    from ..conftest import EXAMPLE
+    from ..moto_server import put_secret
+
+    secrets, ssm = aws_client("secretsmanager", aws), aws_client("ssm", aws)
+    try:
+        token = str(secrets.get_secret_value(SecretId=token_secret)["SecretString"])
+    except secrets.exceptions.ResourceNotFoundException:  # type: ignore[attr-defined]
+        token = generate_access_token()
+        put_secret(secrets, token_secret, token)
+    project = AgentProject.load(EXAMPLE, **(scaling or {}))
+    product = dataclasses.replace(project.product, name=fleet)
+    _, value = encode(recipe(product, project.product_scaling, renew_gateway_keys=False, image_version=image_version))
+    assert value is not None
+    ssm.put_parameter(Name=f"/rayito/agents/{fleet}/recipe", Value=value, Type="SecureString", Tier="Standard",
+                      Overwrite=True)
+    return token
+
+
+def deploy_fleet_state(fleet: "Fleet", token: Optional[str] = None) -> None:
+    """What a deploy leaves for the reconciler to read: the fleet's access token (the stack
+    generates it) and its recipe (the recipe writer's: the product's recipe of the example, named
+    after the fleet, with the scaling and idle policy the environment says), in moto."""
+    import dataclasses
+
+    from rayito._payload import generate_access_token
+
+    from rayito_constructs import AgentProject
+    from rayito_constructs.product import encode, recipe
+
+    from ..conftest import EXAMPLE
+    from ..moto_server import put_secret
+
+    env = fleet.env
+    secrets, ssm = aws_client("secretsmanager", fleet.aws), aws_client("ssm", fleet.aws)
+    name = env["ACCESS_TOKEN_SECRET"]
+    try:
+        secrets.describe_secret(SecretId=name)
+    except secrets.exceptions.ResourceNotFoundException:  # type: ignore[attr-defined]
+        put_secret(secrets, name, token or generate_access_token())
+    project = AgentProject.load(EXAMPLE, min_vms=int(env["MIN_VMS"]), max_vms=int(env["MAX_VMS"]),
+                                warm=int(env.get("WARM_VMS") or 0))
+    idle = env.get("IDLE_SECONDS")
+    product = project.product
+    serve = product.serve
+    if not idle:
+        serve = dataclasses.replace(serve, idle=None)
+    elif serve.idle is None or int(idle) != serve.idle.max_idle_seconds:
+        serve = AgentProject.load(EXAMPLE, idle=int(idle)).product.serve
+    product = dataclasses.replace(product, name=fleet.fleet, serve=serve)
+    _, value = encode(recipe(product, project.product_scaling, renew_gateway_keys=False,
+                             image_version=env.get("IMAGE_VERSION") or None))
+    assert value is not None
+    ssm.put_parameter(Name=f"/rayito/agents/{fleet.fleet}/recipe", Value=value, Type="SecureString",
+                      Tier="Standard", Overwrite=True)
+
+
 def _fresh_powertools_logger() -> None:
     """A new execution environment: Powertools' Logger configures its stdlib logger only once per
     process (it marks it ``init``); forget that so this one writes to this invocation's stdout."""
@@ -252,7 +327,8 @@ def emulator_env(aws: str, endpoint: str) -> dict[str, str]:
     return {
         "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
         "AWS_REGION": "us-east-1", "AWS_ENDPOINT_URL_DYNAMODB": aws, "AWS_ENDPOINT_URL_SQS": aws,
-        "AWS_ENDPOINT_URL_LAMBDA_MICROVMS": endpoint,
+        "AWS_ENDPOINT_URL_LAMBDA_MICROVMS": endpoint, "AWS_ENDPOINT_URL_SSM": aws,
+        "AWS_ENDPOINT_URL_SECRETS_MANAGER": aws,
     }
 
 
@@ -271,6 +347,8 @@ def deployed_fleet(aws: str, *, clock: Optional[VirtualClock] = None, emulator: 
         emulator_options.setdefault("terminating_seconds", 3)
         emulator = untraced_requests(MicrovmsEmulator(clock=clock, seed=emulator_options.pop("seed", 7),
                                                       **emulator_options).start())
+    functions = lambda_functions()
+    lambda_url, registry = functions.__enter__()
     try:
         template_env = dict(synthesized_environment(metrics, **(overrides or {})))
         tokens = {k for k, v in template_env.items() if not isinstance(v, str)}
@@ -282,19 +360,25 @@ def deployed_fleet(aws: str, *, clock: Optional[VirtualClock] = None, emulator: 
         DynamoDBBudget.create_table(ddb, budget)
         queue = sqs.create_queue(QueueName=f"dlq-{suffix}")["QueueUrl"]
         if not emulator.has_image(fleet):
-            emulator.create_image(fleet, memory_mib=4096)
+            emulator.create_image(fleet, memory_mib=4096, hooks=True)  # the product's image: hooks on
         values = {k: v for k, v in template_env.items() if isinstance(v, str)}
         values.update(LEDGER_TABLE=ledger, BUDGET_TABLE=budget, DEAD_LETTER_QUEUE_URL=queue,
-                      IMAGE_ARN=emulator.image_arn(fleet), FLEET_NAME=fleet)
+                      IMAGE_ARN=emulator.image_arn(fleet), FLEET_NAME=fleet, SERVER_FUNCTION=f"{fleet}-server",
+                      AWS_ENDPOINT_URL_LAMBDA=lambda_url)
         if "EXECUTION_ROLE_ARN" in template_env:
             values["EXECUTION_ROLE_ARN"] = ROLE_ARN
         if "IMAGE_VERSION" in template_env:
             values["IMAGE_VERSION"] = "1.0"  # the version the emulator's image has active
         values.update(emulator_env(aws, emulator.endpoint_url))
         values.update(env or {})
-        yield Fleet(emulator, clock, aws, values, ddb, sqs)
+        made = Fleet(emulator, clock, aws, values, ddb, sqs)
+        made.server = VirtualServer(emulator, DynamoDBLedger(ddb, ledger))
+        registry.register(values["SERVER_FUNCTION"], made.server.ask)
+        deploy_fleet_state(made)
+        yield made
     finally:
         index._RECONCILER = None
+        functions.__exit__(None, None, None)
         if own:
             emulator.stop()
 
@@ -357,22 +441,58 @@ def peak_live(fleet: "Fleet", mine: bool = False) -> int:
     return peak
 
 
+def serving_spans(vm: dict[str, Any]) -> list[tuple[float, float]]:
+    """When a VM (an item of ``microvms_ever``) could serve a request: RUNNING, or suspended by its
+    idle policy (auto-resume: a request wakes it) until it runs again or ends; not while PENDING
+    from its run, nor while parked (suspended by a SuspendMicrovm)."""
+    spans, start, idle = [], None, set(vm.get("idleSuspendedAt") or ())
+    by_idle = False
+    for at, state, _ in vm["history"]:
+        if state == "SUSPENDING":
+            by_idle = at in idle
+        serves = state == "RUNNING" or (by_idle and state in ("SUSPENDING", "SUSPENDED", "PENDING"))
+        if serves and start is None:
+            start = at
+        elif not serves and start is not None:
+            spans.append((start, at))
+            start = None
+    if start is not None:
+        spans.append((start, float("inf")))
+    exited = vm.get("exitedAt")  # its PID 1 exited (rayd's deadline, a crash): it serves nothing since
+    if exited is not None:
+        spans = [(a, min(b, exited)) for a, b in spans if a < exited]
+    return spans
+
+
+def _ready_at(fleet: "Fleet") -> dict[str, float]:
+    """When each VM's agent host was ready: a member served, or a parked slot warmed."""
+    if fleet.server is None:
+        return {}
+    return {**fleet.server.warmed, **fleet.server.served}
+
+
+def serving(fleet: "Fleet") -> list[dict]:
+    """The fleet's VMs that serve now: their agent host ready (the server said so, by now), RUNNING
+    or suspended by their idle policy (a parked slot a client resumed serves: it was warmed)."""
+    served = _ready_at(fleet)
+    now = fleet.clock.now()
+    return [vm for vm in fleet.live() if (vm["state"] == "RUNNING" or vm.get("idleSuspended"))
+            and served.get(vm["microvmId"], float("inf")) <= now]
+
+
 def seconds_below(fleet: "Fleet", floor: int, since: float, until: float) -> float:
     """Seconds between ``since`` and ``until`` with fewer than ``floor`` VMs of the fleet's image
-    RUNNING, over every VM's history (ground truth, as the benchmark's ``dips_below_min``)."""
+    serving (RUNNING, or suspended by their idle policy: :func:`serving_spans`), over every VM's
+    history (ground truth, as the benchmark's ``dips_below_min``)."""
     edges = []
+    served = _ready_at(fleet)
     for vm in fleet.emulator.microvms_ever():
-        if vm["imageArn"] != fleet.image:
-            continue
-        running = None
-        for at, state, _ in vm["history"]:
-            if state == "RUNNING" and running is None:
-                running = at
-            elif state != "RUNNING" and running is not None:
-                edges += [(running, 1), (at, -1)]
-                running = None
-        if running is not None:
-            edges.append((running, 1))
+        if vm["imageArn"] != fleet.image or vm["microvmId"] not in served:
+            continue  # a VM whose agent host never started serves no session
+        for start, end in serving_spans(vm):
+            start = max(start, served[vm["microvmId"]])
+            if start < end:
+                edges += [(start, 1)] + ([(end, -1)] if end != float("inf") else [])
     edges.sort()
     below, count, last = 0.0, 0, since
     for at, step in edges + [(until, 0)]:

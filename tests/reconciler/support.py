@@ -11,7 +11,7 @@ import pytest
 
 from lambdas.reconciler import core, index
 
-from .harness import RECONCILER_CALLER, deployed_fleet, peak_live, seconds_below
+from .harness import RECONCILER_CALLER, deployed_fleet, peak_live, seconds_below, serving
 
 
 def assert_no_duplicates(fleet) -> None:
@@ -134,7 +134,7 @@ def _drive(aws: str, monkeypatch: Any, *, lifetime: int, min_vms: int, max_vms: 
             fleet.invoke(monkeypatch, timeout=tick + 15)
             if n == 1:
                 filled = fleet.clock.now()
-                assert len(fleet.live(("RUNNING",))) >= min_vms
+                assert len(serving(fleet)) >= min_vms
                 if arm:
                     arm(fleet)
             elif n > 1 and each:

@@ -92,7 +92,7 @@ def test_a_budgets_environment_that_is_no_object_keeps_every_default(raw, monkey
     from lambdas.reconciler.telemetry import MemoryTelemetry
 
     env = {"BUDGETS": raw, "FLEET_NAME": "f", "IMAGE_ARN": "arn:aws:lambda:us-east-1:123456789012:microvm-image:f",
-           "MIN_VMS": "1", "MAX_VMS": "2", "LEDGER_TABLE": "l", "BUDGET_TABLE": "b"}
+           "MIN_VMS": "1", "MAX_VMS": "2", "LEDGER_TABLE": "l", "BUDGET_TABLE": "b", "ACCESS_TOKEN_SECRET": "t"}
     monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
     telemetry = MemoryTelemetry()
     reconciler = index.build(env, telemetry=telemetry)

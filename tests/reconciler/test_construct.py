@@ -45,9 +45,9 @@ def test_function(synth) -> None:
     assert env["IMAGE_VERSION"] == {"Fn::GetAtt": ["FleetImage4D94793D", "LatestActiveImageVersion"]}
     assert env["BASE_ROLLOUT"] == "on_expiry"
     assert env["POWERTOOLS_METRICS_NAMESPACE"] == "Rayito/Fleet"
-    assert props["Layers"] == [
-        "arn:aws:lambda:us-east-1:017000801446:layer:AWSLambdaPowertoolsPythonV3-python314-arm64:27"
-    ]
+    powertools, product = props["Layers"]
+    assert powertools == "arn:aws:lambda:us-east-1:017000801446:layer:AWSLambdaPowertoolsPythonV3-python314-arm64:27"
+    assert product["Ref"].startswith("RayitoProductLayer")  # the product: its recipe decoder and launch
 
 
 def test_stale_ticks_are_dropped_and_failures_dead_lettered(synth) -> None:
@@ -81,7 +81,34 @@ def test_reconciler_permissions(synth) -> None:
     assert sorted(by_sid["ControlPlaneBudget"]["Action"]) == ["dynamodb:GetItem", "dynamodb:UpdateItem"]
     assert by_sid["DeadLetters"]["Action"] == "sqs:SendMessage"
     actions = {a for s in by_sid.values() for a in ([s["Action"]] if isinstance(s["Action"], str) else s["Action"])}
-    assert not {a for a in actions if a.startswith("ssm:")}  # the reconciler never touches the recipe
+    # It reads the recipe (what the fleet is), never writes or deletes it; it reads its own fleet's
+    # token (for the run payload's sha256) and no other secret; it never opens a VM's endpoint (no
+    # auth token: its server does) and hands each VM to its server, nothing else.
+    assert {a for a in actions if a.startswith("ssm:")} == {"ssm:GetParameter"}
+    assert by_sid["AgentRecipe"]["Resource"] == "arn:aws:ssm:us-east-1:123456789012:parameter/rayito/agents/mi-agente/recipe"
+    assert {a for a in actions if a.startswith("secretsmanager:")} == {"secretsmanager:GetSecretValue"}
+    assert json.dumps(by_sid["AccessToken"]["Resource"]).endswith(':secret:rayito/agents/mi-agente/access-token-??????"')
+    assert "lambda:CreateMicrovmAuthToken" not in actions
+    assert by_sid["AskServer"]["Action"] == "lambda:InvokeFunction"
+    assert by_sid["AskServer"]["Resource"]["Fn::GetAtt"][0].startswith("FleetReconcilerServerFunction")
+
+
+def test_server_permissions(synth) -> None:
+    """The server opens the fleet's VMs (an auth token on its image), reads the recipe and the
+    sessions' secrets, and writes only its answers into the fleet's ledger partition."""
+    _, _, template, _ = synth
+    policies = template.find_resources("AWS::IAM::Policy", {"Properties": {"Roles": [{"Ref": Match.string_like_regexp("FleetReconcilerServerRole")}]}})
+    (policy,) = policies.values()
+    by_sid = {s.get("Sid"): s for s in policy["Properties"]["PolicyDocument"]["Statement"]}
+    assert set(by_sid) == {"Logs", "ServeMicrovms", "AgentRecipe", "AccessToken", "GatewaySecrets", "Answers"}
+    assert sorted(by_sid["ServeMicrovms"]["Action"]) == ["lambda:CreateMicrovmAuthToken", "lambda:GetMicrovm"]
+    assert by_sid["Answers"]["Action"] == "dynamodb:PutItem"
+    assert by_sid["Answers"]["Condition"] == {"ForAllValues:StringEquals": {"dynamodb:LeadingKeys": ["mi-agente"]}}
+    (function,) = [f for f in template.find_resources("AWS::Lambda::Function").values()
+                   if f["Properties"]["Handler"] == "reconciler.server.handler"]
+    assert function["Properties"]["Timeout"] == 240
+    assert set(function["Properties"]["Environment"]["Variables"]) == {
+        "FLEET_NAME", "IMAGE_ARN", "ACCESS_TOKEN_SECRET", "LEDGER_TABLE", "IMAGE_VERSION"}
 
 
 def test_tables(synth) -> None:

@@ -22,10 +22,14 @@ import pytest
 
 from rayito_constructs.testing import MicrovmsEmulator
 
+from rayito_constructs.testing.serving import VirtualServer
+
 from .. import contract_support as cs
 from ..conftest import ROOT
+from ..lambda_invoke import lambda_functions
 from ..moto_server import client as aws_client
 from ..moto_server import moto_server
+from .harness import put_fleet_state
 
 HANDLER = "reconciler.index.handler"
 
@@ -38,9 +42,10 @@ def deployed(example_assembly):
     (schedule,) = [r for r in template["Resources"].values() if r["Type"] == "AWS::Scheduler::Schedule"
                    and r["Properties"]["Target"]["Arn"] == {"Fn::GetAtt": [logical, "Arn"]}]
     event = json.loads(schedule["Properties"]["Target"]["Input"])
-    with moto_server() as aws:
+    with moto_server() as aws, lambda_functions() as (lambda_url, functions):
         yield {"template": template, "logical": logical, "resource": resource, "code": code, "event": event,
-               "aws": aws}
+               "aws": aws, "lambda": lambda_url, "functions": functions,
+               "layers": tuple(cs.layer_folders(template, resource))}
 
 
 class World:
@@ -53,7 +58,7 @@ class World:
         self.sqs = aws_client("sqs", deployed["aws"])
         self.made = cs.provision(deployed["template"], self.ddb, self.sqs)
         self.fleet = deployed["resource"]["Properties"]["Environment"]["Variables"]["FLEET_NAME"]
-        self.image = emulator.create_image(self.fleet, memory_mib=4096)
+        self.image = emulator.create_image(self.fleet, memory_mib=4096, hooks=True)  # the product's base: hooks on
         self.image_version = image_version
         images = {k for k, r in deployed["template"]["Resources"].items() if r["Type"] == "AWS::Lambda::MicrovmImage"}
 
@@ -65,16 +70,26 @@ class World:
                 return {"ImageArn": self.image, "LatestActiveImageVersion": self.image_version}.get(attribute[1])
             if attribute and attribute[1] == "Arn" and deployed["template"]["Resources"][attribute[0]]["Type"] == "AWS::IAM::Role":
                 return cs.ROLE_ARN
+            if "Ref" in value and deployed["template"]["Resources"][value["Ref"]]["Type"] == "AWS::Lambda::Function":
+                return f"{self.fleet}-server"  # the only function the reconciler names: its server
             return None
 
         self.variables = cs.function_environment(deployed["resource"], resolve)
         self.env = cs.lambda_environment(deployed["resource"], deployed["logical"], self.variables, {
-            "DYNAMODB": deployed["aws"], "SQS": deployed["aws"], "LAMBDA_MICROVMS": emulator.endpoint_url})
+            "DYNAMODB": deployed["aws"], "SQS": deployed["aws"], "LAMBDA_MICROVMS": emulator.endpoint_url,
+            "SSM": deployed["aws"], "SECRETS_MANAGER": deployed["aws"], "LAMBDA": deployed["lambda"]})
+        # What the deploy leaves: the fleet's recipe (the writer's, with the version it built) and
+        # token; the server (its own contract: tests/test_fleet_product.py) as it answers in time.
+        put_fleet_state(deployed["aws"], self.fleet, self.variables["ACCESS_TOKEN_SECRET"], image_version=image_version)
+        from lambdas.reconciler.ledger import DynamoDBLedger
+
+        self.server = VirtualServer(emulator, DynamoDBLedger(self.ddb, self.variables["LEDGER_TABLE"]))
+        deployed["functions"].register(self.variables["SERVER_FUNCTION"], self.server.ask)
 
     def invoke(self, *events: Any, timeout_seconds: float | None = None, pause_seconds: float = 0.0) -> cs.Run:
         """A new execution environment (a cold start) that gets ``events`` one after the other."""
         return cs.run_lambda(self.d["code"], self.d["resource"], self.env, list(events) or [self.d["event"]],
-                             timeout_seconds=timeout_seconds, pause_seconds=pause_seconds)
+                             timeout_seconds=timeout_seconds, pause_seconds=pause_seconds, layers=self.d["layers"])
 
     def converged(self) -> bool:
         v = self.variables
@@ -128,9 +143,9 @@ class World:
             seen = api.get_microvm(microvmIdentifier=vm["microvmId"])
             assert seen["executionRoleArn"] == v["EXECUTION_ROLE_ARN"] == cs.ROLE_ARN
             assert seen["imageVersion"] == self.image_version
-            if vm["state"] == "RUNNING":  # a base VM: the service suspends it when idle (it resumes on a call)
-                assert seen["idlePolicy"]["maxIdleDurationSeconds"] == int(v["IDLE_SECONDS"])
-                assert seen["idlePolicy"]["autoResumeEnabled"] is True
+            # Every VM as the product starts it: the service suspends it when idle (a call resumes it).
+            assert seen["idlePolicy"]["maxIdleDurationSeconds"] == int(v["IDLE_SECONDS"])
+            assert seen["idlePolicy"]["autoResumeEnabled"] is True
 
 
 def _emulator(**options: Any) -> MicrovmsEmulator:
@@ -151,7 +166,8 @@ def test_the_template_names_what_the_handler_needs(deployed) -> None:
     """Every reference of the environment is something the deploy makes, and the code staged is ours."""
     env = deployed["resource"]["Properties"]["Environment"]["Variables"]
     assert {k for k, v in env.items() if not isinstance(v, str)} == {
-        "IMAGE_ARN", "IMAGE_VERSION", "EXECUTION_ROLE_ARN", "LEDGER_TABLE", "BUDGET_TABLE", "DEAD_LETTER_QUEUE_URL"}
+        "IMAGE_ARN", "IMAGE_VERSION", "EXECUTION_ROLE_ARN", "LEDGER_TABLE", "BUDGET_TABLE", "DEAD_LETTER_QUEUE_URL",
+        "SERVER_FUNCTION"}
     assert deployed["event"] == {"source": "schedule", "fleet": "mi-agente"}  # the schedule names its fleet (#13)
     assert deployed["resource"]["Properties"]["Timeout"] > float(env["TICK_SECONDS"]) + 8  # the margin index.py keeps
 

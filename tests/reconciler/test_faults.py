@@ -145,16 +145,16 @@ def test_a_deploy_that_changes_the_spec_tries_a_dead_slot_again(aws, monkeypatch
         _tokens_unique(fleet)
 
 
-def test_a_failed_peek_at_a_pending_parked_vm_falls_back_to_a_list(aws, monkeypatch) -> None:
-    """Between lists a step looks at its parked slot's PENDING VM with GetMicrovm (one VM: a get
-    costs what a list does; more are looked at with one list); when that get fails, the step lists
-    instead and still parks it."""
+def test_a_parked_slots_pending_vm_is_parked_on_its_servers_answer_not_a_get(aws, monkeypatch) -> None:
+    """A served fleet looks at no parked slot's PENDING VM (no GetMicrovm between lists, which a
+    fleet without a server needed, and whose failure it fell back from with a list): the VM is
+    warmed by the fleet's server, which waits for it to run, and parked on its answer. A failing
+    GetMicrovm changes nothing."""
     with deployed_fleet(aws, env={"MIN_VMS": "1", "WARM_VMS": "1", "MAX_VMS": "3"}) as fleet:
         fleet.emulator.inject("GetMicrovm", "InternalServer", times=1, caller=RECONCILER_CALLER)
         run = fleet.invoke(monkeypatch)
-        refused = [r for r in fleet.emulator.requests if r.operation == "GetMicrovm" and r.status == 500]
-        assert [r.caller for r in refused] == [RECONCILER_CALLER]
-        assert run.calls["ListMicrovms"] >= 2
+        assert "GetMicrovm" not in run.calls and run.calls["SuspendMicrovm"] == 1
+        assert [e["role"] for e in run.events("vm_warmed")] == ["warm"]
         fleet.clock.advance(60)
         fleet.invoke(monkeypatch)
         assert Counter(vm["state"] for vm in fleet.live()) == {"RUNNING": 1, "SUSPENDED": 1}

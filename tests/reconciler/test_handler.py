@@ -9,6 +9,7 @@ Each scenario of issue #11 is a test here, and so is each error path of issue #1
 
 from __future__ import annotations
 
+import json
 import threading
 from collections import Counter
 from typing import Any
@@ -20,11 +21,32 @@ from lambdas.reconciler.ledger import FencedOut
 from rayito_constructs.testing import MicrovmsEmulator, VirtualClock
 
 from ..moto_server import untraced_requests
-from .harness import RECONCILER_CALLER, deployed_fleet, list_lag
+from .harness import RECONCILER_CALLER, deployed_fleet, list_lag, serving
 from .support import assert_no_duplicates
 
 LIVE = ("PENDING", "RUNNING", "SUSPENDING", "SUSPENDED")
 
+
+
+def assert_product_requests(fleet, requests) -> None:
+    """Each request is one the product's client would send for the example (rayito 0.17)."""
+    from rayito._payload import access_token_sha256
+
+    from ..moto_server import client
+
+    token = client("secretsmanager", fleet.aws).get_secret_value(SecretId=fleet.env["ACCESS_TOKEN_SECRET"])["SecretString"]
+    for request in requests:
+        payload = json.loads(request["runHookPayload"])
+        assert payload["token_sha256"] == access_token_sha256(token) and token not in request["runHookPayload"]
+        assert payload["metadata"] == {"rayito.agent.deployment": fleet.fleet, "rayito.agent.port": "8088"}
+        assert payload["network"] == {"enforce": True} and payload["user"] == "user"
+        cap = request["maximumDurationInSeconds"]
+        assert payload["lifecycle"] == {"timeout_s": cap - 60, "cap_s": cap, "on_timeout": "kill", "auto_resume": False}
+        assert cap <= 3660  # [serve] timeout_seconds (3,600) + 60: never the 8 hours of before
+        assert request["idlePolicy"] == {"maxIdleDurationSeconds": 600, "suspendedDurationSeconds": cap - 600,
+                                         "autoResumeEnabled": True}
+        assert request["logging"] == {"disabled": {}}
+        assert request.get("imageVersion") == "1.0" and request["executionRoleArn"] == fleet.env["EXECUTION_ROLE_ARN"]
 
 
 def history(fleet, vm_id: str) -> list[str]:
@@ -49,20 +71,25 @@ def test_the_synthesized_fleet_converges_and_tells(aws, monkeypatch) -> None:
         fleet.clock.advance(60)
         second = fleet.invoke(monkeypatch)
         assert Counter(vm["state"] for vm in fleet.live()) == {"RUNNING": 1, "SUSPENDED": 1}
-        # RunMicrovm carried what production always sends: the role, the idle policy (base), the version.
+        # RunMicrovm carried what the product's client sends for the project (its run payload: the
+        # fleet token's sha256, the labels clients know members by, the logical deadline; the idle
+        # policy on every VM; logging off), the recipe's version, and the fleet's execution role.
         requests = {vm["microvmId"]: fleet.emulator._vms[vm["microvmId"]].request for vm in fleet.ours()}
-        assert all(r["executionRoleArn"] == fleet.env["EXECUTION_ROLE_ARN"] for r in requests.values())
-        assert sum(1 for r in requests.values() if "idlePolicy" in r) == 1
-        assert all(r.get("imageVersion") == "1.0" for r in requests.values())
+        assert_product_requests(fleet, requests.values())
         assert len(first.events("run_requested")) == 2
-        # The parked slot's VM is assumed RUNNING 2.6 s after its run (the measured PENDING is
-        # 2 s); the harness's 12 s PENDING refuses that suspend (409, told with assumed_running),
-        # and the VM is then looked at with GetMicrovm (its own quota) between lists.
-        assert first.calls == {"ListMicrovms": first.calls["ListMicrovms"], "RunMicrovm": 2, "SuspendMicrovm": 2,
-                               "GetMicrovm": first.calls.get("GetMicrovm", 0)}
-        assert [r.status for r in fleet.emulator.requests if r.operation == "SuspendMicrovm"] == [409, 200]
-        assert [e["code"] for e in first.events("api_error") if e.get("assumed_running")] == ["ConflictException"]
-        assert first.calls.get("GetMicrovm", 0) <= 12 / 2
+        # Each VM was handed to the fleet's server right after its run (one Invoke each: the base
+        # slot's to serve, the parked slot's to warm), whose answer came when the VM ran (the
+        # harness's 12 s PENDING) plus the agent's start: the base VM counted only from then, and
+        # the parked one was suspended once warmed, never before (no refused suspend).
+        asks = fleet.server.asks
+        assert sorted(a["role"] for a in asks) == ["member", "warm"] and {a["attempt"] for a in asks} == {1}
+        served = {e["role"]: e for e in first.events("vm_serving") + first.events("vm_warmed")}
+        assert set(served) == {"base", "warm"} and all(e["after"] >= 12 for e in served.values())
+        assert first.calls == {"ListMicrovms": first.calls["ListMicrovms"], "RunMicrovm": 2, "SuspendMicrovm": 1}
+        assert [r.status for r in fleet.emulator.requests if r.operation == "SuspendMicrovm"] == [200]
+        (suspend,) = [r for r in fleet.emulator.requests if r.operation == "SuspendMicrovm"]
+        warmed = next(a for a in asks if a["role"] == "warm")
+        assert suspend.microvm_id == warmed["microvm_id"]
         # Units as CloudWatch gets them from the EMF Powertools prints.
         for name, unit in {"WaitTime": "Seconds", "ClaimToComplete": "Seconds", "LiveBaseVMs": "Count",
                            "RetryAmplification": "None", "StrayVMs": "Count"}.items():
@@ -372,7 +399,7 @@ def test_no_dip_at_expiry_without_headroom(aws, monkeypatch) -> None:
         for _ in range(3 * 25):  # three lifetimes
             run = fleet.every_minute(monkeypatch, 1)[0]
             handovers += len(run.events("vm_handed_over"))
-            lowest = min(lowest, len(fleet.live(("RUNNING",))))
+            lowest = min(lowest, len(serving(fleet)))
             assert len(fleet.live()) <= 5
         assert lowest >= 3
         assert handovers >= 1
@@ -588,7 +615,7 @@ def test_a_long_wait_passes_the_admission_deadline_once(aws, monkeypatch) -> Non
 
 
 def test_pagination_past_fifty(aws, monkeypatch) -> None:
-    with deployed_fleet(aws, env={"MIN_VMS": "2", "WARM_VMS": "0", "MAX_VMS": "80"}) as fleet:
+    with deployed_fleet(aws, env={"MIN_VMS": "2", "WARM_VMS": "0", "MAX_VMS": "64"}) as fleet:  # the product's limit
         for i in range(60):
             client_vm(fleet, f"client-{i}")
             fleet.clock.advance(0.2)
@@ -617,7 +644,7 @@ def test_two_fleets_on_one_image_each_count_their_own(aws, monkeypatch) -> None:
     clock = VirtualClock()
     with MicrovmsEmulator(clock=clock, seed=3, pending_seconds=5) as emulator:
         untraced_requests(emulator)  # coverage skips its request threads (tests/moto_server.py)
-        emulator.create_image("compartida", memory_mib=2048)
+        emulator.create_image("compartida", memory_mib=2048, hooks=True)
         image = emulator.image_arn("compartida")
         base = {"IMAGE_ARN": image, "MAX_VMS": "3", "WARM_VMS": "0", "MIN_VMS": "3"}
         with deployed_fleet(aws, emulator=emulator, fleet="uno", env={**base, "SHARED_WITH": '["dos"]'}) as uno:
@@ -741,11 +768,10 @@ def test_due_tokens_are_spent_on_a_recent_list_when_no_list_can_be_had(aws, monk
 
 def test_a_converging_fleet_parks_without_a_look_of_its_own(aws, monkeypatch) -> None:
     """#11 (API calls <= 1.1 x the minimum): a fleet converging from empty lists, starts its VMs,
-    and suspends its parked slots' VMs 2.6 s after their runs were answered (the measured PENDING
-    is 2 s, p95 2.13 s), assumed RUNNING without a look of their own; it ends its tick, and the
-    next tick's list sees them parked. Before: one look (a list, or a GetMicrovm for one VM);
-    before that, two GetMicrovm a look, a second look, a re-list when the suspend tokens came due,
-    and a list to see them parked."""
+    hands each to its server, and suspends its parked slots' VMs once the server says they are
+    warmed (the measured 2 s PENDING, rayd's readiness and the settling cell: about 3 s), with no
+    look of their own (the answer is a read: the VM ran then); it ends its tick, and the next
+    tick's list sees them parked."""
     env = {"MIN_VMS": "2", "WARM_VMS": "2", "MAX_VMS": "5"}
     with deployed_fleet(aws, env=env, pending_seconds=2, fresh_launches=0) as fleet:
         t0 = fleet.clock.now()

@@ -23,7 +23,6 @@ NO_HEADROOM = {"MIN_VMS": "2", "WARM_VMS": "0", "MAX_VMS": "2", "IDLE_SECONDS": 
 ENDED = ("TERMINATING", "TERMINATED")
 
 
-
 @pytest.fixture
 def stack() -> Iterator[contextlib.ExitStack]:
     with contextlib.ExitStack() as s:
@@ -45,7 +44,7 @@ def _fleet(aws: str, stack: contextlib.ExitStack, monkeypatch: Any, before: Opti
 
 def _ends(fleet: Any) -> list[tuple[float, str]]:
     live = {vm["microvmId"] for vm in fleet.live()}
-    return sorted((vm["startedAt"] + vm["maximumDurationInSeconds"], vm["microvmId"])
+    return sorted((vm["servesUntil"], vm["microvmId"])
                   for vm in fleet.emulator.microvms_ever() if vm["microvmId"] in live)
 
 
@@ -333,9 +332,10 @@ def test_a_skewed_lambda_clock(aws, stack, monkeypatch, skew) -> None:
 
 
 def test_two_ends_a_few_seconds_apart_in_one_gap(aws, stack, monkeypatch) -> None:
-    """A client ends one VM, then the other 3.5 s later, each replaced by a short invocation:
-    the two successors end 3.5 s apart, both in the same gap. Each must be replaced within
-    ~2.5 s of its own end (the second overtime step is for the second end)."""
+    """A client ends one VM, then the other 3.5 s later, each replaced by a short invocation (1.5 s
+    of time: it runs the successor at once and does not wait for the server's answer, which would
+    space the ends ~5 s apart): the two successors end 3.5 s apart, both in the same gap. Each must
+    be replaced within ~2.5 s of its own end (the second overtime step is for the second end)."""
     fleet = _fleet(aws, stack, monkeypatch)
     client = fleet.emulator.direct_client(caller="client")
     fleet.emulator.terminating_seconds = 0.1
@@ -344,7 +344,7 @@ def test_two_ends_a_few_seconds_apart_in_one_gap(aws, stack, monkeypatch) -> Non
         fleet.clock.advance(max(0.0, at - fleet.clock.now()))
         client.terminate_microvm(microvmIdentifier=vm_id)
         fleet.clock.advance(1.0)
-        fleet.invoke(monkeypatch, timeout=11.0)  # deadline 3 s: replaces it at once
+        fleet.invoke(monkeypatch, timeout=7.5)  # 1.5 s of time (less the 6 s call margin): replaces it at once
     fleet.emulator.terminating_seconds = 3.0
     fleet.every_minute(monkeypatch, 1)
     assert len(fleet.live(("RUNNING",))) == 2, [(i.result, [e["message"] for e in i.events()]) for i in fleet.invocations[-3:]]
@@ -360,29 +360,69 @@ def test_two_ends_a_few_seconds_apart_in_one_gap(aws, stack, monkeypatch) -> Non
     _sound(fleet, end - 1)
 
 
-def test_parked_vms_taken_by_clients_leave_a_base_end_nothing_replaces(aws, stack, monkeypatch) -> None:
-    """min 1, warm 1, max 2: the parked VM is resumed (taken) by a client, so the base VM has no
-    headroom and nothing parked to hand over when it ends in the gap."""
+def _first(vm: dict[str, Any], states: tuple[str, ...]) -> float:
+    return next(at for at, state, _ in vm["history"] if state in states)
+
+
+def _parked_vm_taken_before_a_base_end(aws: str, stack: contextlib.ExitStack, monkeypatch: Any,
+                                       before: float) -> tuple[Any, dict[str, Any], float, Any]:
+    """min 1, warm 1, max 2, the parked VM taken by a client 3 minutes before a tick that starts
+    ``before`` s ahead of the base VM's end as the reconciler counts it (its lifetime from the VM's
+    start; rayd counts it from its ``/run``, when the VM runs): (fleet, the base VM, the tick's
+    start, its invocation)."""
     fleet = stack.enter_context(deployed_fleet(aws, env={"MIN_VMS": "1", "WARM_VMS": "1", "MAX_VMS": "2",
                                                          "IDLE_SECONDS": ""}, pending_seconds=2))
     fleet.every_minute(monkeypatch, 3)
     suspended = fleet.live(("SUSPENDED",))
     assert len(suspended) == 1 and len(fleet.live(("RUNNING",))) == 1
+    (base,) = [vm for vm in fleet.emulator.microvms_ever() if vm["microvmId"] == fleet.live(("RUNNING",))[0]["microvmId"]]
+    counted_end = base["servesUntil"] - (_first(base, ("RUNNING",)) - base["startedAt"])
+    fleet.clock.advance(counted_end - before - 180.0 - fleet.clock.now())
     client = fleet.emulator.direct_client(caller="client")
     client.resume_microvm(microvmIdentifier=suspended[0]["microvmId"])
-    fleet.every_minute(monkeypatch, 1)
-    base_end = min(e for e in _ends(fleet) if e[1] != suspended[0]["microvmId"])
-    fleet.clock.advance(base_end[0] - 51.0 - fleet.clock.now())
+    fleet.every_minute(monkeypatch, 3)
+    assert fleet.emulator.state_of(suspended[0]["microvmId"]) == "RUNNING"  # still the client's
     start = fleet.clock.now()
     invocation = fleet.invoke(monkeypatch)
+    (base,) = [vm for vm in fleet.emulator.microvms_ever() if vm["microvmId"] == base["microvmId"]]
+    return fleet, base, start, invocation
+
+
+def test_parked_vms_taken_by_clients_leave_a_base_end_nothing_replaces(aws, stack, monkeypatch) -> None:
+    """min 1, warm 1, max 2: the parked VM is resumed (taken) by a client, so the base VM has no
+    headroom and nothing parked to hand over when it ends in the gap: its successor runs in
+    overtime, within ~2.5 s of the base VM's end (the reconciler's TerminateMicrovm at its
+    deadline, ``past_deadline``).
+
+    The client takes it 3 minutes before the tick, so the schedule's ticks see it RUNNING: a
+    parked VM is now the product's pool VM, with the pool's idle policy (300 s), and one taken long
+    before and idle since is SUSPENDED again, which a tick that never saw it run hands to the base
+    slot (nothing to replace at the end then)."""
+    fleet, base, start, invocation = _parked_vm_taken_before_a_base_end(aws, stack, monkeypatch, 51.0)
     assert "steps" in invocation.result
     assert _peak_live(fleet) <= 2
-    runs = _runs(fleet, base_end[0], ok=True)
-    assert runs and runs[0].time - base_end[0] <= 2.5, ([r.time - base_end[0] for r in runs],
-                                                        invocation.events("tick_overtime"))
+    end = _first(base, ENDED)
+    assert end - start > 50.0, end - start  # in the gap
+    runs = _runs(fleet, end, ok=True)
+    assert runs and runs[0].time - end <= 2.5, ([r.time - end for r in runs], invocation.events("tick_overtime"))
     assert invocation.events("tick_overtime")  # it was the overtime's (nothing parked to hand over)
     _settle(fleet, monkeypatch, start)
     assert _peak_live(fleet) <= 2
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "found: end_past_deadline (core/phases.py) ends a base VM at its start + lifetime; rayd's deadline "
+    "(servesUntil) is its /run + lifecycle.timeout_s, the VM's launch later: measured TerminateMicrovm "
+    "(past_deadline) 2.0 s before servesUntil (PENDING 2 s; a fresh version's first launches take 26-65 s)"))
+def test_a_base_vm_is_not_ended_before_rayd_ends_it(aws, stack, monkeypatch) -> None:
+    """The reconciler's TerminateMicrovm at a base VM's deadline (``past_deadline``) frees its room
+    under max_vms for a successor once rayd (PID 1) ended its agents; never before: the VM serves
+    until then (``servesUntil``, rayd's deadline, counted from its ``/run``)."""
+    fleet, base, start, _ = _parked_vm_taken_before_a_base_end(aws, stack, monkeypatch, 51.0)
+    _settle(fleet, monkeypatch, start)
+    (base,) = [vm for vm in fleet.emulator.microvms_ever() if vm["microvmId"] == base["microvmId"]]
+    ended = _first(base, ENDED)
+    assert ended >= base["servesUntil"] - 0.1, (ended - start, base["servesUntil"] - start)
 
 
 @pytest.mark.parametrize("tick_seconds,into_tick,second_at", [("55", 59.3, 60.0), ("55", 56.5, 60.0)])
@@ -552,7 +592,9 @@ def test_a_list_late_by_more_than_the_wake_does_not_hammer_listmicrovms(aws, sta
 
 def test_three_ends_in_one_gap_are_replaced_in_overtime(aws, stack, monkeypatch) -> None:
     """min = max = 3, the three VMs end 2 s apart in one gap: the overtime's three steps replace
-    each within ~2.5 s of its end. Nothing doubled, never above max_vms."""
+    each within ~2.5 s of its end. Nothing doubled, never above max_vms. (Each VM is replaced by an
+    invocation with 1.5 s of time, which does not wait for the server's answer: one that waited
+    would space the ends 4 s apart, the third past the overtime.)"""
     three = {"MIN_VMS": "3", "MAX_VMS": "3"}
     fleet = _fleet(aws, stack, monkeypatch, env=three)
     client = fleet.emulator.direct_client(caller="client")
@@ -562,7 +604,7 @@ def test_three_ends_in_one_gap_are_replaced_in_overtime(aws, stack, monkeypatch)
         fleet.clock.advance(max(0.0, t + 2.0 * i - fleet.clock.now()))
         client.terminate_microvm(microvmIdentifier=vm_id)
         fleet.clock.advance(1.0)
-        fleet.invoke(monkeypatch, timeout=10.5)  # deadline 2.5 s: replaces it at once
+        fleet.invoke(monkeypatch, timeout=7.5)  # 1.5 s of time (less the 6 s call margin): replaces it at once
     fleet.emulator.terminating_seconds = 3.0
     fleet.every_minute(monkeypatch, 1)
     ends = [e for e, _ in _ends(fleet)]
@@ -666,7 +708,7 @@ def test_room_a_client_frees_just_before_a_base_vms_end_is_used_before_the_end(a
         t0 = fleet.clock.now()
         fleet.invoke(monkeypatch)
         (base,) = [vm for vm in fleet.emulator.microvms_ever() if vm["imageArn"] == fleet.image]
-        end = base["startedAt"] + base["maximumDurationInSeconds"]
+        end = base["servesUntil"]  # its rayd's deadline: the product's serve timeout
         client = fleet.emulator.direct_client(caller="client")
         held = client.run_microvm(imageIdentifier=fleet.image, clientToken="client-holds-the-room",
                                   maximumDurationInSeconds=int(end - 40 - fleet.clock.now()))["microvmId"]

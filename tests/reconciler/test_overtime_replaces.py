@@ -18,11 +18,10 @@ from .harness import RECONCILER_CALLER, deployed_fleet, seconds_below
 NO_HEADROOM = {"MIN_VMS": "2", "WARM_VMS": "0", "MAX_VMS": "2", "IDLE_SECONDS": ""}
 
 
-
 def _next_end(fleet: Any) -> tuple[float, str]:
     """When the first of the fleet's live VMs reaches its maximum lifetime, and which."""
     live = {vm["microvmId"] for vm in fleet.live()}
-    ends = [(vm["startedAt"] + vm["maximumDurationInSeconds"], vm["microvmId"])
+    ends = [(vm["servesUntil"], vm["microvmId"])
             for vm in fleet.emulator.microvms_ever() if vm["microvmId"] in live]
     return min(ends)
 
@@ -61,21 +60,31 @@ def _tick_starting_before_end(fleet: Any, monkeypatch: Any, before: float, timeo
 
 @pytest.mark.parametrize("into_tick", [50.5, 55.5])
 def test_an_end_after_the_deadline_is_replaced_in_overtime(fleet, monkeypatch, into_tick) -> None:
+    """The end in the gap is replaced in overtime, 1 s after it, within the invocation's time.
+    Below min_vms for the wake (1 s), the successor's PENDING (2 s) and the server's answer that it
+    serves (~2 s): 4.98 s measured (3 s before the fleet was served)."""
     invocation, _, vm_id = _tick_starting_before_end(fleet, monkeypatch, into_tick)
     end = _next_end_of(fleet, vm_id)
     runs = _runs_after(fleet, end)
     assert runs and runs[0] - end <= 2.5, (end, runs)  # end + EXPIRY_WAKE_SECONDS (1 s) + the list
-    assert len(invocation.events("tick_overtime")) == 1
+    assert invocation.events("tick_overtime")
     assert fleet.clock.now() - (end - into_tick) <= 59.0 + 1.0  # within the invocation's time, margin kept
     fleet.every_minute(monkeypatch, 1)
-    # Below min_vms only for the wake (1 s) and the successor's PENDING (2 s).
-    assert seconds_below(fleet, int(fleet.env["MIN_VMS"]), end - 5, end + 30) <= 3.6
+    assert seconds_below(fleet, int(fleet.env["MIN_VMS"]), end - 5, end + 30) <= 5.5
     assert len(fleet.live()) <= 2
+
+
+@pytest.mark.parametrize("into_tick", [50.5, 55.5])
+def test_an_end_after_the_deadline_costs_one_overtime_step(fleet, monkeypatch, into_tick) -> None:
+    """(Split from the test above, unchanged.) The end in the gap costs one overtime step: the one
+    that lists 1 s after it and runs the successor."""
+    invocation, _, vm_id = _tick_starting_before_end(fleet, monkeypatch, into_tick)
+    assert len(invocation.events("tick_overtime")) == 1, [e["wake"] for e in invocation.events("tick_overtime")]
 
 
 def _next_end_of(fleet: Any, vm_id: str) -> float:
     vm = next(v for v in fleet.emulator.microvms_ever() if v["microvmId"] == vm_id)
-    return vm["startedAt"] + vm["maximumDurationInSeconds"]
+    return vm["servesUntil"]
 
 
 def test_the_overtime_ends_before_the_invocation_does(fleet, monkeypatch) -> None:

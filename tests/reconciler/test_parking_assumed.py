@@ -7,7 +7,13 @@
   (GetMicrovm) and sent again only when the read proves it did not land.
 
 Each break found became a test here (a fix in lambdas/reconciler/tick.py or core.py, or a strict
-xfail that says what is left)."""
+xfail that says what is left).
+
+A served fleet (the product's ``rayito`` 0.17 launch) suspends a parked slot's VM only after the
+fleet's server warmed it (its answer in the ledger: RUNNING + 0.78 s in ``VirtualServer``, read by a
+step 3 s after the ask, then every 2 s): that answer, not the 2.6 s assumption, is what the suspend
+stands on, so a slow start refuses no suspend; the tests that needed a refused assumption say
+what replaced it."""
 
 from __future__ import annotations
 
@@ -16,7 +22,15 @@ from typing import Any
 
 import pytest
 
-from .harness import RECONCILER_CALLER, at_first_call, deployed_fleet, end_the_vm, fail_the_next_read, list_lag
+from .harness import (
+    RECONCILER_CALLER,
+    act_during_sleep,
+    at_first_call,
+    deployed_fleet,
+    end_the_vm,
+    fail_the_next_read,
+    list_lag,
+)
 from .support import ours
 from .support import assert_no_duplicates
 from .support import members
@@ -49,30 +63,48 @@ def test_an_assumption_does_not_outlive_the_suspend_it_was_made_for(aws, monkeyp
 SLOW_SUSPENDS = '{"SuspendMicrovm": [0.25, 1]}'
 
 
+@pytest.mark.xfail(strict=True, reason=(
+    "found: a served fleet's warmed parked VM that a lagging list omits is not suspended until a list "
+    "shows it: warm-1's VM, warmed at 2.78 s, its suspend token at 7 s, is suspended at 45.05 s (lists "
+    "at 5, 17.05, 31.05 and 45.05 s, lagging 45 s; no GetMicrovm). Looks.view drops the server's answer "
+    "(Source.FACT, 2.78 s) once a newer list exists, and Looks.peek skips the missed VM as 'assumable' "
+    "while _assume_running assumes only STARTING slots (this one is PARKING)"))
 def test_a_lost_suspend_whose_read_fails_is_settled_by_a_read_never_by_the_assumption(aws, monkeypatch) -> None:
     """warm-0's suspend lands and its answer is lost; the GetMicrovm that would settle it fails;
     lists lag 45 s (the VM is missing from them). The step of warm-1's suspend, 4 s later, must
-    not settle warm-0's doubt on the RUNNING the tick assumed for its first suspend (told as a
-    read, ``unknown``): only a read of the VM settles it: the next tick's list, SUSPENDED (landed)."""
+    not settle warm-0's doubt on the RUNNING the tick assumed for its first suspend, or on the
+    server's warm answer (both predate the suspend): only a read of the VM settles it, a list
+    that shows it (45 s old at least), SUSPENDED (landed).
+
+    Measured on a served fleet: the doubt is settled by a read (the list of 45.05 s, SUSPENDED),
+    but warm-1's suspend, due at 7 s, is sent only then (45.05 s): the lagging lists from 5 s on
+    omit warm-1's VM, the server's answer about it (2.78 s) predates them and is no longer seen,
+    and nothing looks at the VM (no GetMicrovm): strict xfail, the last assertion."""
     env = {"MIN_VMS": "1", "WARM_VMS": "2", "MAX_VMS": "5", "BUDGETS": SLOW_SUSPENDS}
     with deployed_fleet(aws, env=env, pending_seconds=2, fresh_launches=0) as fleet:
         lag = list_lag(fleet, 45)
         fleet.emulator.inject("SuspendMicrovm", "lost_response", times=1)
         armed = at_first_call(fleet, "SuspendMicrovm", fail_the_next_read(fleet))
+        t0 = fleet.clock.now()
         first = fleet.invoke(monkeypatch)
         assert len(ours(fleet, "SuspendMicrovm")) == 2
-        assert not first.events("park_doubt_settled"), [(e["outcome"], e["state"], e["read_after"]) for e in first.events("park_doubt_settled")]
         assert [e for e in first.events("api_error") if e.get("operation") == "GetMicrovm"]  # told
         fleet.emulator.remove_fault(lag)
-        fleet.clock.advance(60)
+        fleet.clock.advance(max(0.0, t0 + 60 - fleet.clock.now()))
         second = fleet.invoke(monkeypatch)
-        assert [(e["outcome"], e["state"]) for e in second.events("park_doubt_settled")] == [("landed", "SUSPENDED")]
+        # Settled once, by a read that shows the VM: never before a lagging list could (45 s).
+        settled = first.events("park_doubt_settled") + second.events("park_doubt_settled")
+        assert [(e["outcome"], e["state"], e["microvm_id"]) for e in settled] == [("landed", "SUSPENDED", armed[0])]
+        assert settled[0]["time"] >= t0 + 45, settled
         fleet.clock.advance(60)
         fleet.every_minute(monkeypatch, 1)
         assert [r.microvm_id for r in ours(fleet, "SuspendMicrovm")].count(armed[0]) == 1
         assert not members(fleet)
         assert Counter(vm["state"] for vm in fleet.live()) == {"RUNNING": 1, "SUSPENDED": 2}
         assert_no_duplicates(fleet)
+        # warm-1's suspend on its token, 4 s after warm-0's (measured: 42.05 s after).
+        suspends = ours(fleet, "SuspendMicrovm")
+        assert suspends[1].time - suspends[0].time <= 4.5, [(r.microvm_id, r.time - t0) for r in suspends]
 
 
 def test_a_tick_killed_right_after_sending_a_suspend_never_suspends_the_session_a_client_resumed(aws, monkeypatch) -> None:
@@ -150,25 +182,29 @@ def test_slow_starts_around_the_assumption_park_in_the_tick_with_one_refusal(aws
 
 @pytest.mark.filterwarnings("ignore:No application metrics")  # the newer tick's end flushes no metric
 def test_a_tick_that_lost_its_lease_while_it_slept_suspends_nothing(aws, monkeypatch) -> None:
-    """A slow start (PENDING 4 s): the VM assumed RUNNING refuses its suspend (409), and the tick
-    sleeps to look at it again. Meanwhile a newer invocation takes the fleet's lease. The older
-    tick's look says RUNNING and changes nothing in the ledger, so no fenced write came before its
-    suspend: it suspended a VM of a fleet it no longer held (the newer tick's to park, and a
-    client's to resume after that). Every suspend is now written (fenced) before it is sent: the
-    older tick stops (``lease_lost``) and calls nothing after the takeover."""
+    """A slow start (PENDING 4 s). Written for the tick that slept after its assumed suspend was
+    refused (409), to look again, and lost the lease meanwhile: its look said RUNNING and changed
+    nothing in the ledger, so no fenced write came before its suspend: it suspended a VM of a fleet
+    it no longer held (the newer tick's to park, and a client's to resume after that). A served
+    fleet refuses no suspend here: the tick sleeps for the server's warm answer (asked at 0 s,
+    looked for at 3 s, warmed at 4.78 s, read at 5 s), and a newer invocation takes the fleet's
+    lease during that first sleep (at 1 s). Every suspend is written (fenced) before it is sent:
+    the older tick stops (``lease_lost``) and calls nothing after the takeover (the VM, RUNNING,
+    is the newer ticks' to park)."""
     env = {"MIN_VMS": "1", "WARM_VMS": "1", "MAX_VMS": "3"}
     with deployed_fleet(aws, env=env, pending_seconds=4, fresh_launches=0) as fleet:
         newer = fleet.reconciler(monkeypatch)
-        taken: list[float] = []
+        fleet._environment = fleet.reconciler(monkeypatch)  # the older tick's execution environment
+        fleet._built_env = (dict(fleet.env), True)
+        t0 = fleet.clock.now()
 
-        def on_request(record: Any) -> None:
-            if record.operation == "GetMicrovm" and record.caller == RECONCILER_CALLER and not taken:
-                assert newer.begin_tick(120, 50)  # a newer invocation holds the fleet from here
-                taken.append(record.time)
+        def take() -> None:
+            assert newer.begin_tick(120, 50)  # a newer invocation holds the fleet from here
 
-        fleet.emulator.subscribe(on_request)
+        taken = act_during_sleep(fleet, t0 + 1.0, take)
         first = fleet.invoke(monkeypatch)
-        assert [r.status for r in ours(fleet, "SuspendMicrovm")] == [409]
+        assert len(fleet.server.asks) == 2 and all(a["received_at"] < taken[0] for a in fleet.server.asks)
+        assert ours(fleet, "SuspendMicrovm") == []
         assert taken and first.result.get("lease_lost"), first.result
         assert not [r for r in fleet.emulator.requests if r.caller == RECONCILER_CALLER and r.time >= taken[0]
                     and r.operation in ("SuspendMicrovm", "RunMicrovm", "TerminateMicrovm", "ResumeMicrovm")]
@@ -282,17 +318,20 @@ def test_a_lost_suspend_whose_read_is_throttled_is_told_and_settled_by_the_next_
 
 
 def test_a_very_slow_start_costs_one_refused_suspend_and_a_bounded_number_of_looks(aws, monkeypatch) -> None:
-    """PENDING 30 s (a fresh image version's first launches take 26-65 s, measured): three parked
-    slots' VMs are assumed RUNNING at 2.6 s; the first suspend is refused, nothing more is assumed,
-    and the VMs are looked at less and less often while PENDING (not once per 2.6 s poll each),
-    then parked in the same tick."""
+    """PENDING 30 s (a fresh image version's first launches take 26-65 s, measured). Written for
+    three parked slots' VMs assumed RUNNING at 2.6 s (one refused suspend, then looks less and less
+    often while PENDING). A served fleet waits for the server's warm answers instead (each VM
+    warmed at 30.78 s), by steps that read the ledger every 2 s and call the service for none of
+    them: no suspend refused, no GetMicrovm, the tick's lists bounded (measured 3: at 0, 13 and
+    27 s), the VMs parked in the same tick once warmed (31, 31.5, 32 s)."""
     env = {"MIN_VMS": "1", "WARM_VMS": "3", "MAX_VMS": "5"}
     with deployed_fleet(aws, env=env, pending_seconds=30, fresh_launches=0) as fleet:
+        t0 = fleet.clock.now()
         first = fleet.invoke(monkeypatch)
-        statuses = [r.status for r in ours(fleet, "SuspendMicrovm")]
-        assert statuses == [409, 200, 200, 200], statuses
-        looks = first.calls.get("GetMicrovm", 0) + first.calls.get("ListMicrovms", 0)
-        assert looks <= 12, first.calls
+        suspends = ours(fleet, "SuspendMicrovm")
+        assert [r.status for r in suspends] == [200, 200, 200], suspends
+        assert all(fleet.server.warmed[r.microvm_id] <= r.time < t0 + 34 for r in suspends), suspends
+        assert not first.calls.get("GetMicrovm") and first.calls.get("ListMicrovms", 0) <= 4, first.calls
         fleet.clock.advance(60)
         fleet.invoke(monkeypatch)
         assert Counter(vm["state"] for vm in fleet.live()) == {"RUNNING": 1, "SUSPENDED": 3}
@@ -342,17 +381,21 @@ def test_a_suspend_proven_not_landed_whose_resend_waits_for_the_budget_is_sent_i
 
 
 def test_an_assumed_vm_whose_suspend_says_not_found_is_not_suspended_again_on_every_poll(aws, monkeypatch) -> None:
-    """warm-0's VM is gone (ended, no longer known) before its assumed suspend: 404. Taken as
-    nothing, the assumption stood: every later step of the tick (warm-1's suspend waits 4 s for
-    the budget) read the VM RUNNING again and sent it another suspend. A 404 on an assumed suspend
-    is now refused as a 409 is: the VM is looked at, nothing more is assumed in the tick."""
+    """warm-0's VM is gone (ended, no longer known) right after its run. Written for its assumed
+    suspend (404), taken as nothing: every later step of the tick read the VM RUNNING again and sent
+    it another suspend. A served fleet suspends a parked VM only once the server warmed it: the
+    server finds it not running (``serve_failed``, told), is asked again on the next answers (3 and
+    5 s), not on every poll, and after ``max_start_attempts`` (3) asks the VM is given up
+    (``vm_not_serving``); it is never suspended, and the next ticks replace it and park the new VM."""
     env = {"MIN_VMS": "1", "WARM_VMS": "2", "MAX_VMS": "5", "BUDGETS": '{"SuspendMicrovm": [0.2, 1]}'}
     with deployed_fleet(aws, env=env, pending_seconds=2, fresh_launches=0) as fleet:
         gone = at_first_call(fleet, "RunMicrovm", end_the_vm(fleet))
         first = fleet.invoke(monkeypatch)
         to_gone = [r.status for r in ours(fleet, "SuspendMicrovm") if r.microvm_id == gone[0]]
-        assert to_gone == [404], (to_gone, first.calls)
-        assert [e for e in first.events("api_error") if e.get("microvm_id") == gone[0] and e.get("assumed_running")]
+        assert to_gone == [] and first.calls.get("SuspendMicrovm") == 1, (to_gone, first.calls)
+        assert len([a for a in fleet.server.asks if a["microvm_id"] == gone[0]]) == 3
+        assert len([e for e in first.events("serve_failed") if e["microvm_id"] == gone[0]]) == 3
+        assert [e["microvm_id"] for e in first.events("vm_not_serving")] == gone
         fleet.emulator.terminating_seconds = 3
         fleet.emulator.terminated_linger_seconds = 1200
         fleet.clock.advance(60)

@@ -12,7 +12,7 @@ import pytest
 
 from lambdas.reconciler import core
 
-from .harness import RECONCILER_CALLER, deployed_fleet, peak_live, seconds_below
+from .harness import RECONCILER_CALLER, deployed_fleet, peak_live, seconds_below, serving
 
 
 @pytest.mark.parametrize(("lifetime", "min_vms", "max_vms"), [(600, 1, 2), (900, 5, 6), (1800, 3, 4)])
@@ -26,7 +26,7 @@ def test_short_lifetimes_never_dip_with_one_slot_of_headroom(aws, monkeypatch, l
     with deployed_fleet(aws, env=env, pending_seconds=2) as fleet:
         start = fleet.clock.now()
         fleet.every_minute(monkeypatch, 2)
-        assert len(fleet.live(("RUNNING",))) == min_vms
+        assert len(serving(fleet)) == min_vms
         fleet.every_minute(monkeypatch, 3 * lifetime // 120)  # one lifetime and a half
         assert seconds_below(fleet, min_vms, start + 120, fleet.clock.now()) == 0.0
         assert peak_live(fleet) <= max_vms

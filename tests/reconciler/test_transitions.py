@@ -130,7 +130,7 @@ def test_a_base_slot_sees_its_vm(spec, state, phase, handover, parking, expect) 
 ])
 def test_a_parked_slot_sees_its_vm(state, phase, parking, expect) -> None:
     before = slot("warm-0", generation=1, phase=phase, microvm_id="vm-1", parking_since=parking, requested_at=NOW - 5)
-    change = core.warm_seen(before, vm(state, NOW - 60), NOW)
+    change = core.warm_seen(SPEC, before, vm(state, NOW - 60), NOW)
     new_phase, told, intents, member = expect
     assert change.slot is not None and change.slot.phase == new_phase
     assert (names(change), [str(i.kind) for i in change.intents]) == (told, intents)
@@ -346,3 +346,125 @@ def test_a_member_is_forgotten_once_its_vm_ended() -> None:
 def test_a_wait_is_told_once() -> None:
     told = core.note_wait(slot(), "max_vms_reached")
     assert told is not None and core.noted(told, "max_vms_reached") and core.note_wait(told, "max_vms_reached") is None
+
+
+# ------------------------------------------------------------------------------ serving (issue #33)
+
+SERVED = core.FleetSpec("f", SPEC.image_arn, min_vms=2, max_vms=4, warm_vms=1, max_lifetime_seconds=1_000,
+                        max_start_attempts=3, serve=True)
+
+
+def ready(outcome: str = "ready", at: float = NOW - 1, attempt: int = 1, role: str = "member", vm_id: str = "vm-1",
+          reason: Optional[str] = None) -> core.Ready:
+    return core.Ready(vm_id, outcome, at, attempt, reason, role)
+
+
+@pytest.mark.parametrize("state, before, expect", [
+    # Running but not served: SERVING (the server is asked by :func:`ask_about`).
+    ("RUNNING", dict(phase=STARTING), dict(phase=core.SERVING, events=["vm_started"])),
+    # Served: RUNNING, it counts.
+    ("RUNNING", dict(phase=core.SERVING, ready_at=NOW - 1), dict(phase=RUNNING, events=["vm_running"])),
+    # Served and idle-suspended by its own policy (auto-resume): still serving.
+    ("SUSPENDED", dict(phase=core.SERVING, ready_at=NOW - 1, auto_resume=True), dict(phase=RUNNING)),
+    # Suspended by its idle policy before it was served (auto-resume): SERVING (an ask wakes it).
+    ("SUSPENDED", dict(phase=STARTING, auto_resume=True), dict(phase=core.SERVING)),
+    # Still PENDING: STARTING (the server waits for it).
+    ("PENDING", dict(phase=STARTING), dict(phase=STARTING)),
+])
+def test_a_served_fleets_base_slot_counts_its_vm_once_it_serves(state, before, expect) -> None:
+    change = core.base_seen(SERVED, slot(microvm_id="vm-1", requested_at=NOW - 30, **before), vm(state, NOW - 30), NOW)
+    after = change.slot
+    assert after is not None and after.phase == expect["phase"] and not change.intents
+    for event in expect.get("events", []):
+        assert event in names(change)
+
+
+@pytest.mark.parametrize("before, expect", [
+    # Never asked: asked.
+    (dict(), dict(intents=["serve"])),
+    # Asked, no answer yet: it waits for one (a wake), no second ask.
+    (dict(serve_asked_at=NOW - 5, serve_asks=1), dict(waits=["served"])),
+    # No answer long after the ask (the server timed out, an Invoke lost): asked again.
+    (dict(serve_asked_at=NOW - core.SERVE_RETRY_SECONDS, serve_asks=1), dict(intents=["serve"])),
+    # Its last ask failed (written down): asked again.
+    (dict(serve_asked_at=None, serve_asks=1, serve_failures=1), dict(intents=["serve"])),
+    # Every ask spent without it serving: ended (ours: not a client's), as a crash.
+    (dict(serve_asked_at=None, serve_asks=3, serve_failures=3),
+     dict(intents=["terminate"], events=["vm_not_serving"], ending="not_serving")),
+    # Served: nothing to ask.
+    (dict(ready_at=NOW - 1), dict()),
+])
+def test_what_a_served_fleet_asks_its_server(before, expect) -> None:
+    change = core.ask_about(SERVED, slot(microvm_id="vm-1", phase=core.SERVING, **before), NOW)
+    assert [i.kind for i in change.intents] == expect.get("intents", [])
+    assert [str(w.reason) for w in change.waits] == expect.get("waits", [])  # a base slot: "served"
+    assert names(change) == expect.get("events", [])
+    if "ending" in expect:
+        assert change.slot.ending == expect["ending"]
+
+
+def test_an_unserved_fleet_counts_a_vm_once_it_runs() -> None:
+    """``serve=False`` (no server): RUNNING is live, nothing is asked."""
+    change = core.base_seen(SPEC, slot(microvm_id="vm-1", phase=STARTING), vm("RUNNING"), NOW)
+    assert change.slot.phase == RUNNING and not change.intents
+
+
+@pytest.mark.parametrize("before, expect", [
+    (dict(phase=STARTING), dict(intents=[])),  # RUNNING, not warmed: warmed (asked) before it is parked
+    (dict(phase=STARTING, ready_at=NOW - 1), dict(intents=["suspend"], phase=PARKING)),  # warmed: parked
+])
+def test_a_served_fleets_parked_slot_is_warmed_before_it_is_parked(before, expect) -> None:
+    change = core.warm_seen(SERVED, slot("warm-0", microvm_id="vm-1", **before), vm("RUNNING", NOW - 10), NOW)
+    assert [i.kind for i in change.intents] == expect["intents"]
+    assert change.slot.phase == expect.get("phase", STARTING)
+
+
+@pytest.mark.parametrize("fact, before, expect", [
+    # Ready for the slot's role: served from the fact's time.
+    (ready(), dict(serve_asked_at=NOW - 3, serve_asks=1), dict(ready_at=NOW - 1, events=["vm_serving"])),
+    # Not yet (the answer's time is ahead of the clock, as a virtual server writes it).
+    (ready(at=NOW + 2), dict(serve_asked_at=NOW - 3, serve_asks=1), dict(ready_at=None)),
+    # A parked slot's warming is no serving: a base slot that took the VM must have it served.
+    (ready(role="warm"), dict(serve_asks=0), dict(ready_at=None)),
+    # Another VM's answer (the slot moved on).
+    (ready(vm_id="vm-2"), dict(serve_asked_at=NOW - 3, serve_asks=1), dict(ready_at=None)),
+    # The last ask failed: counted once, the next plan asks again.
+    (ready("failed", reason="SandboxNotReadyException"), dict(serve_asked_at=NOW - 3, serve_asks=1),
+     dict(serve_failures=1, serve_asked_at=None, events=["serve_failed"])),
+    # An earlier ask's failure, already counted: nothing.
+    (ready("failed", attempt=1), dict(serve_asked_at=NOW - 3, serve_asks=2, serve_failures=1),
+     dict(serve_failures=1, serve_asked_at=NOW - 3)),
+])
+def test_the_servers_answer(fact, before, expect) -> None:
+    change = core.ready_seen(slot(microvm_id="vm-1", requested_at=NOW - 30, **before), fact, NOW)
+    after = change.slot
+    for name in ("ready_at", "serve_failures", "serve_asked_at"):
+        if name in expect:
+            assert getattr(after, name) == expect[name], name
+    assert names(change) == expect.get("events", [])
+
+
+def test_a_vm_ended_because_it_never_served_is_a_crash() -> None:
+    before = slot(microvm_id="vm-1", phase=core.SERVING, vm_started_at=NOW - 400, lifetime=1_000,
+                  ending="not_serving", reason="not_serving: TimeoutException")
+    change = core.vm_ended(SERVED, before, vm("TERMINATED", NOW - 400, reason="Success."), NOW)
+    assert names(change) == ["vm_ended_unexpectedly"] and change.slot.crashes == 1
+    assert change.slot.ready_at is None and change.slot.serve_asks == 0  # the next VM starts afresh
+
+
+def test_a_handover_is_served_as_a_base_slot() -> None:
+    base, donor = core.handover(slot(phase=QUEUED), slot("warm-0", phase=PARKED, microvm_id="vm-9", ready_at=NOW - 50,
+                                                        serve_asks=1, auto_resume=True), NOW)
+    assert base.microvm_id == "vm-9" and base.ready_at is None and base.serve_asks == 0 and base.auto_resume
+
+
+@pytest.mark.parametrize("request_, life", [
+    ({"maximumDurationInSeconds": 3660}, 3660),
+    ({"maximumDurationInSeconds": 3660, "runHookPayload": '{"lifecycle": {"timeout_s": 3600, "on_timeout": "kill"}}'}, 3600),
+    # A logical deadline that pauses instead of killing does not end the VM.
+    ({"maximumDurationInSeconds": 3660, "runHookPayload": '{"lifecycle": {"timeout_s": 3600, "on_timeout": "pause"}}'}, 3660),
+    ({"maximumDurationInSeconds": 900, "runHookPayload": "not json"}, 900),
+    ({}, 28_800),
+])
+def test_a_vm_serves_until_its_logical_deadline(request_, life) -> None:
+    assert core.serving_life(request_, 28_800) == life
