@@ -68,7 +68,7 @@ def shared_image(tmp_path_factory: pytest.TempPathFactory) -> Iterator[vw.World]
     }
     assembly = vw.synth("audit12-shared-image", vw.own_stack("SharedApp", fleets))
     with pytest.MonkeyPatch.context() as monkeypatch, vw.world(monkeypatch) as world:
-        assert world.emulator.create_image("shared-agent", memory_mib=2048) == image
+        assert world.emulator.create_image("shared-agent", memory_mib=2048, hooks=True) == image  # the product's
         world.deploy(assembly)
         resources = world.moto("cloudformation").list_stack_resources(StackName="SharedApp")["StackResourceSummaries"]
         lam = world.moto("lambda")
