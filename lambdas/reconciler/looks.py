@@ -142,8 +142,11 @@ class Looks:
         out: dict[str, Observed] = {}
         listed = set(self.listed)
         for vm_id in [*self.listed, *[v for v in self.seen if v not in listed]]:
+            # The server's answer outlives a list that does not show the VM: that list lags behind
+            # it (an ended VM stays listed 20 minutes), and the answer is the newest word on it.
             looks = [look for s, look in self.seen.get(vm_id, {}).items()
-                     if s in sources and look.vm is not None and look.at >= since]
+                     if s in sources and look.vm is not None
+                     and (look.at >= since or (s == Source.FACT and vm_id not in listed))]
             if looks:
                 out[vm_id] = max(looks, key=lambda look: look.at).vm  # type: ignore[assignment]
         return list(out.values())
