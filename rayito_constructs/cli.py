@@ -29,7 +29,7 @@ from .errors import Problem, ProjectError
 from .overrides import name_what_was_typed, read_overrides
 from .product import PRODUCT_VERSION
 from .project import AgentProject
-from .recipe import default_builds_image, plan_recipe
+from .recipe import plan_recipe
 from .verify.parser import add_parser as add_verify_parser
 
 EXIT_INVALID = 2
@@ -107,7 +107,10 @@ def _parser() -> argparse.ArgumentParser:
 
 def plan_document(project: AgentProject) -> dict[str, Any]:
     """The ``plan --json`` object of a project."""
-    recipe = plan_recipe(project, builds_image=default_builds_image(project))
+    # An app builds the fleet's image only when given rayd (``-c base_artifact``, AgentImage's
+    # ``rayd=``); ``plan`` reads no app's context, so it plans for the default: the fleet runs
+    # the image ``rayito agent deploy`` published (the product ignores a folder's Dockerfile).
+    recipe = plan_recipe(project)
     cost = estimate(project, has_recipe=recipe.encoded is not None)
     serve = dataclasses.asdict(project.serve)
     serve["idle_seconds"] = serve.pop("idle")

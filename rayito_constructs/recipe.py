@@ -92,12 +92,6 @@ def parameter_name(fleet_name: str) -> str:
     return f"{PARAMETER_PREFIX}{fleet_name}/recipe"
 
 
-def default_builds_image(project: AgentProject) -> bool:
-    """Whether ``AgentFleet`` builds the project's image by default (so the recipe's version is
-    known at deploy): the folder has a ``Dockerfile``."""
-    return project.folder is not None and (project.folder / "Dockerfile").is_file()
-
-
 def _is_token(value: Optional[str]) -> bool:
     return value is not None and "${Token[" in value
 
@@ -140,4 +134,4 @@ def plan_recipe(project: AgentProject, image_version: Optional[str] = None, *,
     return RecipePlan(name, stored, warnings, document, deploy_value or known, at_deploy)
 
 
-__all__ = ["PRODUCT_VERSION", "EncodedRecipe", "RecipePlan", "VERSION_STAND_IN", "default_builds_image", "parameter_name", "plan_recipe"]
+__all__ = ["PRODUCT_VERSION", "EncodedRecipe", "RecipePlan", "VERSION_STAND_IN", "parameter_name", "plan_recipe"]

@@ -65,6 +65,10 @@ GRANTED_WITHOUT_SID = frozenset({"UploadArtifacts", "BuildLogs"})
 ALLOWED_WILDCARDS: tuple[tuple[re.Pattern[str], frozenset[str], frozenset[str] | None], ...] = (
     (re.compile(_arn(r"^\*$")), frozenset(NO_RESOURCE), None),
     (re.compile(_arn(r"^\*$")), frozenset(MICROVM_ACTIONS), frozenset({"MicrovmsOnAnyImage"})),
+    # scope_microvm_actions_to_image=False: the fleet's server opens VMs of any image, as the
+    # reconciler drives them (FleetServer)
+    (re.compile(_arn(r"^\*$")), frozenset({"lambda:GetMicrovm", "lambda:CreateMicrovmAuthToken"}),
+     frozenset({"ServeMicrovms"})),
     # one image and its versions, or every image account-wide
     (re.compile(_arn(r"^(arn:{P}:lambda:{R}:{A}:microvm-image:[^:*/]+|<[A-Za-z0-9.]+>):\*$")),
      frozenset({*MICROVM_ACTIONS, *IMAGE_ACTIONS}), None),
