@@ -1,0 +1,165 @@
+"""The fleet's server and the reconciler's fleet source when what serving reads is missing or
+refused: every failure is one answer in the ledger (``failed`` with its reason, never a secret),
+and a tick without a fleet makes no MicroVMs call, with the reason it says.
+
+The server's handler runs with its own clients against moto (SSM, Secrets Manager, DynamoDB); the
+fleet source's error paths are driven with stand-ins for the SSM and Secrets Manager clients that
+raise botocore's own errors (the codes those services answer)."""
+
+from __future__ import annotations
+
+from typing import Any, Iterator
+
+import boto3
+import pytest
+from botocore.exceptions import ClientError, EndpointConnectionError
+
+from lambdas.reconciler import server as server_module
+from lambdas.reconciler.fleet_source import Absent, Deployed, RecipeSource, TokenSource, Unreadable
+from lambdas.reconciler.ledger import DynamoDBLedger
+
+from .harness import put_fleet_state
+
+FLEET = "servido"
+TABLE = "server-answers-ledger"
+SECRET = f"rayito/agents/{FLEET}/access-token"
+
+
+@pytest.fixture
+def world(aws: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, Any]]:
+    monkeypatch.setenv("AWS_ENDPOINT_URL", aws)
+    for key, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                       "AWS_DEFAULT_REGION": "us-east-1"}.items():
+        monkeypatch.setenv(key, value)
+    session = boto3.Session(region_name="us-east-1")
+    ddb, ssm, secrets = session.client("dynamodb"), session.client("ssm"), session.client("secretsmanager")
+    if TABLE not in ddb.list_tables()["TableNames"]:
+        DynamoDBLedger.create_table(ddb, TABLE)
+    for name in (f"/rayito/agents/{FLEET}/recipe",):
+        try:
+            ssm.delete_parameter(Name=name)
+        except ssm.exceptions.ParameterNotFound:
+            pass
+    try:
+        secrets.delete_secret(SecretId=SECRET, ForceDeleteWithoutRecovery=True)
+    except secrets.exceptions.ResourceNotFoundException:
+        pass
+    env = {"FLEET_NAME": FLEET, "ACCESS_TOKEN_SECRET": SECRET, "LEDGER_TABLE": TABLE}
+    yield {"session": session, "ssm": ssm, "secrets": secrets, "ddb": ddb, "env": env, "aws": aws}
+
+
+def _answer(world: dict[str, Any], vm_id: str, role: str = "member") -> tuple[dict[str, Any], Any]:
+    server = server_module.Server(world["env"], aws=world["session"])
+    result = server.handle({"microvm_id": vm_id, "role": role, "attempt": 2, "slot": "base-0"})
+    _, stats = DynamoDBLedger(world["ddb"], TABLE).load(FLEET)
+    return result, stats["facts"][vm_id]
+
+
+def test_no_recipe_is_a_failed_answer_saying_the_fleet_was_stopped(world) -> None:
+    result, fact = _answer(world, "microvm-sin-receta")
+    assert result == {"microvm_id": "microvm-sin-receta", "outcome": "failed"}
+    assert not fact.ready and fact.attempt == 2 and fact.role == "member"
+    assert "recipe is gone" in (fact.reason or "")
+
+
+def test_an_unreadable_recipe_is_a_failed_answer_with_its_reason(world) -> None:
+    world["ssm"].put_parameter(Name=f"/rayito/agents/{FLEET}/recipe", Value="not a recipe", Type="SecureString")
+    result, fact = _answer(world, "microvm-receta-rota", role="warm")
+    assert result["outcome"] == "failed" and fact.role == "warm"
+    assert "recipe cannot be read" in (fact.reason or "")
+    assert "not a recipe" not in (fact.reason or "")  # the reason, never the value
+
+
+def test_a_missing_token_is_a_failed_answer_and_never_the_token(world) -> None:
+    token = put_fleet_state(world["aws"], FLEET, SECRET)
+    world["secrets"].delete_secret(SecretId=SECRET, ForceDeleteWithoutRecovery=True)
+    result, fact = _answer(world, "microvm-sin-token")
+    assert result["outcome"] == "failed"
+    assert "access token cannot be read: secretsmanager:ResourceNotFoundException" in (fact.reason or "")
+    assert token not in (fact.reason or "")
+
+
+def test_a_recipe_read_once_is_kept_when_a_later_read_fails(world) -> None:
+    put_fleet_state(world["aws"], FLEET, SECRET)
+    server = server_module.Server(world["env"], aws=world["session"])
+    assert isinstance(server.recipe.read(), Deployed)
+    world["ssm"].put_parameter(Name=f"/rayito/agents/{FLEET}/recipe", Value="broken", Type="SecureString",
+                               Overwrite=True)
+    world["secrets"].delete_secret(SecretId=SECRET, ForceDeleteWithoutRecovery=True)
+    server.handle({"microvm_id": "microvm-ultima", "role": "member", "attempt": 1})
+    _, stats = DynamoDBLedger(world["ddb"], TABLE).load(FLEET)
+    # the last recipe read stands in for the broken one: the answer is about the token, next
+    assert "access token cannot be read" in (stats["facts"]["microvm-ultima"].reason or "")
+
+
+# ------------------------------------------------------------------ the fleet source's reads
+
+
+class _Refusing:
+    """An SSM or Secrets Manager client whose calls fail with ``error``."""
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+        self.calls = 0
+
+    def get_parameter(self, **_: Any) -> Any:
+        self.calls += 1
+        raise self.error
+
+    def get_secret_value(self, **_: Any) -> Any:
+        self.calls += 1
+        raise self.error
+
+
+def _client_error(code: str, operation: str) -> ClientError:
+    return ClientError({"Error": {"Code": code, "Message": "no"}}, operation)
+
+
+@pytest.mark.parametrize("error, reason", [
+    (_client_error("AccessDeniedException", "GetParameter"), "ssm:AccessDeniedException"),
+    (_client_error("ThrottlingException", "GetParameter"), "ssm:ThrottlingException"),
+    (EndpointConnectionError(endpoint_url="https://ssm.us-east-1.amazonaws.com"), "ssm:EndpointConnectionError"),
+])
+def test_a_refused_recipe_read_is_unreadable_with_the_service_code(error, reason) -> None:
+    got = RecipeSource(_Refusing(error), FLEET).read()
+    assert isinstance(got, Unreadable) and got.reason == reason
+
+
+def test_a_missing_recipe_is_absent() -> None:
+    assert isinstance(RecipeSource(_Refusing(_client_error("ParameterNotFound", "GetParameter")), FLEET).read(),
+                      Absent)
+
+
+def test_a_failed_token_reread_keeps_the_token_the_vms_carry() -> None:
+    now = [0.0]
+
+    class _Once:
+        def __init__(self) -> None:
+            self.calls = 0
+
+        def get_secret_value(self, **_: Any) -> Any:
+            self.calls += 1
+            if self.calls > 1:
+                raise _client_error("InternalServiceError", "GetSecretValue")
+            return {"SecretString": "el-token"}
+
+    client = _Once()
+    source = TokenSource(client, SECRET, lambda: now[0])
+    assert source.get() == "el-token"
+    now[0] = 299.0
+    assert source.get() == "el-token" and client.calls == 1  # within the TTL: not read again
+    now[0] = 301.0
+    assert source.get() == "el-token" and client.calls == 2  # read again, refused: the last one kept
+
+
+def test_an_unreadable_or_empty_token_says_why() -> None:
+    refused = TokenSource(_Refusing(_client_error("AccessDeniedException", "GetSecretValue")), SECRET, lambda: 0.0)
+    got = refused.get()
+    assert isinstance(got, Unreadable) and got.reason == "secretsmanager:AccessDeniedException"
+
+    class _Empty:
+        def get_secret_value(self, **_: Any) -> Any:
+            return {"SecretString": ""}
+
+    got = TokenSource(_Empty(), SECRET, lambda: 0.0).get()
+    assert isinstance(got, Unreadable) and got.reason == "access_token_empty"
