@@ -163,3 +163,27 @@ def test_an_unreadable_or_empty_token_says_why() -> None:
 
     got = TokenSource(_Empty(), SECRET, lambda: 0.0).get()
     assert isinstance(got, Unreadable) and got.reason == "access_token_empty"
+
+
+# ------------------------------------------------------------------ the reconciler's ask refused
+
+
+def test_an_ask_lambda_refuses_is_told_and_asked_again_once_the_server_is_there(aws, monkeypatch) -> None:
+    """The fleet's server function cannot be invoked (Lambda's 404: a deploy that has not made it
+    yet): each ask is told (``api_error`` on Invoke), the base VM is not counted as serving, and
+    the ask goes again; once the function answers, the VM serves. Counted from the emulator's VMs
+    and the server's own record of what it served."""
+    from .harness import deployed_fleet, serving
+
+    with deployed_fleet(aws, env={"MIN_VMS": "1", "WARM_VMS": "0", "MAX_VMS": "2"}, pending_seconds=2) as fleet:
+        real = fleet.env["SERVER_FUNCTION"]
+        fleet.env["SERVER_FUNCTION"] = "no-such-server"
+        first = fleet.invoke(monkeypatch, timeout=20.0)
+        refused = [e for e in first.events("api_error") if e.get("operation") == "Invoke"]
+        assert refused and refused[0]["code"] == "ResourceNotFoundException", first.events("api_error")
+        assert not first.events("serve_asked") and not serving(fleet) and not fleet.server.served
+        assert len(refused) >= 2  # asked again within the tick, after SERVE_POLL_SECONDS
+        fleet.env["SERVER_FUNCTION"] = real
+        fleet.clock.advance(60)
+        fleet.every_minute(monkeypatch, 1)
+        assert len(serving(fleet)) == 1 and len(fleet.server.served) == 1
