@@ -33,8 +33,10 @@ def world(aws: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, Any]]
         monkeypatch.setenv(key, value)
     session = boto3.Session(region_name="us-east-1")
     ddb, ssm, secrets = session.client("dynamodb"), session.client("ssm"), session.client("secretsmanager")
-    if TABLE not in ddb.list_tables()["TableNames"]:
+    try:  # moto's backends outlive a test in its worker (list_tables pages at 100: not a check)
         DynamoDBLedger.create_table(ddb, TABLE)
+    except ddb.exceptions.ResourceInUseException:
+        pass
     for name in (f"/rayito/agents/{FLEET}/recipe",):
         try:
             ssm.delete_parameter(Name=name)
