@@ -89,6 +89,16 @@ class RecipeSource:
             return self.last
         return self.decode(value, digest)
 
+    def current(self) -> Union[Deployed, str]:
+        """The recipe to act on now: the value read, or the last one read when a read fails; else
+        why there is none (``fleet_stopped``, ``recipe_unreadable:<why>``)."""
+        read = self.read()
+        if isinstance(read, Absent):
+            return "fleet_stopped"
+        if isinstance(read, Unreadable):
+            return self.last if self.last is not None else f"recipe_unreadable:{read.reason}"
+        return read
+
     def decode(self, value: str, digest: str) -> Read:
         try:
             recipe = decode_recipe(value)
@@ -162,13 +172,9 @@ class FleetSource:
     def now(self) -> Union[Desired, str]:
         """The fleet now, or why there is none (``fleet_stopped``, ``recipe_unreadable:<why>``,
         ``access_token_unreadable:<why>``): a tick without one makes no MicroVMs call."""
-        read = self.recipe.read()
-        if isinstance(read, Absent):
-            return "fleet_stopped"
-        if isinstance(read, Unreadable):
-            if self.recipe.last is None:
-                return f"recipe_unreadable:{read.reason}"
-            read = self.recipe.last
+        read = self.recipe.current()
+        if isinstance(read, str):
+            return read
         token = self.token.get()
         if isinstance(token, Unreadable):
             return f"access_token_unreadable:{token.reason}"

@@ -45,7 +45,7 @@ from rayito.sandbox_sync.pool import SandboxPool
 
 from .aws import STORE_CONFIG, session
 from .core import Ready
-from .fleet_source import Absent, RecipeSource, TokenSource, Unreadable
+from .fleet_source import RecipeSource, TokenSource, Unreadable
 from .ledger import DynamoDBLedger
 
 #: The longest a reason kept in the ledger (the product's messages are one line; a traceback is not kept).
@@ -134,6 +134,7 @@ class Server:
         self.token = TokenSource(self.aws.client("secretsmanager", config=STORE_CONFIG), self.env["ACCESS_TOKEN_SECRET"],
                                  time.monotonic)
         self.ledger = DynamoDBLedger(self.aws.client("dynamodb", config=STORE_CONFIG), self.env["LEDGER_TABLE"])
+        self._microvms: Any = None
 
     def handle(self, ask: dict[str, Any]) -> dict[str, Any]:
         vm_id = str(ask["microvm_id"])
@@ -153,18 +154,15 @@ class Server:
         return {"microvm_id": vm_id, "outcome": outcome}
 
     def serve(self, vm_id: str, role: str) -> None:
-        read = self.recipe.read()
-        if isinstance(read, Absent):
-            raise RuntimeError("the fleet's recipe is gone (the fleet was stopped)")
-        if isinstance(read, Unreadable):
-            if self.recipe.last is None:
-                raise RuntimeError(f"the fleet's recipe cannot be read: {read.reason}")
-            read = self.recipe.last
+        read = self.recipe.current()
+        if isinstance(read, str):
+            raise RuntimeError(f"no recipe to serve the VM with: {read}")
         token = self.token.get()
         if isinstance(token, Unreadable):
             raise RuntimeError(f"the fleet's access token cannot be read: {token.reason}")
-        client = self.aws.client("lambda-microvms", region_name=self.region)
-        plane = ReplayPlane(client, microvm_id=vm_id, image_arn=self.env["IMAGE_ARN"], session=self.aws)
+        if self._microvms is None:  # once per execution environment, on its first ask
+            self._microvms = self.aws.client("lambda-microvms", region_name=self.region)
+        plane = ReplayPlane(self._microvms, microvm_id=vm_id, image_arn=self.env["IMAGE_ARN"], session=self.aws)
         version = read.image_version or self.env.get("IMAGE_VERSION") or None
         if role == "warm":
             warm_slot(read.project, read.scaling, token, plane, version)

@@ -61,14 +61,14 @@ def test_no_recipe_is_a_failed_answer_saying_the_fleet_was_stopped(world) -> Non
     result, fact = _answer(world, "microvm-sin-receta")
     assert result == {"microvm_id": "microvm-sin-receta", "outcome": "failed"}
     assert not fact.ready and fact.attempt == 2 and fact.role == "member"
-    assert "recipe is gone" in (fact.reason or "")
+    assert "no recipe to serve the VM with: fleet_stopped" in (fact.reason or "")
 
 
 def test_an_unreadable_recipe_is_a_failed_answer_with_its_reason(world) -> None:
     world["ssm"].put_parameter(Name=f"/rayito/agents/{FLEET}/recipe", Value="not a recipe", Type="SecureString")
     result, fact = _answer(world, "microvm-receta-rota", role="warm")
     assert result["outcome"] == "failed" and fact.role == "warm"
-    assert "recipe cannot be read" in (fact.reason or "")
+    assert "no recipe to serve the VM with: recipe_unreadable:" in (fact.reason or "")
     assert "not a recipe" not in (fact.reason or "")  # the reason, never the value
 
 
