@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 from dataclasses import dataclass
 from typing import Any, Optional, cast
 
@@ -35,7 +34,7 @@ from rayito._pool_base import launch_kwargs
 from rayito._agent._scaling_domain import ScalingOptions
 from rayito.sandbox_sync import Sandbox
 
-from .core import WARM, Slot
+from .core import WARM, Slot, serving_life
 
 #: The shortest serve timeout the product takes (``validate_timeout``): shorter first lifetimes
 #: are not asked for.
@@ -106,24 +105,15 @@ class ProductLaunch:
 
     def logical_lifetime(self, role: str = "member", *, lifetime: Optional[int] = None) -> int:
         """How long after its start ``rayd`` ends the VM (the run payload's ``lifecycle.timeout_s``;
-        the maximum duration when the product sends no lifecycle)."""
+        the maximum duration when the product sends no lifecycle): :func:`.core.serving_life`."""
         request = self._request(role, None, self._timeout(lifetime))
-        timeout = self._lifecycle_timeout(request)
-        return int(request.maximum_duration_seconds) if timeout is None else timeout
+        return serving_life(request.to_api(), int(request.maximum_duration_seconds))
 
     def rayd_deadline(self, role: str = "member") -> bool:
         """Whether ``rayd`` ends the VM before its maximum duration: the product sends a lifecycle
         only for a fleet that scales in (``fleet_lifetime``); otherwise the service ends it."""
         request = self._request(role, None, None)
-        timeout = self._lifecycle_timeout(request)
-        return timeout is not None and timeout < int(request.maximum_duration_seconds)
-
-    @staticmethod
-    def _lifecycle_timeout(request: LaunchRequest) -> Optional[int]:
-        try:
-            return int(json.loads(request.run_hook_payload or "{}")["lifecycle"]["timeout_s"])
-        except (ValueError, KeyError, TypeError):
-            return None
+        return self.logical_lifetime(role) < int(request.maximum_duration_seconds)
 
     def _timeout(self, lifetime: Optional[int]) -> Optional[int]:
         """The serve timeout the product is asked for so that ``rayd`` ends the VM ``lifetime``
