@@ -30,7 +30,12 @@ class Handler(BaseHTTPRequestHandler):
         length = int(self.headers.get("Content-Length", 0))
         prompt = json.loads(self.rfile.read(length) or b"{}").get("prompt", "")
         if prompt.startswith("sleep "):
-            time.sleep(min(float(prompt.split()[1]), 600.0))
+            try:
+                seconds = float(prompt.split()[1])
+            except (IndexError, ValueError):
+                seconds = 0.0
+            if 0 < seconds <= 600:  # NaN, negative or huge: no sleep, an answer at once
+                time.sleep(seconds)
         self._reply(200, {"answer": f"{GREETING}: {prompt}"})
 
     def _reply(self, status, body):
