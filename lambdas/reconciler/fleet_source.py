@@ -22,6 +22,7 @@ from typing import Any, Callable, Mapping, Optional, Union
 from rayito._agent._fleet_recipe import RecipeWarning, decode_recipe, recipe_parameter_name, recipe_project
 from rayito._agent._project_domain import AgentProject
 from rayito._agent._scaling_domain import ScalingOptions
+from rayito._payload import validate_access_token
 from rayito.exceptions import SandboxException
 
 from . import answers
@@ -139,6 +140,10 @@ class TokenSource:
         value = answer.get("SecretString")
         if not isinstance(value, str) or not value:
             return Unreadable("access_token_empty")
+        try:
+            validate_access_token(value)  # the product's rule: a VM started with any other would refuse every client
+        except SandboxException:
+            return Unreadable("access_token_invalid")
         self.value, self.read_at = value, self.clock()
         return value
 

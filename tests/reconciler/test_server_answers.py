@@ -14,11 +14,15 @@ import boto3
 import pytest
 from botocore.exceptions import ClientError, EndpointConnectionError
 
+from rayito._payload import generate_access_token
+
 from lambdas.reconciler import server as server_module
 from lambdas.reconciler.fleet_source import Absent, Deployed, RecipeSource, TokenSource, Unreadable
 from lambdas.reconciler.ledger import DynamoDBLedger
 
 from .harness import put_fleet_state
+
+TOKEN = generate_access_token()
 
 FLEET = "servido"
 TABLE = "server-answers-ledger"
@@ -143,15 +147,15 @@ def test_a_failed_token_reread_keeps_the_token_the_vms_carry() -> None:
             self.calls += 1
             if self.calls > 1:
                 raise _client_error("InternalServiceError", "GetSecretValue")
-            return {"SecretString": "el-token"}
+            return {"SecretString": TOKEN}
 
     client = _Once()
     source = TokenSource(client, SECRET, lambda: now[0])
-    assert source.get() == "el-token"
+    assert source.get() == TOKEN
     now[0] = 299.0
-    assert source.get() == "el-token" and client.calls == 1  # within the TTL: not read again
+    assert source.get() == TOKEN and client.calls == 1  # within the TTL: not read again
     now[0] = 301.0
-    assert source.get() == "el-token" and client.calls == 2  # read again, refused: the last one kept
+    assert source.get() == TOKEN and client.calls == 2  # read again, refused: the last one kept
 
 
 def test_an_unreadable_or_empty_token_says_why() -> None:
@@ -165,6 +169,13 @@ def test_an_unreadable_or_empty_token_says_why() -> None:
 
     got = TokenSource(_Empty(), SECRET, lambda: 0.0).get()
     assert isinstance(got, Unreadable) and got.reason == "access_token_empty"
+
+    class _NotAToken:  # a secret someone overwrote by hand: every VM started with it would refuse every client
+        def get_secret_value(self, **_: Any) -> Any:
+            return {"SecretString": "not a token"}
+
+    got = TokenSource(_NotAToken(), SECRET, lambda: 0.0).get()
+    assert isinstance(got, Unreadable) and got.reason == "access_token_invalid"
 
 
 # ------------------------------------------------------------------ the reconciler's ask refused
