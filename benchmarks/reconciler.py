@@ -36,6 +36,7 @@ import json
 import math
 import multiprocessing
 import os
+import pathlib
 import random
 import resource
 import sys
@@ -50,13 +51,19 @@ from typing import Any, Callable, Optional
 from botocore.exceptions import ClientError
 
 from benchmarks.simulation import Killed, SimClock, Simulation
+from rayito._payload import ACCESS_TOKEN_BYTES, encode_access_token
 from rayito_constructs.testing import MicrovmsEmulator, RequestRecord, measured, sdk_sleeps_on
 from rayito_constructs.testing import server as _server
 from rayito_constructs.testing.server import install_in_process
+from rayito_constructs.testing.serving import VirtualServer, serving_spans
+
+EXAMPLE = pathlib.Path(__file__).resolve().parents[1] / "examples" / "mi-agente"
 
 _NULL = open(os.devnull, "w")  # noqa: SIM115 - telemetry lines of a day go nowhere
 
 LIVE = ("PENDING", "RUNNING", "SUSPENDING", "SUSPENDED")
+#: RUNNING to the agent host ready (rayd ready, then the host started): measured (``measured``).
+SERVE_SECONDS = measured.AGENT_READY_AFTER_RUNNING_SECONDS + measured.AGENT_HOST_START_SECONDS
 TICK = 60.0
 TICK_SECONDS = 50  # the construct's default tick_seconds
 LAMBDA_TIMEOUT = TICK_SECONDS + 15  # the construct's function timeout
@@ -79,6 +86,9 @@ RAISE_GRACE = 120.0
 #: next scheduled tick), and a parked VM it ends stops counting at once (TERMINATING is not live).
 #: Before, a sample at the very second of the change counted VMs no reconciler could have ended.
 LOWER_GRACE = 35.0
+#: A take the client abandons (it failed to reach the VM, or gave up): the VM gets no session and
+#: the client never ends it; its idle policy is all that stops it running.
+ABANDONED_TAKES = 0.25
 DUPLICATE_DELIVERY = 0.02  # EventBridge Scheduler delivers at least once
 KILL_PER_INVOCATION = 0.01
 SKEWED_ENVIRONMENTS = 0.1
@@ -153,16 +163,19 @@ def make_fleets(count: int, rng: random.Random) -> list[Fleet]:
 
 
 def lower_bound(fleets: list[Fleet], pending: float = measured.PENDING_SECONDS,
-                suspending: float = measured.SUSPENDING_SECONDS) -> float:
+                suspending: float = measured.SUSPENDING_SECONDS, serve: float = 0.0, warm_up: float = 0.0) -> float:
     """The soonest the documented RunMicrovm and SuspendMicrovm quotas allow every fleet to reach its
-    desired state from empty, with the measured PENDING and SUSPENDING times."""
+    desired state from empty, with the measured PENDING and SUSPENDING times, and the measured
+    RUNNING-to-ready times: ``serve`` for a base VM's agent host, ``warm_up`` for a parked slot's
+    warming before its suspend."""
     rate, burst = measured.DOCUMENTED_RATE_LIMITS["RunMicrovm"]
     s_rate, s_burst = measured.DOCUMENTED_RATE_LIMITS["SuspendMicrovm"]
     total = sum(f.min_vms + f.warm_vms for f in fleets)
     warm = sum(f.warm_vms for f in fleets)
     runs_done = max(0.0, total - burst) / rate
-    suspends_done = pending + max(0.0, warm - s_burst) / s_rate if warm else 0.0
-    return round(max(runs_done + pending, suspends_done) + (suspending if warm else 0.0), 3)
+    suspends_done = pending + warm_up + max(0.0, warm - s_burst) / s_rate if warm else 0.0
+    parked = max(runs_done + pending + warm_up, suspends_done) + suspending if warm else 0.0
+    return round(max(runs_done + pending + serve, parked), 3)
 
 
 # =========================================================================================== sides
@@ -241,10 +254,11 @@ class Side:
         #: CPU seconds of the side's own code in its invocations (the emulator's share left out).
         self.own_cpu = 0.0
         self.first_error: Optional[str] = None
+        self.abandoned: dict[str, float] = {}  # a VM taken and abandoned -> when it was taken
         self.log = Log(self)
         self.emulator.subscribe(self.log.record)
         for fleet in fleets:
-            fleet.image = self.emulator.create_image(fleet.name, MEMORY_MIB)
+            fleet.image = self.emulator.create_image(fleet.name, MEMORY_MIB, hooks=True)  # the product's image
 
     # ------------------------------------------------------------------ Lambda invocations
 
@@ -332,6 +346,21 @@ class Side:
 
     def tick(self, env: Environment, started: float) -> None:
         raise NotImplementedError
+
+    def ready_at(self, vms: list[dict[str, Any]]) -> dict[str, float]:
+        """When each VM could first take a session (its agent host ready): a VM of the side's own
+        serves from its first RUNNING plus the measured start of the agent host (a careful user's
+        image starts its app itself)."""
+        ready = {}
+        for vm in vms:
+            running = next((at for at, state, _ in vm["history"] if state == "RUNNING"), None)
+            if running is not None:
+                ready[vm["microvmId"]] = running + SERVE_SECONDS
+        return ready
+
+    def ready_seconds(self) -> tuple[float, float]:
+        """RUNNING to a member's agent host ready, and to a parked slot's VM warmed."""
+        return SERVE_SECONDS, SERVE_SECONDS
 
     def env_vars(self, fleet: Fleet) -> dict[str, str]:
         min_vms, max_vms, warm_vms = fleet.spec_at(self.sim.now() - self.start)
@@ -454,6 +483,10 @@ class Ours(Side):
         self.index, self.Reconciler = index, Reconciler
         self.fields = {f.name for f in dataclasses.fields(Reconciler)}
         self.ledger, self.budget = MemoryLedger(), MemoryBudget()
+        # The fleet's server (a function of its own in AWS), in virtual time: it answers each ask
+        # in the ledger when the VM's agent host is ready (a base slot's) or its slot warmed.
+        self.server = VirtualServer(self.emulator, self.ledger)
+        self.recipes = Recipes(self)
         self.session = index.session()
         self.config = getattr(index, "MICROVMS_CONFIG", None)
         # The handler drives the tick's sleeps only if the reconciler takes a ``sleep``; else the
@@ -492,7 +525,8 @@ class Ours(Side):
         kwargs: dict[str, Any] = dict(
             spec=spec, microvms=env.client, ledger=_Dying(env, self.ledger), budget=_Dying(env, self.budget),
             telemetry=_Dying(env, self.telemetry(env.fleet)), clock=lambda: self.sim.now() + env.skew,
-            dead_letters=lambda record: None,
+            dead_letters=lambda record: None, server=_Dying(env, self.server),
+            state_source=self.recipes.source(env, vars_, spec),
         )
         if "sleep" in self.fields:
             kwargs["sleep"] = lambda seconds: self.clock.sleep_until(self.clock.now() + seconds)
@@ -502,6 +536,31 @@ class Ours(Side):
             kwargs["siblings"] = ()
         env.reconciler = self.Reconciler(**kwargs)
         env.spec_key = json.dumps(vars_, sort_keys=True)
+
+    def ready_at(self, vms: list[dict[str, Any]]) -> dict[str, float]:
+        """The server's answers: a base slot's VM serves from its agent host's ready marker; a
+        parked slot's VM (warmed) only once resumed after it was parked (a base slot took it over:
+        a client's take is no longer the fleet's)."""
+        ready = dict(self.server.served)
+        warmed = set(self.server.warmed) - set(ready)
+        for vm in vms:
+            if vm["microvmId"] not in warmed:
+                continue
+            parked = next((at for at, state, _ in vm["history"] if state == "SUSPENDED"), None)
+            resumed = next((at for at, state, _ in vm["history"] if parked is not None and at > parked
+                            and state == "RUNNING"), None)
+            if resumed is not None:
+                ready[vm["microvmId"]] = resumed
+        return ready
+
+    def ready_seconds(self) -> tuple[float, float]:
+        return self.server.serve_seconds, self.server.warm_seconds
+
+    def env_vars(self, fleet: Fleet) -> dict[str, str]:
+        """The construct's environment: the scaling the stack deployed (the recipe, read each tick,
+        is what the fleet is), the access token's secret and the server function."""
+        return super().env_vars(fleet) | {"ACCESS_TOKEN_SECRET": f"rayito/agents/{fleet.name}/access-token",
+                                          "SERVER_FUNCTION": f"{fleet.name}-server"}
 
     def tick(self, env: Environment, started: float) -> None:
         if env.spec_key != json.dumps(self.env_vars(env.fleet), sort_keys=True):
@@ -530,6 +589,53 @@ class Ours(Side):
                     if vm:
                         claimed.add(vm)
         return claimed
+
+
+class Recipes:
+    """What a deploy leaves for each fleet's reconciler: the product's recipe of the example project,
+    named after the fleet, with its scaling now (a spec change is a deploy that rewrites it) and its
+    image version (a rollout), at ``/rayito/agents/<fleet>/recipe``; and the fleet's access token.
+    SSM and Secrets Manager are in memory here (the ledger and the budget are too); the reconciler
+    reads them with its own ``RecipeSource``/``TokenSource``, the product's decoder included."""
+
+    def __init__(self, side: "Ours") -> None:
+        self.side = side
+        self.values: dict[tuple[str, tuple[int, int, int], Optional[str]], str] = {}
+        self.reads = 0
+
+    def value(self, fleet: Fleet) -> str:
+        from rayito_constructs import AgentProject
+        from rayito_constructs.product import encode, recipe
+
+        spec = fleet.spec_at(self.side.sim.now() - self.side.start)
+        key = (fleet.name, spec, fleet.version)
+        if key not in self.values:
+            project = AgentProject.load(EXAMPLE, min_vms=spec[0], max_vms=spec[1], warm=spec[2])
+            product = dataclasses.replace(project.product, name=fleet.name)
+            _, value = encode(recipe(product, project.product_scaling, renew_gateway_keys=False,
+                                     image_version=fleet.version or "1.0"))
+            assert value is not None
+            self.values[key] = value
+        return self.values[key]
+
+    def source(self, env: Environment, vars_: dict[str, str], spec: Any) -> Any:
+        from lambdas.reconciler.fleet_source import FleetSource, RecipeSource, TokenSource
+
+        fleet, recipes = env.fleet, self
+        token_value = encode_access_token(random.Random(f"token-{fleet.name}").randbytes(ACCESS_TOKEN_BYTES))
+
+        class Parameters:
+            def get_parameter(self, Name: str, WithDecryption: bool = False) -> dict[str, Any]:  # noqa: N803 - boto3's
+                recipes.reads += 1
+                return {"Parameter": {"Name": Name, "Value": recipes.value(fleet)}}
+
+        class Secrets:
+            def get_secret_value(self, SecretId: str) -> dict[str, Any]:  # noqa: N803 - boto3's
+                return {"SecretString": token_value}
+
+        token = TokenSource(_Dying(env, Secrets()), vars_["ACCESS_TOKEN_SECRET"], self.side.sim.now)
+        return FleetSource(vars_, spec, RecipeSource(_Dying(env, Parameters()), fleet.name), token,
+                           self.side.emulator.region)
 
 
 class Naive(Side):
@@ -602,12 +708,18 @@ class Clients:
         except ClientError:
             return
         ends = []
-        for vm in [v for v in live if v["state"] == "SUSPENDED"][: rng.randint(1, 3)]:
+        # The product's client takes parked slots (rayd's labels tell them), never a member its idle
+        # policy suspended: the emulator's truth stands in for the labels.
+        idle = {v["microvmId"] for v in self.side.emulator.microvms() if v.get("idleSuspended")}
+        for vm in [v for v in live if v["state"] == "SUSPENDED" and v["microvmId"] not in idle][: rng.randint(1, 3)]:
             try:
                 client.resume_microvm(microvmIdentifier=vm["microvmId"])
-                ends.append(vm["microvmId"])
             except ClientError:
-                pass
+                continue
+            if rng.random() < ABANDONED_TAKES:
+                self.side.abandoned[vm["microvmId"]] = sim.now()  # taken, then never used nor ended
+            else:
+                ends.append(vm["microvmId"])
         _, max_vms, _ = fleet.spec_at(sim.now() - self.side.start)
         # Clients are the scenario, not under test: they keep within max_vms by the service's truth.
         for _ in range(max(0, min(max_vms - self._true_live(fleet), rng.randint(0, 3)))):
@@ -727,6 +839,7 @@ def report(side: Side, ledger_claims: dict[str, set[str]]) -> dict[str, Any]:
             terminated_own.add(vm_id)
         else:
             resumed_own.add(vm_id)
+    ready = side.ready_at(vms)
     for fleet_name, claimed in ledger_claims.items():
         fleet = next(f for f in side.fleets if f.name == fleet_name)
         touched |= {vm for vm in claimed if starter.get(vm, ("?", -1)) != (kind, fleet.index)}
@@ -736,6 +849,8 @@ def report(side: Side, ledger_claims: dict[str, set[str]]) -> dict[str, Any]:
     duplicates_peak = 0
     duplicate_minutes = 0
     converged_each: dict[int, float] = {}
+    refills: list[float] = []
+    refills_unfinished = refills_held = 0
     list_pages = 0
     expected_gets = 0
     details: dict[str, Any] = {}
@@ -749,7 +864,7 @@ def report(side: Side, ledger_claims: dict[str, set[str]]) -> dict[str, Any]:
                 expected_gets += 1  # an unexpected end a perfect reconciler confirms once
         # The crash-looping fleet's dips are left out: no reconciler can keep an app up that exits.
         timeline = _Timeline(fleet, own, fleet_vms, taken, start, side.emulator.timings.linger,
-                             dips=fleet.name != log.crash_fleet, lifetime=side.lifetime)
+                             dips=fleet.name != log.crash_fleet, lifetime=side.lifetime, ready=ready)
         result = timeline.measure(end)
         details[fleet.name] = {k: v for k, v in result.items() if v} | {"own_vms": len(own)}
         samples += result["samples"]
@@ -761,9 +876,12 @@ def report(side: Side, ledger_claims: dict[str, set[str]]) -> dict[str, Any]:
         duplicates_peak += result["duplicates_peak"]
         duplicate_minutes += result["duplicate_minutes"]
         list_pages += result["list_pages"]
+        refills += result.pop("refills")
+        refills_unfinished += result["refills_unfinished"]
+        refills_held += result["refills_held_by_max_vms"]
         if result["converged_at"] is not None:
             converged_each[fleet.index] = result["converged_at"]
-    convergence = _all_converged(side, by_image, taken)
+    convergence = _all_converged(side, by_image, taken, ready)
 
     units = sum(1 for v in vms if _who(v["caller"])[0] == kind)
     # A perfect reconciler gives a crash-looping slot a bounded number of starts (the reconciler's
@@ -782,7 +900,9 @@ def report(side: Side, ledger_claims: dict[str, set[str]]) -> dict[str, Any]:
     minimum = (list_pages + (units - duplicates_peak - crash_starts) + failed_runs_not_ours + quota_probes
                + len(suspended_own) + len(terminated_own) + len(resumed_own) + expected_gets)
     throttles = log.throttles[kind, False] + log.throttles[kind, True]
-    bound = lower_bound(side.fleets, side.emulator.timings.pending, side.emulator.timings.suspending)
+    serve, warm_up = side.ready_seconds()
+    bound = lower_bound(side.fleets, side.emulator.timings.pending, side.emulator.timings.suspending, serve, warm_up)
+    abandoned_running = _running_beyond_idle(vms, side.abandoned, end)
     return {
         "violations_max_vms": violations,
         "violations_max_vms_by_others": violations_by_others,
@@ -804,6 +924,14 @@ def report(side: Side, ledger_claims: dict[str, set[str]]) -> dict[str, Any]:
         "convergence_goal_seconds": round(1.2 * bound + 2, 3),
         "convergence_ratio": round(convergence / bound, 3) if convergence is not None and bound else None,
         "fleets_never_converged": len(side.fleets) - len(converged_each),
+        "refills": len(refills),
+        "refill_seconds_median": _quantile(refills, 0.5),
+        "refill_seconds_p99": _quantile(refills, 0.99),
+        "refill_seconds_max": max(refills) if refills else None,
+        "refills_unfinished": refills_unfinished,
+        "refills_held_by_max_vms": refills_held,
+        "abandoned_takes": len(side.abandoned),
+        "abandoned_running_hours_beyond_idle_per_day": round(abandoned_running / 3600 * 24 / hours, 4),
         "api_calls": calls,
         "api_calls_minimum": minimum,
         "api_calls_ratio": round(calls / minimum, 3) if minimum else None,
@@ -821,13 +949,38 @@ def report(side: Side, ledger_claims: dict[str, set[str]]) -> dict[str, Any]:
     }
 
 
+def _quantile(values: list[float], q: float) -> Optional[float]:
+    """The ``q`` quantile (nearest rank) of ``values``, None for none."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
+
+
+def _running_beyond_idle(vms: list[dict[str, Any]], abandoned: dict[str, float], end: float) -> float:
+    """Seconds RUNNING that no session used, until ``end``: each abandoned VM's RUNNING time after
+    its take beyond its idle policy's window (``maxIdleDurationSeconds``; all of it without one)."""
+    total = 0.0
+    for vm in vms:
+        taken = abandoned.get(vm["microvmId"])
+        if taken is None:
+            continue
+        stop = min(end, vm.get("exitedAt") or math.inf)
+        running = sum(min(b, stop) - max(a, taken) for a, b, state in _intervals(vm)
+                      if state == "RUNNING" and min(b, stop) > max(a, taken))
+        window = float(((vm.get("idlePolicy") or {}).get("maxIdleDurationSeconds")) or 0.0)
+        total += max(0.0, running - window)
+    return total
+
+
 class _Timeline:
     """One fleet's VMs over the day, swept in time order (exact, from the VMs' state histories)."""
 
     def __init__(self, fleet: Fleet, own: list[dict[str, Any]], all_vms: list[dict[str, Any]],
                  taken: dict[str, float], start: float, linger: float, dips: bool = True,
-                 lifetime: int = 28_800) -> None:
+                 lifetime: int = 28_800, ready: Optional[dict[str, float]] = None) -> None:
         self.fleet, self.start, self.linger, self.dips, self.lifetime = fleet, start, linger, dips, lifetime
+        self.takes: list[float] = []  # when a client took one of the side's parked VMs
         # Shorter VMs have shorter leads (at most half a lifetime, at least 70 s): a VM is retiring
         # for its successor's lead and 300 s more, up to RETIRING_WINDOW.
         self.retiring_window = min(RETIRING_WINDOW, max(min(900.0, lifetime / 2), 70.0) + 300.0)
@@ -840,14 +993,14 @@ class _Timeline:
         for vm in own:
             cut = taken.get(vm["microvmId"], math.inf)
             ended = _end_of(vm)
+            for a, b, what in _own_spans(vm, ready, cut):
+                self._span(a, b, what)
+            if vm["microvmId"] in taken and any(state == "SUSPENDED" for _, state, _ in vm["history"]):
+                self.takes.append(cut)
             for a, b, state in _intervals(vm):
                 b = min(b, cut)
                 if a >= b:
                     continue
-                if state == "RUNNING":
-                    self._span(a, b, "running")
-                elif state == "SUSPENDED":
-                    self._span(a, b, "parked")
                 if state in LIVE:
                     self._span(a, b, "own")
                     if ended is not None:
@@ -867,10 +1020,11 @@ class _Timeline:
         # The deploy's invocation at the start lists too (nothing can be started before a list:
         # the image may hold others' VMs): one list is owed there as well as at each minute after.
         marks = sorted([(t, 0, "sample", 0) for t in samples] + [(t, 0, "change", 0) for t in changes]
-                       + [(start, 0, "first_list", 0)])
+                       + [(start, 0, "first_list", 0)] + [(t, 0, "take", 0) for t in self.takes])
         out = {"samples": 0, "violations": 0, "violations_by_others": 0, "dips": 0.0, "duplicates_peak": 0, "duplicate_minutes": 0,
                "list_pages": 0, "converged_at": None, "dip_spans": [], "dips_no_headroom": 0.0,
-               "dips_at_max": 0.0}
+               "dips_at_max": 0.0, "refills": [], "refills_unfinished": 0, "refills_held_by_max_vms": 0}
+        takes: list[list[float]] = []  # [taken at, seconds with no room since] of takes not refilled yet
         # The image's live VMs just before the events of the latest time swept: a stretch below
         # min_vms that begins while they were at max_vms began with no room for a successor.
         before: dict[str, Any] = {"time": None, "live": 0}
@@ -905,21 +1059,21 @@ class _Timeline:
                 break
             if converged is not None and self.dips and counts["running"] < fleet.min_owed(last - start):
                 dip(last, t)
+            self._held(takes, counts, last, t)
             last = t
             if take_event:
                 if before["time"] != t:
                     before["time"], before["live"] = t, counts["live"]
                 counts[events[i][2]] += events[i][3]
                 i += 1
+                self._refilled(out, takes, counts, t)
             else:
                 _, _, what, _ = marks[j]
                 j += 1
-                if what == "first_list":
-                    out["list_pages"] += max(1, math.ceil(counts["listed"] / 50))
-                elif what == "change":
+                if what == "change":
                     shrink_until, shrink_extra = self._change(t, shrink_until, shrink_extra)
                 else:
-                    self._sample(out, counts, t, shrink_extra if t < shrink_until else 0)
+                    self._mark(what, out, counts, takes, t, shrink_extra if t < shrink_until else 0)
                 continue
             min_vms, max_vms, warm = fleet.spec_at(t - start)
             if converged is None and counts["running"] >= min_vms and counts["parked"] >= warm:
@@ -927,7 +1081,34 @@ class _Timeline:
                 out["converged_at"] = t - start
         if converged is not None and self.dips and last < end and counts["running"] < fleet.min_owed(last - start):
             dip(last, end)
+        out["refills_unfinished"] = len(takes)
         return out
+
+    def _mark(self, what: str, out: dict[str, Any], counts: Counter, takes: list[list[float]], t: float,
+              shrink_extra: int) -> None:
+        """A client's take, the first list, or the minute's sample at ``t``."""
+        if what == "take":
+            takes.append([t, 0.0])
+            self._refilled(out, takes, counts, t)
+        elif what == "first_list":
+            out["list_pages"] += max(1, math.ceil(counts["listed"] / 50))
+        else:
+            self._sample(out, counts, t, shrink_extra)
+
+    def _held(self, takes: list[list[float]], counts: Counter, last: float, t: float) -> None:
+        """From ``last`` to ``t``, no room for a parked VM (the image's live VMs, the side's on their
+        way left out, at ``max_vms``: clients' VMs count): the refills waiting are held, not late."""
+        starting = counts["own"] - counts["running"] - counts["parked"]
+        if takes and counts["live"] - starting >= self.fleet.max_allowed(last - self.start):
+            for take in takes:
+                take[1] += t - last
+
+    def _refilled(self, out: dict[str, Any], takes: list[list[float]], counts: Counter, t: float) -> None:
+        """Parked slots back to ``warm_vms`` at ``t``: every take waiting is refilled."""
+        if takes and counts["parked"] >= self.fleet.spec_at(t - self.start)[2]:
+            out["refills"] += [round(t - taken - blocked, 3) for taken, blocked in takes]
+            out["refills_held_by_max_vms"] += sum(1 for _, blocked in takes if blocked > 0)
+            takes.clear()
 
 
     def _change(self, t: float, shrink_until: float, shrink_extra: int) -> tuple[float, int]:
@@ -977,8 +1158,9 @@ def _end_of(vm: dict[str, Any]) -> Optional[float]:
     return None
 
 
-def _all_converged(side: Side, by_image: dict[str, list[dict[str, Any]]], taken: dict[str, float]) -> Optional[float]:
-    """The first moment every fleet had ``min_vms`` RUNNING and ``warm_vms`` SUSPENDED VMs of its own."""
+def _all_converged(side: Side, by_image: dict[str, list[dict[str, Any]]], taken: dict[str, float],
+                   ready: Optional[dict[str, float]]) -> Optional[float]:
+    """The first moment every fleet had ``min_vms`` VMs of its own serving and ``warm_vms`` parked."""
     events = []
     need = {}
     for fleet in side.fleets:
@@ -986,26 +1168,43 @@ def _all_converged(side: Side, by_image: dict[str, list[dict[str, Any]]], taken:
         for vm in by_image[fleet.image]:
             if _who(vm["caller"]) != (side.kind, fleet.index):
                 continue
-            cut = taken.get(vm["microvmId"], math.inf)
-            for a, b, state in _intervals(vm):
-                if state in ("RUNNING", "SUSPENDED") and min(b, cut) > a:
-                    events.append((a, 1, fleet.index, state))
-                    events.append((min(b, cut), -1, fleet.index, state))
+            for a, b, what in _own_spans(vm, ready, taken.get(vm["microvmId"], math.inf)):
+                events.append((a, 1, fleet.index, what))
+                events.append((b, -1, fleet.index, what))
     events.sort(key=lambda e: (e[0], e[1]))
     counts: dict[tuple[int, str], int] = Counter()
     unmet = {i for i, (m, w) in need.items() if m > 0 or w > 0}
     if not unmet:
         return 0.0
-    for at, delta, index, state in events:
-        counts[index, state] += delta
+    for at, delta, index, what in events:
+        counts[index, what] += delta
         m, w = need[index]
-        if counts[index, "RUNNING"] >= m and counts[index, "SUSPENDED"] >= w:
+        if counts[index, "running"] >= m and counts[index, "parked"] >= w:
             unmet.discard(index)
         else:
             unmet.add(index)
         if not unmet:
             return round(at - side.start, 3)
     return None
+
+
+def _own_spans(vm: dict[str, Any], ready: Optional[dict[str, float]], cut: float) -> list[tuple[float, float, str]]:
+    """When one of the side's VMs counted, until ``cut`` (a client took it): ``running`` while it
+    serves (from its agent host ready, ``ready``, or its first RUNNING without one: RUNNING, or
+    suspended by its idle policy, which a request wakes), ``parked`` while SUSPENDED by a
+    SuspendMicrovm."""
+    spans = []
+    if ready is None:
+        served = next((at for at, state, _ in vm["history"] if state == "RUNNING"), None)
+    else:
+        served = ready.get(vm["microvmId"])
+    serving = serving_spans(vm)
+    if served is not None:
+        spans += [(max(a, served), min(b, cut), "running") for a, b in serving]
+    for a, b, state in _intervals(vm):
+        if state == "SUSPENDED" and not any(x <= a < y for x, y in serving):
+            spans.append((a, min(b, cut), "parked"))
+    return [(a, b, what) for a, b, what in spans if b > a]
 
 
 # =========================================================================================== running

@@ -593,6 +593,7 @@ class MicrovmsBackend:
                 item["servesUntil"] = min(vm.rayd_deadline or float("inf"), vm.started_at + vm.max_duration)
                 item["wasSuspended"] = any(h[1] == "SUSPENDED" for h in vm.history)
                 item["maximumDurationInSeconds"] = vm.max_duration
+                item["idlePolicy"] = copy.deepcopy(vm.idle)
                 out.append(item)
             return out
 

@@ -63,3 +63,26 @@ class VirtualServer:
                          attempt, role=role)
             (self.warmed if warm else self.served).setdefault(vm_id, fact.at)
         self.ledger.put_fact(str(request["fleet"]), fact)
+
+
+def serving_spans(vm: dict[str, Any]) -> list[tuple[float, float]]:
+    """When a VM (an item of ``microvms_ever``) could serve a request: RUNNING, or suspended by its
+    idle policy (auto-resume: a request wakes it) until it runs again or ends; not while PENDING
+    from its run, nor while parked (suspended by a SuspendMicrovm)."""
+    spans, start, idle = [], None, set(vm.get("idleSuspendedAt") or ())
+    by_idle = False
+    for at, state, _ in vm["history"]:
+        if state == "SUSPENDING":
+            by_idle = at in idle
+        serves = state == "RUNNING" or (by_idle and state in ("SUSPENDING", "SUSPENDED", "PENDING"))
+        if serves and start is None:
+            start = at
+        elif not serves and start is not None:
+            spans.append((start, at))
+            start = None
+    if start is not None:
+        spans.append((start, float("inf")))
+    exited = vm.get("exitedAt")  # its PID 1 exited (rayd's deadline, a crash): it serves nothing since
+    if exited is not None:
+        spans = [(a, min(b, exited)) for a, b in spans if a < exited]
+    return spans

@@ -28,9 +28,10 @@ def vm(caller: str, history: list[tuple[float, str]], vm_id: str | None = None, 
     }
 
 
-def measure(fleet: bench.Fleet, vms: list[dict[str, Any]], taken: dict[str, float] | None = None) -> dict[str, Any]:
+def measure(fleet: bench.Fleet, vms: list[dict[str, Any]], taken: dict[str, float] | None = None,
+            ready: dict[str, float] | None = None) -> dict[str, Any]:
     own = [v for v in vms if v["caller"].startswith("rec-0-")]
-    return bench._Timeline(fleet, own, vms, taken or {}, START, 1200).measure(END)
+    return bench._Timeline(fleet, own, vms, taken or {}, START, 1200, ready=ready).measure(END)
 
 
 def fleet(min_vms: int = 2, max_vms: int = 4, warm: int = 0) -> bench.Fleet:
@@ -101,6 +102,56 @@ def test_a_parked_vm_a_client_takes_is_no_longer_the_fleets() -> None:
     result = measure(fleet(min_vms=1, warm=1), vms, {"microvm-taken": START + 1000})
     # RUNNING again, but serving a client: still one base VM, and the pool is short (no dip: base).
     assert result["dips"] == 0 and result["duplicates_peak"] == 0
+
+
+def test_a_take_is_refilled_when_the_pool_is_back_to_warm_vms_less_the_time_without_room() -> None:
+    """Refill latency: from a client's take of a parked VM to the fleet's parked VMs back at
+    ``warm_vms``; time when the image's live VMs were at ``max_vms`` (no room for a parked VM) is
+    not the reconciler's and is left out (the take is counted as held)."""
+    taken = vm("rec-0-1", [(0, "PENDING"), (2, "RUNNING"), (4, "SUSPENDING"), (5, "SUSPENDED"), (1000, "RUNNING")], "microvm-t")
+    refill = vm("rec-0-1", [(1030, "PENDING"), (1032, "RUNNING"), (1034, "SUSPENDING"), (1035.5, "SUSPENDED")])
+    base = vm("rec-0-1", [(0, "PENDING"), (2, "RUNNING")], "microvm-base")
+    served = {"microvm-base": START + 4}  # the parked slots' VMs serve no session of their own
+    result = measure(fleet(min_vms=1, warm=1, max_vms=3), [base, taken, refill], {"microvm-t": START + 1000}, served)
+    assert result["refills"] == [pytest.approx(35.5)] and result["refills_held_by_max_vms"] == 0
+    # A client VM fills the image to max_vms from 1000 s to 1020 s: 20 s of the wait are not ours.
+    client = vm("client-0-1", [(1000, "PENDING"), (1002, "RUNNING"), (1020, "TERMINATING"), (1023, "TERMINATED")])
+    result = measure(fleet(min_vms=1, warm=1, max_vms=3), [base, taken, refill, client], {"microvm-t": START + 1000},
+                     served)
+    assert result["refills"] == [pytest.approx(15.5)] and result["refills_held_by_max_vms"] == 1
+    never = measure(fleet(min_vms=1, warm=1, max_vms=3), [base, taken], {"microvm-t": START + 1000})
+    assert never["refills"] == [] and never["refills_unfinished"] == 1
+
+
+def test_a_base_vm_counts_from_its_agent_host_ready_and_while_its_idle_policy_suspends_it() -> None:
+    """Serving, not RUNNING: a base VM counts once the server said its agent host is ready, and
+    suspended by its idle policy it still serves (a request wakes it); a VM never served counts
+    never, and one SuspendMicrovm parked is parked, not serving."""
+    idle = vm("rec-0-1", [(0, "PENDING"), (2, "RUNNING"), (600, "SUSPENDING"), (601.4, "SUSPENDED")], "microvm-idle")
+    idle["idleSuspendedAt"] = [START + 600]
+    spans = bench._own_spans(idle, {"microvm-idle": START + 4}, math.inf)
+    assert spans == [(START + 4, math.inf, "running")]
+    assert bench._own_spans(idle, {}, math.inf) == []  # never served: it counts for nothing
+    parked = vm("rec-0-1", [(0, "PENDING"), (2, "RUNNING"), (3, "SUSPENDING"), (4.4, "SUSPENDED")], "microvm-p")
+    assert bench._own_spans(parked, {"microvm-p": START + 2.8}, START + 100) == [
+        (START + 2.8, START + 3, "running"), (START + 4.4, START + 100, "parked")]
+    fleets = [bench.Fleet(0, "a", 10, 20, 0), bench.Fleet(1, "b", 5, 20, 4)]
+    # The serving bound: runs done at 2.8 s, +2 s PENDING, +2 s to the agent host; the parked path
+    # (+0.8 s warming, +1.4 s SUSPENDING) ends at 7 s.
+    assert bench.lower_bound(fleets, serve=2.0, warm_up=0.8) == pytest.approx(2.8 + 2 + 0.8 + 1.4)
+
+
+def test_an_abandoned_take_costs_its_running_time_beyond_the_idle_window() -> None:
+    """A take the client abandons costs the VM's RUNNING time after it beyond its idle policy's
+    window (all of it without one); SUSPENDED time is not RUNNING."""
+    kept = vm("rec-0-1", [(0, "PENDING"), (2, "RUNNING"), (5, "SUSPENDED"), (1000, "RUNNING"), (1300, "SUSPENDING"),
+                          (1301.4, "SUSPENDED")], "microvm-a")
+    kept["idlePolicy"] = {"maxIdleDurationSeconds": 300, "autoResumeEnabled": True}
+    bare = vm("rec-0-1", [(0, "PENDING"), (2, "RUNNING"), (5, "SUSPENDED"), (1000, "RUNNING")], "microvm-b")
+    taken = {"microvm-a": START + 1000, "microvm-b": START + 1000}
+    assert bench._running_beyond_idle([kept], taken, END) == pytest.approx(0)
+    assert bench._running_beyond_idle([bare], taken, END) == pytest.approx(2600)
+    assert bench._quantile([3.0, 1.0, 2.0], 0.5) == 2.0 and bench._quantile([], 0.5) is None
 
 
 def test_max_vms_is_counted_over_every_live_vm_each_minute() -> None:
@@ -218,7 +269,8 @@ def test_a_short_day_of_both_sides_from_ground_truth() -> None:
                     "amplification", "run_attempts", "units_filled", "throttles_received",
                     "throttles_under_default_quotas", "convergence_seconds", "lower_bound_seconds", "api_calls",
                     "api_calls_minimum", "wall_seconds", "peak_memory_mb", "own_cpu_seconds",
-                    "cpu_seconds_per_fleet_day"):
+                    "cpu_seconds_per_fleet_day", "refills", "refill_seconds_median", "refill_seconds_p99",
+                    "refills_held_by_max_vms", "abandoned_takes", "abandoned_running_hours_beyond_idle_per_day"):
             assert key in result, key
         # The side's own CPU is part of the process's, the emulator's share left out.
         assert 0 < result["own_cpu_seconds"] <= result["cpu_seconds"] + 0.05, result
@@ -241,7 +293,9 @@ def test_a_day_of_shorter_lifetimes_runs_them_and_measures_them() -> None:
     side.run()
     images = {f.image for f in fleets}
     made = [v for v in side.emulator.microvms_ever() if v["imageArn"] in images and v["caller"].startswith("rec-")]
-    assert made and {v["maximumDurationInSeconds"] for v in made} <= set(range(1, 601))
+    # The product's run asks for its serve timeout + 60 s, a timeout never under the idle policy's
+    # window + 1 s (the example's: 600 s): 661 s is as short as a served fleet's VM can be asked.
+    assert made and {v["maximumDurationInSeconds"] for v in made} <= set(range(1, 662))
     assert any(h[2] and "maximum lifetime" in h[2] for v in made for h in v["history"])
     assert bench._Timeline(fleet(), [], [], {}, START, 1200, lifetime=600).retiring_window == 600.0
     assert bench._Timeline(fleet(), [], [], {}, START, 1200, lifetime=120).retiring_window == 370.0

@@ -33,7 +33,7 @@ from lambdas.reconciler import index
 from lambdas.reconciler.budget import DynamoDBBudget
 from lambdas.reconciler.ledger import DynamoDBLedger
 from rayito_constructs.testing import MicrovmsEmulator, VirtualClock
-from rayito_constructs.testing.serving import VirtualServer
+from rayito_constructs.testing.serving import VirtualServer, serving_spans
 
 from ..moto_server import client as aws_client
 from ..lambda_invoke import lambda_functions
@@ -439,29 +439,6 @@ def peak_live(fleet: "Fleet", mine: bool = False) -> int:
         count += step
         peak = max(peak, count)
     return peak
-
-
-def serving_spans(vm: dict[str, Any]) -> list[tuple[float, float]]:
-    """When a VM (an item of ``microvms_ever``) could serve a request: RUNNING, or suspended by its
-    idle policy (auto-resume: a request wakes it) until it runs again or ends; not while PENDING
-    from its run, nor while parked (suspended by a SuspendMicrovm)."""
-    spans, start, idle = [], None, set(vm.get("idleSuspendedAt") or ())
-    by_idle = False
-    for at, state, _ in vm["history"]:
-        if state == "SUSPENDING":
-            by_idle = at in idle
-        serves = state == "RUNNING" or (by_idle and state in ("SUSPENDING", "SUSPENDED", "PENDING"))
-        if serves and start is None:
-            start = at
-        elif not serves and start is not None:
-            spans.append((start, at))
-            start = None
-    if start is not None:
-        spans.append((start, float("inf")))
-    exited = vm.get("exitedAt")  # its PID 1 exited (rayd's deadline, a crash): it serves nothing since
-    if exited is not None:
-        spans = [(a, min(b, exited)) for a, b in spans if a < exited]
-    return spans
 
 
 def _ready_at(fleet: "Fleet") -> dict[str, float]:
