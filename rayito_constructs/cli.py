@@ -67,11 +67,35 @@ REPEATED_FLAGS = [
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse, but a usage error is one line on stderr and exit status 2."""
+    """argparse, but a usage error is one line on stderr and exit status 2 (:class:`_UsageError`)."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
         sys.stderr.write(f"{self.prog}: {message}\n")
-        raise SystemExit(EXIT_INVALID)
+        raise _UsageError(f"{self.prog}: {message}")
+
+
+class _UsageError(SystemExit):
+    """A usage error (exit status 2), its line kept for ``verify --json``."""
+
+    def __init__(self, line: str) -> None:
+        super().__init__(EXIT_INVALID)
+        self.line = line
+
+
+def _verify_json_of_usage_error(argv: Sequence[str], line: str, out: TextIO) -> None:
+    """``verify ... --json`` prints JSON on every outcome, a flag argparse refuses included."""
+    from .verify.cli import json_of_bad_input
+
+    rest = list(argv[1:])
+    target = next((a for i, a in enumerate(rest) if not a.startswith("-")
+                   and (i == 0 or rest[i - 1] not in _VERIFY_VALUED)), None)
+    region = next((rest[i + 1] for i, a in enumerate(rest[:-1]) if a == "--region"), None)
+    region = region or next((a.split("=", 1)[1] for a in rest if a.startswith("--region=")), None)
+    json_of_bad_input(target, region, line, out)
+
+
+#: verify's flags that take a value (the value is not the target).
+_VERIFY_VALUED = {"--region", "--launch-role", "--launch-timeout", "--project", "--fleet"}
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -315,7 +339,13 @@ def _fetch_wheels(args: argparse.Namespace, out: TextIO) -> int:
 def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     """Run the command line; returns the exit status."""
     out = out or sys.stdout
-    args = _parser().parse_args(argv)
+    given = list(sys.argv[1:] if argv is None else argv)
+    try:
+        args = _parser().parse_args(given)
+    except _UsageError as exc:
+        if given[:1] == ["verify"] and "--json" in given:
+            _verify_json_of_usage_error(given, exc.line, out)
+        raise
     try:
         if args.command == "plan":
             return _plan(args, out)

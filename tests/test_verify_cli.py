@@ -88,6 +88,35 @@ def test_bad_input_exits_2_with_one_line(world: vw.World, argv: list[str], messa
     assert doc["summary"] == {"OK": 0, "WARN": 0, "FAIL": 0} and message in err
 
 
+@pytest.mark.parametrize("argv,message,target,region", [
+    (["verify", "nonexistent", "--json", "--bogus"], "unrecognized arguments: --bogus", "nonexistent", None),
+    (["verify", "--json"], "the following arguments are required: fleet-name-or-stack", "", None),
+    (["verify", "--region", "eu-west-1", "x", "--json", "--launch-timeout"], "--launch-timeout: expected one argument",
+     "x", "eu-west-1"),
+])
+def test_a_flag_argparse_refuses_is_json_too(argv: list[str], message: str, target: str, region: str | None,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    """``--json`` is JSON on every outcome: a flag the parser refuses (before verify runs) too."""
+    from rayito_constructs.cli import main
+
+    out = io.StringIO()
+    with pytest.raises(SystemExit) as exited:
+        main(argv, out=out)
+    doc = json.loads(out.getvalue())
+    assert exited.value.code == 2 and doc["exit_code"] == 2 and message in doc["error"]
+    assert doc["target"] == target and doc["region"] == region and doc["checks"] == []
+    assert message in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main([a for a in argv if a != "--json"], out=(plain := io.StringIO()))
+    assert plain.getvalue() == ""  # without --json: the line on stderr only
+
+
+def test_a_fleet_not_found_names_the_region_searched(world: vw.World) -> None:
+    code, out, _ = run(world, "no-such-fleet", "--json")
+    doc = json.loads(out)
+    assert code == 2 and doc["region"] and doc["region"] in doc["error"]
+
+
 class _ClosedPipe(io.StringIO):
     def write(self, text: str) -> int:
         raise BrokenPipeError(32, "Broken pipe")

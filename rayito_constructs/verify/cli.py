@@ -21,7 +21,7 @@ from .parser import EXIT_INVALID, add_parser
 from .report import Report, render_json, render_table
 from .run import BadInput, Options, TargetNotFound, verify
 
-__all__ = ["EXIT_INVALID", "add_parser", "options_from", "run"]
+__all__ = ["EXIT_INVALID", "add_parser", "json_of_bad_input", "options_from", "run"]
 
 
 def _timeout(text: str) -> float:
@@ -66,7 +66,7 @@ def run(args: argparse.Namespace, out: Optional[TextIO] = None, err: Optional[Te
     except (TargetNotFound, BadInput) as exc:
         err.write(f"{exc}\n")
         if getattr(args, "json", False):
-            _json_of_bad_input(args, str(exc), out)
+            json_of_bad_input(getattr(args, "target", None), getattr(exc, "region", None) or args.region, str(exc), out)
         return EXIT_INVALID
     try:
         if args.json:
@@ -84,9 +84,10 @@ def run(args: argparse.Namespace, out: Optional[TextIO] = None, err: Optional[Te
     return report.exit_code
 
 
-def _json_of_bad_input(args: argparse.Namespace, message: str, out: TextIO) -> None:
-    """The report's JSON for input verify cannot check: no checks, the line as ``error``, exit 2."""
-    document = Report(getattr(args, "target", "") or "", region=getattr(args, "region", None)).to_dict()
+def json_of_bad_input(target: Optional[str], region: Optional[str], message: str, out: TextIO) -> None:
+    """The report's JSON for input verify cannot check (an unknown fleet, a bad flag, a missing
+    argument): no checks, the line as ``error``, exit 2."""
+    document = Report(target or "", region=region).to_dict()
     document.update(error=message, exit_code=EXIT_INVALID)
     try:
         import json

@@ -42,7 +42,12 @@ _TERMINAL_OK = ("CREATE_COMPLETE", "UPDATE_COMPLETE", "IMPORT_COMPLETE")
 
 
 class TargetNotFound(Exception):
-    """Bad input: no stack or fleet by that name (exit status 2). ``str()`` is one line."""
+    """Bad input: no stack or fleet by that name (exit status 2). ``str()`` is one line;
+    ``region`` is the region searched."""
+
+    def __init__(self, message: str, region: Optional[str] = None) -> None:
+        super().__init__(message)
+        self.region = region
 
 
 @dataclass(frozen=True)
@@ -249,7 +254,8 @@ def find_stack(clients: Clients, target: str) -> tuple[DeployedStack, Optional[s
     hint = f"; it exists in {', '.join(elsewhere)}: pass --region {elsewhere[0]}" if elsewhere else ""
     tried = " or ".join(candidates(target)) or repr(target)
     raise TargetNotFound(
-        f"verify: no stack {tried} and no stack with output FleetName = {target!r} in {clients.region}{hint}"
+        f"verify: no stack {tried} and no stack with output FleetName = {target!r} in {clients.region}{hint}",
+        region=clients.region,
     )
 
 
