@@ -371,6 +371,7 @@ class AgentFleet(_FleetGrants):
         retention_days(microvm_log_retention, "microvm_log_retention")
         check_alarm_actions(alarm_actions, region=cdk.Stack.of(scope).region)  # before anything is built
         check_same_environment(scope, "artifact_bucket", artifact_bucket)
+        check_same_environment(scope, "control_plane_budget", control_plane_budget)  # the reconciler reaches it by name
         super().__init__(scope, id)
         claim(self, "fleet", project.name)  # one fleet of a name per account and region in an app
         self.operations = Operations.for_fleet(

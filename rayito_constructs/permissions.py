@@ -409,6 +409,8 @@ def fleet_access(
     secrets = session_secrets(project) if project is not None else SessionSecrets()
     for secret_id in secrets.secret_env:
         check_same_environment(scope, "secret_env", secret_id)
+    for secret_id in secrets.gateways:
+        check_same_environment(scope, "gateways", secret_id)
     from .access_token import token_secret_name
 
     if fleet_name:
@@ -711,8 +713,14 @@ def grant_all(statements: Sequence[Statement], grantee: iam.IGrantable, scope: I
     A principal the statements cannot reach is an error, never a silent no-op: an imported role
     that is immutable (``mutable=False``) or of another account takes no statement (CDK pretends
     it did), and a principal that is not a construct (a service or an account) has no policy."""
-    grants = [s.grant(grantee, scope) for s in statements]
     principal = grantee.grant_principal
+    foreign = _foreign_account(principal, scope)
+    if foreign is not None:
+        raise ValueError(
+            f"{what}: {foreign} is of another account than the stack's ({cdk.Stack.of(scope).account}); a grant "
+            "would attach a policy to the same-named principal of the stack's account. Attach the fleet's managed "
+            "policy in that account instead")
+    grants = [s.grant(grantee, scope) for s in statements]
     if not _grant_landed(principal):
         name = getattr(principal, "role_arn", None) or getattr(getattr(principal, "node", None), "path", None) or principal
         raise ValueError(
@@ -722,6 +730,21 @@ def grant_all(statements: Sequence[Statement], grantee: iam.IGrantable, scope: I
             "SandboxLauncherPolicyArn output)")
     _check_inline_size(principal, what)
     return functools.reduce(lambda combined, grant: combined.combine(grant), grants)
+
+
+def _foreign_account(principal: Any, scope: IConstruct) -> Optional[str]:
+    """The ARN of an imported user or group of another account than the stack's, or None. (CDK
+    attaches a grant to such a principal by name, in the stack's account; an imported role of
+    another account takes no policy at all, which :func:`_grant_landed` tells.)"""
+    account = cdk.Stack.of(scope).account
+    for attribute in ("user_arn", "group_arn"):
+        arn = getattr(principal, attribute, None)
+        if not isinstance(arn, str) or cdk.Token.is_unresolved(arn) or cdk.Token.is_unresolved(account):
+            continue
+        parts = arn.split(":", 5)
+        if len(parts) == 6 and parts[4] and parts[4] != account:
+            return arn
+    return None
 
 
 def _grant_landed(principal: Any) -> bool:

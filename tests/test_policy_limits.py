@@ -82,6 +82,46 @@ def test_a_secret_env_id_of_another_region_is_refused() -> None:
     assert line.startswith("secret_env: ") and "region eu-west-1" in line
 
 
+def test_a_gateway_secret_of_another_account_is_refused() -> None:
+    far = "arn:aws:secretsmanager:us-east-1:999999999999:secret:rayito/provider-key-AbCdEf"
+    project = project_with("ajena", tables={"gateways": {"model": {"secret": far}}})
+    with pytest.raises(ValueError) as info:
+        AgentFleet(new_stack(new_app()), "Fleet", project=project)
+    line = one_line(info)
+    assert line.startswith("gateways: ") and "account 999999999999" in line
+
+
+def test_a_budget_table_of_another_account_or_region_is_refused() -> None:
+    """The reconciler reaches the shared budget by name, in its own account and region."""
+    for arn, where in (("arn:aws:dynamodb:eu-west-1:123456789012:table/budget", "region eu-west-1"),
+                       ("arn:aws:dynamodb:us-east-1:999999999999:table/budget", "account 999999999999")):
+        stack = new_stack(new_app())
+        table = dynamodb.Table.from_table_arn(stack, "Budget", arn)
+        with pytest.raises(ValueError) as info:
+            AgentFleet(stack, "Fleet", project=AgentProject.load(EXAMPLE), control_plane_budget=table)
+        line = one_line(info)
+        assert line.startswith("control_plane_budget: ") and where in line
+
+
+@pytest.mark.parametrize("imported", [
+    lambda s: iam.User.from_user_arn(s, "U", "arn:aws:iam::999999999999:user/bob"),
+    lambda s: iam.Group.from_group_arn(s, "G", "arn:aws:iam::999999999999:group/ops"),
+], ids=["user", "group"])
+def test_a_user_or_group_of_another_account_is_refused(fleet, imported) -> None:
+    """CDK would attach the grant to the same-named user or group of the stack's own account."""
+    stack, agent_fleet = fleet
+    with pytest.raises(ValueError) as info:
+        agent_fleet.grant_launch(imported(stack))
+    line = one_line(info)
+    assert "arn:aws:iam::999999999999:" in line and "another account" in line
+
+
+def test_a_user_and_group_of_the_account_are_granted_to(fleet) -> None:
+    stack, agent_fleet = fleet
+    assert agent_fleet.grant_launch(iam.User.from_user_arn(stack, "U", "arn:aws:iam::123456789012:user/ana")).success
+    assert agent_fleet.grant_invoke(iam.Group.from_group_arn(stack, "G", "arn:aws:iam::123456789012:group/ops")).success
+
+
 def test_a_policy_over_the_managed_limit_is_named() -> None:
     app = new_app()
     stack = new_stack(app)
