@@ -259,6 +259,31 @@ def test_a_launcher_that_may_write_the_recipe(deployed: vw.World) -> None:
     assert launcher.status is Status.FAIL and "ssm:PutParameter" in launcher.summary and "ALLOWED" in launcher.summary
 
 
+def test_the_sessions_secrets_and_deploys_checks_are_simulated(deployed: vw.World) -> None:
+    """The gateways' secrets of the project the recipe holds: the launcher reads them (a session),
+    the caller also describes them (deploy) and renews the bedrock ones (--renew-gateway-keys);
+    without the GatewaySecrets statement the launcher's check fails naming the path."""
+    report = deployed.verify(FLEET)
+    launcher = finding(report, "iam.SandboxLauncherPolicy").data["answers"]
+    gateway = [a for a in launcher if a["path"] == "a session with gateways and secret_env"]
+    assert gateway and all(a["decision"] == "allowed" and "provider-key" in a["resource"] for a in gateway), gateway
+    caller = finding(report, "iam.CallerPolicy").data["answers"]
+    renew = {a["action"] for a in caller if a["path"] == "agent deploy --renew-gateway-keys" and a["decision"] == "allowed"}
+    assert renew == {"secretsmanager:DescribeSecret", "secretsmanager:PutSecretValue"}
+    assert any(a["action"] == "secretsmanager:DescribeSecret" and a["path"] == "agent deploy" for a in caller)
+    arn = deployed.outputs(STACK)["SandboxLauncherPolicyArn"]
+    document = _document(deployed, arn)
+    document["Statement"] = [st for st in document["Statement"] if st.get("Sid") != "GatewaySecrets"]
+    old = _set_policy(deployed, arn, document)
+    try:
+        report = deployed.verify(FLEET)
+    finally:
+        _restore(deployed, arn, old)
+    broken = finding(report, "iam.SandboxLauncherPolicy")
+    assert broken.status is Status.FAIL and "GetSecretValue" in broken.summary
+    assert "a session with gateways and secret_env" in broken.summary
+
+
 def test_a_policy_scoped_right_passes_with_the_known_false_deny(deployed: vw.World) -> None:
     """The launcher scoped to its image: everything as required, only the simulator's
     PassNetworkConnector deny left, reported as the known false deny (WARN, not FAIL)."""

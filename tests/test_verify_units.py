@@ -397,3 +397,29 @@ def test_the_image_is_read_from_the_launcher_policy_before_it_is_guessed(resourc
     ctx = Context(_PolicyClients(document), DeployedFleet(stack, "Fleet", "my-fleet"))  # type: ignore[arg-type]
     ctx.account = "123456789012"
     assert ctx.image_arn() == f"arn:aws:lambda:us-east-1:123456789012:microvm-image:{found}"
+
+
+def test_the_probes_follow_the_bucket_and_base_image_the_fleet_was_deployed_with() -> None:
+    """A fleet with its own artifact bucket (``artifact_bucket=``) or base image (``[image] base``):
+    the publisher's upload and base-image probes name them, as its deployed statements do, not
+    ``rayito setup``'s defaults (which would FAIL a right policy)."""
+    from rayito_constructs.verify.iam import Refs, publisher_probes, with_deployed_places
+
+    image = "arn:aws:lambda:us-east-1:123456789012:microvm-image:mi-agente"
+    r = Refs("mi-agente", image, (), "recipe", "other", ("c1", "c2"),
+             artifact_bucket="arn:aws:s3:::rayito-artifacts-123456789012-us-east-1",
+             base_image="arn:aws:lambda:us-east-1:123456789012:microvm-image:rayito-base-caps")
+    document = {"Statement": [
+        {"Sid": "UploadArtifacts", "Effect": "Allow", "Action": ["s3:PutObject"],
+         "Resource": ["arn:aws:s3:::my-own-artifacts/rayito/images/*", "arn:aws:s3:::my-own-artifacts/rayito/templates/*"]},
+        {"Sid": "BaseImage", "Effect": "Allow", "Action": ["lambda:ListMicrovmImageVersions"],
+         "Resource": ["arn:aws:lambda:us-east-1:123456789012:microvm-image:my-base",
+                      "arn:aws:lambda:us-east-1:123456789012:microvm-image:my-base:*"]},
+    ]}
+    placed = with_deployed_places(r, document)
+    assert placed.artifact_bucket == "arn:aws:s3:::my-own-artifacts"
+    assert placed.base_image.endswith(":microvm-image:my-base")
+    resources = {p.resource for p in publisher_probes(placed)}
+    assert "arn:aws:s3:::my-own-artifacts/rayito/images/rayd-probe.zip" in resources
+    assert not any("rayito-artifacts-" in x or "rayito-base-caps" in x for x in resources)
+    assert with_deployed_places(r, None) == r  # no document: the defaults

@@ -16,7 +16,10 @@ Must allow / must deny, and why (``shared/seeds/001_*`` "Who can write it";
 * per path of the product (``Probe.path``, the paths tests/test_product_iam.py records and
   docs/iam.md tabulates): the launcher reads the fleet's access token and never another fleet's,
   the publisher uploads under the product's artifact keys, lists VMs for prune
-  and reads its base image's versions, the caller describes the gateway secrets it deploys with.
+  and reads its base image's versions (the bucket and base image the fleet was deployed with), the
+  launcher reads the gateways' and ``[secret_env]`` secrets of the project its recipe holds and
+  writes and reads the metadata index, the caller describes the gateway secrets it deploys with
+  and renews the bedrock gateways' keys.
 
 The simulator answers ``implicitDeny`` for ``lambda:PassNetworkConnector`` even with administrator
 permissions (Rayito's ``doctor``, ``docs/site/docs/operacion/iam.md``): such a deny is reported as
@@ -93,6 +96,56 @@ class Refs:
     other_access_token: str = ""
     artifact_bucket: str = ""
     base_image: str = ""
+    index: Optional[str] = None  # the metadata index's table
+    gateway_secrets: tuple[str, ...] = ()  # the secrets the project's gateways read (from the recipe)
+    renewed_secrets: tuple[str, ...] = ()  # ... the bedrock ones --renew-gateway-keys writes
+    secret_env: tuple[str, ...] = ()  # [secret_env]'s secrets
+
+
+def _secret(ctx: Context, secret_id: str) -> str:
+    """A secret's ARN as a call names it (an id given as an ARN is one; a name gets the six random
+    characters a secret's ARN ends in, which policies name ``-??????``)."""
+    return secret_id if secret_id.startswith("arn:") else ctx.arn("secretsmanager", f"secret:{secret_id}-AbCdEf")
+
+
+def _session_secrets(ctx: Context) -> Any:
+    """The secrets the fleet's sessions read, from the project its recipe holds (the product's
+    rules, :func:`~rayito_constructs.permissions.session_secrets`); none when it has no recipe."""
+    from types import SimpleNamespace
+
+    from ..permissions import SessionSecrets, session_secrets
+    from ..product import decode
+
+    try:
+        read = ctx.recipe()
+        if read is None or not read.value or read.doc is None:
+            return SessionSecrets()
+        _, project = decode(read.value)
+        return session_secrets(SimpleNamespace(product=project, secret_env=dict(project.secret_env or {})))
+    except (AwsError, ValueError):
+        return SessionSecrets()
+
+
+def _deployed_resources(document: Optional[dict[str, Any]], sid: str) -> list[str]:
+    """The resources of the statement ``sid`` of a deployed policy document."""
+    for statement in (document or {}).get("Statement", []) or []:
+        if statement.get("Sid") == sid:
+            resources = statement.get("Resource") or []
+            return [resources] if isinstance(resources, str) else [str(r) for r in resources]
+    return []
+
+
+def with_deployed_places(r: Refs, document: Optional[dict[str, Any]]) -> Refs:
+    """``r`` with the artifact bucket and base image the fleet was deployed with (a fleet may name
+    its own: ``artifact_bucket=``, ``[image] base``), as its publisher policy's statements say;
+    ``rayito setup``'s defaults otherwise."""
+    import dataclasses
+
+    uploads = [a.split("/rayito/", 1)[0] for a in _deployed_resources(document, "UploadArtifacts")
+               if a.startswith("arn:") and "/rayito/" in a]
+    bases = [a for a in _deployed_resources(document, "BaseImage") if ":microvm-image:" in a and not a.endswith(":*")]
+    return dataclasses.replace(r, artifact_bucket=uploads[0] if uploads else r.artifact_bucket,
+                               base_image=bases[0] if bases else r.base_image)
 
 
 def refs(ctx: Context) -> Optional[Refs]:
@@ -110,6 +163,8 @@ def refs(ctx: Context) -> Optional[Refs]:
     except AwsError:
         pass
     queue_url = env.get("DEAD_LETTER_QUEUE_URL") or ctx.fleet.dead_letter_queue_url
+    secrets = _session_secrets(ctx)
+    index = ctx.fleet.metadata_table
     return Refs(
         fleet=fleet,
         image=image,
@@ -131,6 +186,10 @@ def refs(ctx: Context) -> Optional[Refs]:
         other_access_token=ctx.arn("secretsmanager", f"secret:rayito/agents/{fleet}-other/access-token-AbCdEf"),
         artifact_bucket=f"arn:{ctx.partition}:s3:::rayito-artifacts-{ctx.account}-{ctx.region}",
         base_image=f"{base}:microvm-image:rayito-base-caps",
+        index=ctx.arn("dynamodb", f"table/{index}") if index else None,
+        gateway_secrets=tuple(_secret(ctx, g) for g in secrets.gateways),
+        renewed_secrets=tuple(_secret(ctx, g) for g in secrets.renewed),
+        secret_env=tuple(_secret(ctx, g) for g in secrets.secret_env),
     )
 
 
@@ -183,6 +242,16 @@ def launcher_probes(r: Refs) -> list[Probe]:
             *_key(r, "kms:Decrypt"),
             Probe("secretsmanager:GetSecretValue", r.access_token, True, "the fleet's access token (RAYITO_ACCESS_TOKEN)"),
         ]),
+        *_on("a session with gateways and secret_env", [
+            *[Probe("secretsmanager:GetSecretValue", g, True, "a gateway's secret, read once a VM is ready")
+              for g in r.gateway_secrets],
+            *[Probe("secretsmanager:GetSecretValue", g, True, "a [secret_env] secret, read into the session")
+              for g in r.secret_env],
+        ]),
+        *_on("the session index", [
+            Probe("dynamodb:PutItem", r.index, True, "write a session's row (RayitoIndexWriter)"),
+            Probe("dynamodb:BatchGetItem", r.index, True, "read the members' rows (RayitoIndexReader)"),
+        ] if r.index else []),
         *_on("never", [
             Probe("ssm:PutParameter", r.recipe, False, "writing the recipe amounts to deploy rights: never the launcher"),
             Probe("ssm:PutParameter", r.other_recipe, False, "another fleet's recipe"),
@@ -202,7 +271,12 @@ def caller_probes(r: Refs) -> list[Probe]:
         *[p for p in launcher if not p.must_allow and p.action in LIFECYCLE],
         *[p for p in publisher_probes(r) if p.must_allow],
         *_on("agent deploy", [Probe("ssm:PutParameter", r.recipe, True, "the deployer saves the recipe"),
-                              *_key(r, "kms:Encrypt")]),
+                              *_key(r, "kms:Encrypt"),
+                              *[Probe("secretsmanager:DescribeSecret", g, True, "deploy checks each gateway's secret")
+                                for g in r.gateway_secrets]]),
+        *_on("agent deploy --renew-gateway-keys", [
+            Probe(a, g, True, "the bedrock gateways' keys, renewed") for g in r.renewed_secrets
+            for a in ("secretsmanager:DescribeSecret", "secretsmanager:PutSecretValue")]),
         *_on("never", [Probe("ssm:PutParameter", r.other_recipe, False, "another fleet's recipe"),
                        Probe("secretsmanager:GetSecretValue", r.other_access_token, False, "another fleet's access token")]),
     ]
@@ -360,6 +434,11 @@ def check(ctx: Context) -> list[Finding]:
         return [fail("iam", "the fleet's name or image is unknown: nothing to simulate",
                      "deploy the fleet's stack completely")]
     findings = []
+    publisher = ctx.fleet.policy_arn("ImagePublisherPolicy")
+    try:
+        r = with_deployed_places(r, ctx.policy_document(publisher) if publisher else None)
+    except AwsError:
+        pass  # the publisher's own check says why it cannot be read
     for kind, make in POLICIES:
         check_id = f"iam.{kind}"
         arn = ctx.fleet.policy_arn(kind)
