@@ -7,6 +7,7 @@
     npx cdk synth -c max_sessions=4 -c warm=2 -c memory=8192 -c save_recipe=false
     npx cdk synth -c image_arn=arn:aws:lambda:...   # a MicroVM image published elsewhere
     npx cdk synth -c metadata_index=true            # with the session index
+    npx cdk synth -c reconciler=false               # no fleet kept by the stack (default: kept when a recipe is saved)
     npx cdk synth -c env.URL=https://a,b            # one env variable per key (or env=A=1,B=2, or JSON)
     npx cdk synth -c metrics=true -c alarm_actions=arn:aws:sns:us-east-1:123456789012:ops
                                                     # custom metrics, alarms, a dashboard (docs/operations.md)
@@ -75,6 +76,7 @@ def main(app: "Optional[object]" = None) -> int:
             build_image=options.get("build_image", True),
             metadata_index=options.get("metadata_index", False),
             keep_recipe=options.get("keep_recipe", False),
+            reconciler=options.get("reconciler"),
             scope_microvm_actions_to_image=options.get("scope_microvm_actions_to_image", True),
             metrics=options.get("metrics", False),
             dashboard=options.get("dashboard"),

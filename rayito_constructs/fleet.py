@@ -243,7 +243,10 @@ class AgentFleet(_FleetGrants):
         ``microvm_log_retention`` (the VMs' output; docs/image.md for an existing group of that
         name). Default: when the fleet builds its image.
     :param microvm_log_retention: Default: one month.
-    :param reconciler: run the reconciler that keeps ``min_vms`` and ``warm_vms``. Default: True.
+    :param reconciler: run the reconciler that keeps ``min_vms`` and ``warm_vms``. It keeps the
+        fleet its recipe describes, so it needs one: Default: on when the fleet saves a recipe, off
+        (warning ``no_reconciler``) when it saves none (``--no-save-recipe``, a recipe too large).
+        True without a recipe is an error.
     :param max_lifetime_seconds: ``maximumDurationInSeconds`` of the fleet's VMs, 1 to 28,800 (the
         construct warns ``short_lifetime`` when VMs this short would take the fleet below
         ``min_vms`` at their ends: ``reconciler.short_lifetime_problems``). Default: 28,800.
@@ -316,7 +319,7 @@ class AgentFleet(_FleetGrants):
         permissions_boundary: Optional[iam.IManagedPolicy] = None,
         own_microvm_log_group: Optional[bool] = None,
         microvm_log_retention: logs.RetentionDays = DEFAULT_LOG_RETENTION,
-        reconciler: bool = True,
+        reconciler: Optional[bool] = None,
         max_lifetime_seconds: int = 28_800,
         control_plane_budget: Optional[dynamodb.ITable] = None,
         control_plane_budgets: Optional[Mapping[str, tuple[float, float]]] = None,
@@ -336,7 +339,7 @@ class AgentFleet(_FleetGrants):
         log_retention: logs.RetentionDays = DEFAULT_FUNCTION_LOG_RETENTION,
     ) -> None:
         for option, value in (("build_image", build_image), ("metadata_index", metadata_index),
-                              ("keep_recipe", keep_recipe), ("reconciler", reconciler),
+                              ("keep_recipe", keep_recipe), ("reconciler", True if reconciler is None else reconciler),
                               ("scope_microvm_actions_to_image", scope_microvm_actions_to_image),
                               ("share_image", share_image), ("terminate_strays", terminate_strays)):
             if not isinstance(value, bool):  # "false" is truthy: terminate_strays="false" would end VMs
@@ -359,7 +362,7 @@ class AgentFleet(_FleetGrants):
                                     "egress_alarms": egress_alarms, "dashboard": dashboard})
         # An alarm asked for by name that nothing could send data to is a mistake, as one on
         # metrics that are off is: say so rather than make none.
-        if reconciler_alarms is True and not reconciler:
+        if reconciler_alarms is True and reconciler is False:
             raise ValueError("reconciler_alarms=True: reconciler is False, so there is no reconciler to watch; "
                              "leave reconciler_alarms unset or turn the reconciler on")
         if egress_alarms is True and not project.egress.budgets:
@@ -483,11 +486,20 @@ class AgentFleet(_FleetGrants):
         plan = plan_recipe(project, image_version=image_version, builds_image=image is not None)
         for warning in (*project.warnings, *plan.warnings):
             cdk.Annotations.of(self).add_warning_v2(f"rayito:{warning.code}", f"{warning.code}: {warning.message}")
+        if reconciler is None:
+            reconciler = plan.encoded is not None
+            if not reconciler:
+                cdk.Annotations.of(self).add_warning_v2(
+                    "rayito:no_reconciler", f"no_reconciler: {plan.reason}, so the stack keeps no fleet (the reconciler "
+                    "starts VMs from the project the recipe holds); VMs start when a client connects")
+                if reconciler_alarms is True:
+                    raise ValueError(f"reconciler_alarms=True: {plan.reason}, so there is no reconciler to watch; "
+                                     "leave reconciler_alarms unset or save the recipe")
         if reconciler and plan.encoded is None:
             # The reconciler starts and serves every VM from the project the recipe embeds, and reads
             # the fleet's scaling from it, as the product's client does: without one it starts nothing.
             raise ValueError(
-                f"reconciler=True needs the fleet's recipe, and {plan.reason}; the reconciler starts the fleet's "
+                f"reconciler: True needs the fleet's recipe, and {plan.reason}; the reconciler starts the fleet's "
                 "VMs from the project the recipe holds (pass reconciler=False for a fleet the stack does not keep)")
         if recipe_failure == "fail" and plan.document is not None and plan.encoded is None:
             problems = "; ".join(f"{w.code}: {w.message}" for w in plan.warnings if w.code == "recipe_too_large")

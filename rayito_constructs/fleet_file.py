@@ -50,6 +50,7 @@ class StackOptions(_Options):
     retain_vms_on_delete: bool = False
     metadata_index: bool = False
     keep_recipe: bool = False
+    reconciler: Optional[bool] = None
     image_arn: Optional[str] = None
     base_artifact: Optional[str] = None
     base_artifact_sha256: Optional[str] = Field(None, pattern=r"^[0-9a-fA-F]{64}$")

@@ -124,6 +124,7 @@ APP_CONTEXT: dict[str, str] = {
     "image_arn": "a MicroVM image ARN",
     "metadata_index": "true or false",
     "keep_recipe": "true or false",
+    "reconciler": "true or false (default: on when the fleet saves a recipe)",
     "scope_microvm_actions_to_image": "true or false",
     "metrics": "true or false",
     "dashboard": "true or false",
@@ -198,7 +199,7 @@ def read_context(context: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, 
             problems.append(Problem(table, f"-c {table}: give the variables either as -c {table}=... or as -c {table}.NAME=..., not both"))
         else:
             raw[table] = variables
-    for key in ("metadata_index", "keep_recipe", "scope_microvm_actions_to_image", "metrics", "dashboard",
+    for key in ("metadata_index", "keep_recipe", "reconciler", "scope_microvm_actions_to_image", "metrics", "dashboard",
                 "saved_queries", "retain_vms_on_delete", "build_image"):
         if key in app:
             flag = _flag(app[key])

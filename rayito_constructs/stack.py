@@ -27,6 +27,7 @@ class FleetStack(cdk.Stack):
     :param base_image_version: see :class:`AgentFleet`. Default: ``"1"``.
     :param build_image: see :class:`AgentFleet`. Default: True.
     :param metadata_index: see :class:`AgentFleet`. Default: False.
+    :param reconciler: see :class:`AgentFleet`. Default: on when the fleet saves a recipe.
     :param keep_recipe: see :class:`AgentFleet`. Default: False.
     :param scope_microvm_actions_to_image: see :class:`AgentFleet`. Default: True (False is the
         opt-out to every image, docs/iam.md).
@@ -67,6 +68,7 @@ class FleetStack(cdk.Stack):
         build_image: bool = True,
         metadata_index: bool = False,
         keep_recipe: bool = False,
+        reconciler: Optional[bool] = None,
         scope_microvm_actions_to_image: bool = True,
         recipe_key: Optional[kms.IKey] = None,
         recipe_failure: str = "warn",
@@ -101,6 +103,7 @@ class FleetStack(cdk.Stack):
             build_image=build_image,
             metadata_index=metadata_index,
             keep_recipe=keep_recipe,
+            reconciler=reconciler,
             scope_microvm_actions_to_image=scope_microvm_actions_to_image,
             recipe_key=recipe_key,
             recipe_failure=recipe_failure,

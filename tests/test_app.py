@@ -190,3 +190,24 @@ def test_the_stack_table_of_our_file_and_context_over_it(monkeypatch, tmp_path, 
     (template,) = stacks(outdir).values()
     (pruner,) = [r for r in template["Resources"].values() if r["Type"] == "Custom::RayitoImagePruner"]
     assert pruner["Properties"]["KeepVersions"] == "3"
+
+
+def test_no_save_recipe_synthesizes_a_fleet_the_stack_does_not_keep(monkeypatch, tmp_path, capsys) -> None:
+    """``-c save_recipe=false`` (``--no-save-recipe``) synthesizes, as ``plan`` plans it: no recipe,
+    so no reconciler (it keeps the fleet the recipe describes), said once; asking for one anyway
+    is one line naming the key."""
+    import json
+
+    code, err, outdir = synth(monkeypatch, tmp_path, capsys, save_recipe="false", warm="2", max_sessions="4")
+    assert code == 0, err
+    (template,) = [json.loads(p.read_text()) for p in outdir.glob("*.template.json")]
+    types = {r["Type"] for r in template["Resources"].values()}
+    assert "Custom::RayitoRecipe" not in types
+    assert not any("Reconciler" in logical for logical in template["Resources"])
+    code, err, _ = synth(monkeypatch, tmp_path / "kept", capsys, save_recipe="false", reconciler="true")
+    assert code == 2 and err.splitlines() == [err.strip()] and err.startswith("-c reconciler: True needs the fleet's recipe")
+    code, err, outdir = synth(monkeypatch, tmp_path / "off", capsys, reconciler="false")
+    assert code == 0, err
+    (template,) = [json.loads(p.read_text()) for p in outdir.glob("*.template.json")]
+    assert not any("Reconciler" in logical for logical in template["Resources"])
+    assert any(r["Type"] == "Custom::RayitoRecipe" for r in template["Resources"].values())

@@ -179,8 +179,16 @@ def test_no_save_recipe_saves_none_and_says_nothing_as_the_product() -> None:
     Template.from_stack(stack).resource_count_is("Custom::RayitoRecipe", 0)
     assert not Annotations.from_stack(stack).find_warning("*", Match.string_like_regexp("^recipe_"))
     # the reconciler starts every VM from the recipe's project: a fleet it keeps must save one
-    with pytest.raises(ValueError, match="reconciler=True needs the fleet's recipe"):
-        AgentFleet(stack, "Kept", project=project_with(name="kept", save_recipe=False))
+    with pytest.raises(ValueError, match="reconciler: True needs the fleet's recipe"):
+        AgentFleet(stack, "Kept", project=project_with(name="kept", save_recipe=False), reconciler=True)
+    # by default, no recipe is no reconciler, told (as `rayito agent deploy --no-save-recipe` keeps no fleet)
+    unkept = AgentFleet(stack, "Unkept", project=project_with(name="unkept", save_recipe=False))
+    assert unkept.reconciler is None and unkept.recipe is None
+    told = Annotations.from_stack(stack).find_warning("*", Match.string_like_regexp("^no_reconciler: save_recipe is off"))
+    assert len(told) == 1
+    with pytest.raises(ValueError, match="reconciler_alarms=True: save_recipe is off"):
+        AgentFleet(stack, "Watched", project=project_with(name="watched", save_recipe=False), reconciler_alarms=True,
+                   metrics=True)
 
 
 def test_a_recipe_too_large_warns_with_the_page_code(agent_folder) -> None:
@@ -225,8 +233,9 @@ def test_recipe_too_large_warns() -> None:
     stack = new_stack(app)
     assert AgentFleet(stack, "Fleet", project=project, reconciler=False).recipe is None
     assert Annotations.from_stack(stack).find_warning("*", Match.string_like_regexp("^recipe_too_large: "))
-    with pytest.raises(ValueError, match="reconciler=True needs the fleet's recipe, and .*4096 bytes"):
-        AgentFleet(new_stack(new_app()), "Kept", project=project)
+    with pytest.raises(ValueError, match="reconciler: True needs the fleet's recipe, and .*4096 bytes"):
+        AgentFleet(new_stack(new_app()), "Kept", project=project, reconciler=True)
+    assert AgentFleet(new_stack(new_app()), "Default", project=project).reconciler is None  # no recipe, no reconciler
 
 
 def test_customer_key_reaches_everything_the_fleet_creates(agent_folder) -> None:
