@@ -259,6 +259,9 @@ class AgentFleet(_FleetGrants):
     :param share_image: let other fleets of the app run this fleet's image (every fleet on it
         must say so; see ``FleetReconciler``). Default: False.
     :param terminate_strays: let the reconciler end idle foreign VMs of the image. Default: False.
+    :param reconciler_watch_seconds: how often a tick looks at the parked slots' VMs for a
+        client's take (``FleetReconciler``'s ``watch_seconds``: a take refilled in seconds, at the
+        price of 50-second ticks for a fleet with parked slots); 0 turns it off. Default: 5.
     :param reconciler_reserved_concurrency: Default: 1 (``None`` where the account's concurrency
         quota leaves no room to reserve; the image pruner of an image the fleet builds then
         reserves none either).
@@ -327,6 +330,7 @@ class AgentFleet(_FleetGrants):
         share_image: bool = False,
         terminate_strays: bool = False,
         reconciler_reserved_concurrency: Optional[int] = 1,
+        reconciler_watch_seconds: int = 5,
         retain_vms_on_delete: bool = False,
         teardown_failure: str = "warn",
         teardown_timeout: cdk.Duration = cdk.Duration.minutes(10),
@@ -558,6 +562,7 @@ class AgentFleet(_FleetGrants):
                 share_image=share_image,
                 terminate_strays=terminate_strays,
                 reserved_concurrency=reconciler_reserved_concurrency,
+                watch_seconds=reconciler_watch_seconds,
                 encryption_key=recipe_key,
                 metrics=metrics,
                 log_retention=log_retention,

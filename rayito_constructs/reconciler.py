@@ -212,6 +212,12 @@ class FleetReconciler(Construct):
     :param execution_role: the role the fleet's MicroVMs run as. Default: none.
     :param schedule: how often a tick runs. Default: every minute.
     :param tick_seconds: how long a tick may keep working. Default: 50 seconds.
+    :param watch_seconds: while a tick lives, how often it looks at the parked slots' VMs
+        (GetMicrovm each, from a bucket of the shared budget of its own: 30 a second account-wide)
+        for a client's take, to refill the slot within seconds instead of at the next tick. A
+        fleet with parked slots then ticks for its whole ``tick_seconds`` (Lambda time:
+        docs/cost-and-activation.md). 0 turns the watch off (a take is seen by the next tick's
+        list, up to a schedule period later). 2 to 60, or 0. Default: 5.
     :param max_lifetime_seconds: ``maximumDurationInSeconds`` of every VM, 1 to 28,800 (the
         construct warns ``short_lifetime`` when VMs this short would take the fleet below
         ``min_vms`` at their ends: :func:`short_lifetime_problems`). Default: 28,800.
@@ -259,6 +265,7 @@ class FleetReconciler(Construct):
         execution_role_arn: Optional[str] = None,
         schedule: cdk.Duration = cdk.Duration.minutes(1),
         tick_seconds: int = 50,
+        watch_seconds: int = 5,
         max_lifetime_seconds: int = 28_800,
         successor_lead_seconds: int = 900,
         max_start_attempts: int = 3,
@@ -293,6 +300,9 @@ class FleetReconciler(Construct):
             _check_whole(option, value)
             if not 1 <= value <= most:
                 raise ValueError(f"{option}: {value} is not within 1 to {most}")
+        _check_whole("watch_seconds", watch_seconds)
+        if watch_seconds != 0 and not 2 <= watch_seconds <= 60:
+            raise ValueError(f"watch_seconds: {watch_seconds} is not 0 (no watch) or within 2 to 60")
         _check_whole("stray_grace_seconds", stray_grace_seconds)
         if not 60 <= stray_grace_seconds <= 28_800:
             raise ValueError(f"stray_grace_seconds: {stray_grace_seconds} is not within 60 to 28800")
@@ -368,6 +378,7 @@ class FleetReconciler(Construct):
             "MAX_START_ATTEMPTS": str(max_start_attempts),
             "MAX_STARTS_PER_STEP": str(max_starts_per_step),
             "TICK_SECONDS": str(tick_seconds),
+            "WATCH_SECONDS": str(watch_seconds),
             "SCHEDULE_SECONDS": str(int(schedule.to_seconds())),
             "LEDGER_TABLE": ledger_table.table_name,
             "BUDGET_TABLE": budget_table.table_name,

@@ -173,6 +173,9 @@ def test_a_switch_given_as_a_string_is_refused(tmp_path, option: str) -> None:
     ("control_plane_budgets", {"RunMicrovm": (5, 0)}, r"control_plane_budgets\['RunMicrovm'\]: \(5, 0\)"),
     ("control_plane_budgets", {"RunMicrovm": "5/s"}, r"control_plane_budgets\['RunMicrovm'\]: '5/s'"),
     ("control_plane_budgets", {"RunMicrovms": (1, 1)}, "control_plane_budgets: 'RunMicrovms' is not one of RunMicrovm"),
+    ("reconciler_watch_seconds", 1, "watch_seconds: 1 is not 0 \\(no watch\\) or within 2 to 60"),
+    ("reconciler_watch_seconds", 61, "watch_seconds: 61 is not 0"),
+    ("reconciler_watch_seconds", 2.5, "watch_seconds: 2.5 is not a whole number"),
 ])
 def test_reconciler_numbers_refused_at_synth(tmp_path, option: str, value: Any, message: str) -> None:
     """``max_lifetime_seconds=True`` gave VMs a 1-second life; a NaN, negative or misspelt budget
@@ -193,7 +196,7 @@ def test_good_budgets_and_lifetimes_still_synthesize(tmp_path) -> None:
     (function,) = [r for r in template["Resources"].values() if r["Type"] == "AWS::Lambda::Function"
                    and "BUDGETS" in r["Properties"].get("Environment", {}).get("Variables", {})]
     env = function["Properties"]["Environment"]["Variables"]
-    assert env["MAX_LIFETIME_SECONDS"] == "3600"
+    assert env["MAX_LIFETIME_SECONDS"] == "3600" and env["WATCH_SECONDS"] == "5"
     assert env["BUDGETS"] == '{"ListMicrovms":[1,1],"RunMicrovm":[2.5,3]}'
 
 

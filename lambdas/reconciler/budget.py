@@ -28,6 +28,12 @@ DEFAULT_BUDGETS: dict[str, tuple[float, float]] = {
     "ListMicrovms": (10, 10),
 }
 
+#: The GetMicrovm calls of the parked-slot watches (``FleetSpec.watch_seconds``) have a bucket of
+#: their own, shared by every reconciler of the account: at most this many a second (a third of
+#: GetMicrovm's documented 100), so the watches never take what the fleets' clients and the
+#: reconcilers' other looks need; a watch that finds no token is skipped.
+WATCH_OPERATION = "GetMicrovm:watch"
+WATCH_BUDGET = (30.0, 30.0)
 
 EPSILON = 1e-6  # float sums of 1/rate must not lose a token at the edge of the burst
 #: The shortest retry a refusal names (a refusal that just took the place in line may be admitted
@@ -135,6 +141,7 @@ def valid_shape(value: Any) -> Optional[tuple[float, float]]:
 class _Gcra:
     def __init__(self, budgets: Mapping[str, Any], share: float = DEFAULT_SHARE) -> None:
         defaults = {op: (rate * share, max(1.0, burst - 1)) for op, (rate, burst) in DEFAULT_BUDGETS.items()}
+        defaults[WATCH_OPERATION] = WATCH_BUDGET
         #: Entries of ``budgets`` that are no bucket (see :func:`valid_shape`), with their value:
         #: the operation keeps its documented default (the reconciler tells, ``budgets_rejected``).
         self.rejected: dict[str, str] = {}

@@ -78,6 +78,7 @@ def spec_from_env(env: Optional[dict[str, str]] = None) -> FleetSpec:
         terminate_strays=env.get("TERMINATE_STRAYS") == "1",
         stray_grace_seconds=number("STRAY_GRACE_SECONDS", 3600.0),
         look_period_seconds=number("SCHEDULE_SECONDS", 60.0),
+        watch_seconds=max(0.0, number("WATCH_SECONDS", 0.0)),
     )
 
 

@@ -27,7 +27,7 @@ from typing import Any, Iterable, Mapping, Optional
 
 from . import answers
 from .admission import Admission
-from .budget import Deferral
+from .budget import WATCH_OPERATION, Deferral
 from .core import (
     GONE,
     PARKING,
@@ -315,6 +315,29 @@ class Looks:
             return self.list_view()
         self.peeked_at = now
         return self.view(Source.LIST, Source.RUN, Source.PEEK, Source.FACT)
+
+    def watch(self, vm_ids: Iterable[str], now: float) -> Optional[list[Observed]]:
+        """GetMicrovm on each parked slot's VM (the budget permitting): the ones no longer
+        SUSPENDED (a client took it, it ended; GONE when the service no longer knows it), recorded
+        as looks; None when the budget or the service would not answer them all now (the watch is
+        skipped: the next one, or the next tick's list, sees it)."""
+        changed = []
+        for vm_id in vm_ids:
+            if isinstance(self.admission.admit(WATCH_OPERATION, now), Deferral):
+                return None
+            got = self.get(vm_id, now)
+            if isinstance(got, answers.ClientError) and answers.error_code(got) == "ResourceNotFoundException":
+                got = Observed(vm_id, GONE, 0.0, reason="not_found")
+            elif isinstance(got, answers.ClientError):
+                self.admission.refused("GetMicrovm", answers.failure(got), now)
+                return None
+            elif isinstance(got, answers.BotoCoreError):
+                self.shell.emit({"event": "api_error", "operation": "GetMicrovm", "code": type(got).__name__})
+                return None
+            if got.state != "SUSPENDED":
+                self.record(Source.PEEK, vm_id, got, now)
+                changed.append(got)
+        return changed
 
     # ------------------------------------------------------------------ what the plan sees
 

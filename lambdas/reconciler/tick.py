@@ -21,7 +21,7 @@ from . import answers, core
 from .admission import RESERVE_HORIZON_SECONDS, ROOM_BACKOFFS, Admission
 from .budget import Deferral
 from .calls import Calls, Step, parked_for_base
-from .core import IntentKind, Reason, Slot, Wait
+from .core import IntentKind, Observed, Reason, Slot, Wait
 from .core.lifetimes import CALL_MARGIN_SECONDS
 from .ledger import FencedOut
 from .letters import Outbox
@@ -63,6 +63,9 @@ class TickState:
     dues: list[float] = field(default_factory=list)  # when the last plan found a step worth overtime
     woken_for_answers: bool = False  # this step woke only to read the server's answers
     answers_at: Optional[float] = None  # when the last plan expects the server's next answer
+    parked: list[str] = field(default_factory=list)  # the parked slots' VMs after the last plan (watched)
+    woken_for_watch: bool = False  # this step woke only to watch them
+    watched: list[Observed] = field(default_factory=list)  # ... and what the watch saw change
 
 
 @dataclass
@@ -216,6 +219,7 @@ class Reconciler:
                 if self.state is not None:
                     due = [w.reason for w in result.waits if w.at <= self.now() + 1e-6 and wakes(w.reason)]
                     self.state.woken_for_answers = bool(due) and set(due) <= {Reason.SERVE, Reason.SERVED}
+                    self.state.woken_for_watch = bool(due) and set(due) == {Reason.WATCH}
         except FencedOut:
             outcome["lease_lost"] = True
             self.emit({"event": "lease_lost", "reason": "another tick took the lease; this one stops"})
@@ -323,6 +327,12 @@ class Reconciler:
         if waiting is not None:
             return waiting
         admission, looks = state.admission, state.looks
+        if state.woken_for_watch and state.parked:
+            watched = looks.watch(state.parked, now)
+            if not watched:  # every parked VM still parked (or the watch could not answer now)
+                return self._watch_next(self._carry(state, now, None), state)
+            state.watched = watched
+            looks.listed_at = None  # a client took one: a fresh list before the plan refills it
         admission.demand.clear()
         state.short_at_start = False  # a plan from here on: its waits say what is short
         owed = looks.owed(now)
@@ -340,6 +350,10 @@ class Reconciler:
         if choice.fresh:
             owed = None
         observed = looks.for_plan(looks.confirm(slots, choice.observed, now), slots, now)
+        if state.watched:  # the watch's reads are newer than a list that may lag them
+            seen = {o.microvm_id: o for o in state.watched}
+            observed = [seen.pop(o.microvm_id, o) for o in observed] + list(seen.values())
+            state.watched = []
         others = self.ledger.load_vm_ids(self.siblings) if self.siblings else set()
         fingerprint = self.spec.fingerprint()
         no_room = admission.no_room_until > now
@@ -372,6 +386,14 @@ class Reconciler:
         serve_waits = [w.at for w in result.waits if w.reason in (Reason.SERVE, Reason.SERVED)]
         state.answers_at = min(serve_waits) if serve_waits else None
         result.booked = bool(admission.booked())
+        state.parked = sorted(s.microvm_id for s in step.slots.values()
+                              if s.role == core.WARM and s.phase == core.PARKED and s.microvm_id)
+        return self._watch_next(result, state)
+
+    def _watch_next(self, result: StepResult, state: TickState) -> StepResult:
+        """The next look at the parked slots' VMs (``watch_seconds``), while the tick lives."""
+        if self.spec.watch_seconds > 0 and state.parked:
+            result.add(result.now + self.spec.watch_seconds, Reason.WATCH)
         return result
 
     def _wait_for_tokens(self, state: TickState, now: float) -> Optional[StepResult]:

@@ -370,6 +370,10 @@ def deployed_fleet(aws: str, *, clock: Optional[VirtualClock] = None, emulator: 
         if "IMAGE_VERSION" in template_env:
             values["IMAGE_VERSION"] = "1.0"  # the version the emulator's image has active
         values.update(emulator_env(aws, emulator.endpoint_url))
+        # The parked-slot watch (GetMicrovm every WATCH_SECONDS while a tick lives) is the
+        # construct's default; scenarios about other rules count their calls without it, and
+        # test_warm_watch.py and the handler's test run it as synthesized.
+        values["WATCH_SECONDS"] = "0"
         values.update(env or {})
         made = Fleet(emulator, clock, aws, values, ddb, sqs)
         made.server = VirtualServer(emulator, DynamoDBLedger(ddb, ledger))

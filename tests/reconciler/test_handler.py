@@ -21,7 +21,7 @@ from lambdas.reconciler.ledger import FencedOut
 from rayito_constructs.testing import MicrovmsEmulator, VirtualClock
 
 from ..moto_server import untraced_requests
-from .harness import RECONCILER_CALLER, deployed_fleet, list_lag, serving
+from .harness import RECONCILER_CALLER, deployed_fleet, list_lag, serving, synthesized_environment
 from .support import assert_no_duplicates
 
 LIVE = ("PENDING", "RUNNING", "SUSPENDING", "SUSPENDED")
@@ -64,8 +64,9 @@ def client_vm(fleet, token: str = "client-session-1") -> str:
 
 
 def test_the_synthesized_fleet_converges_and_tells(aws, monkeypatch) -> None:
-    with deployed_fleet(aws) as fleet:
-        assert fleet.env["EXECUTION_ROLE_ARN"] and fleet.env["IDLE_SECONDS"] == "600"
+    watch = dict(synthesized_environment())["WATCH_SECONDS"]  # as synthesized: the parked slot watched
+    with deployed_fleet(aws, env={"WATCH_SECONDS": watch}) as fleet:
+        assert fleet.env["EXECUTION_ROLE_ARN"] and fleet.env["IDLE_SECONDS"] == "600" and watch == "5"
         first = fleet.invoke(monkeypatch)
         assert first.result["fleet"] == "mi-agente" and "skipped" not in first.result
         fleet.clock.advance(60)
@@ -85,7 +86,8 @@ def test_the_synthesized_fleet_converges_and_tells(aws, monkeypatch) -> None:
         assert sorted(a["role"] for a in asks) == ["member", "warm"] and {a["attempt"] for a in asks} == {1}
         served = {e["role"]: e for e in first.events("vm_serving") + first.events("vm_warmed")}
         assert set(served) == {"base", "warm"} and all(e["after"] >= 12 for e in served.values())
-        assert first.calls == {"ListMicrovms": first.calls["ListMicrovms"], "RunMicrovm": 2, "SuspendMicrovm": 1}
+        looks = {k: v for k, v in first.calls.items() if k != "GetMicrovm"}  # the watch's looks aside
+        assert looks == {"ListMicrovms": first.calls["ListMicrovms"], "RunMicrovm": 2, "SuspendMicrovm": 1}
         assert [r.status for r in fleet.emulator.requests if r.operation == "SuspendMicrovm"] == [200]
         (suspend,) = [r for r in fleet.emulator.requests if r.operation == "SuspendMicrovm"]
         warmed = next(a for a in asks if a["role"] == "warm")
@@ -95,7 +97,9 @@ def test_the_synthesized_fleet_converges_and_tells(aws, monkeypatch) -> None:
                            "RetryAmplification": "None", "StrayVMs": "Count"}.items():
             points = first.metrics(name) + second.metrics(name)
             assert points and {u for _, u in points} == {unit}, (name, points)
-        assert second.calls == {"ListMicrovms": 1}  # at rest: one list, nothing else
+        # At rest: one list, and the parked VM looked at every 5 s while the 50 s tick lives.
+        assert second.calls == {"ListMicrovms": 1, "GetMicrovm": second.calls["GetMicrovm"]}
+        assert 8 <= second.calls["GetMicrovm"] <= 10
         assert_no_duplicates(fleet)
 
 

@@ -108,6 +108,10 @@ class FleetSpec:
     """The fleet's VMs are the product's: a base VM counts toward ``min_vms`` only once the fleet's
     server says its agent host serves, and a parked slot's VM is suspended only once the server
     warmed it (:class:`Ready`). False: a VM counts once RUNNING (a fleet with no server)."""
+    watch_seconds: float = 0.0
+    """While a tick lives, its parked slots' VMs are looked at this often (GetMicrovm each) for a
+    client's take, so the slot is refilled within seconds, not at the next scheduled tick (0: no
+    watch; a take is then seen by the next tick's list, up to a schedule period later)."""
     rayd_deadline: bool = False
     """The VMs' run payload sets a lifecycle: ``rayd`` ends their agents at the lifetime, before
     the maximum duration the service enforces, and the service lists them RUNNING ~15 s more (a
@@ -115,7 +119,8 @@ class FleetSpec:
 
     def fingerprint(self) -> str:
         """Changes when a deploy changes what the fleet runs (dead slots are then tried again)."""
-        data = {k: v for k, v in asdict(self).items() if k not in ("max_starts_per_step", "admission_deadline_seconds")}
+        data = {k: v for k, v in asdict(self).items()
+                if k not in ("max_starts_per_step", "admission_deadline_seconds", "watch_seconds")}
         return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
@@ -285,6 +290,7 @@ class Reason(StrEnum):
     PARK_DUE = "park_due"  # ... a look at one worth overtime, though the step sleeps for others first
     STEP = "step"  # the step left work its width or budget did not take
     OWED = "owed"  # what the last plan found worth overtime, carried by a step that did not plan
+    WATCH = "watch"  # parked slots' VMs, looked at (GetMicrovm) for a client's take to refill
 
     @property
     def overtime(self) -> bool:

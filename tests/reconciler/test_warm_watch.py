@@ -1,0 +1,100 @@
+"""The parked-slot watch: while a tick lives, its parked slots' VMs are looked at every
+``WATCH_SECONDS`` (GetMicrovm, from the budget's own ``GetMicrovm:watch`` bucket), so a slot a
+client takes is refilled within seconds, not at the next scheduled tick. Through ``index.handler``
+with its synthesized environment, the emulator over HTTP and moto; every time from the emulator's
+records (ground truth)."""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from .harness import act_during_sleep, deployed_fleet
+
+SPEC = {"MIN_VMS": "1", "WARM_VMS": "1", "MAX_VMS": "3"}
+
+
+def _parked(fleet: Any) -> list[dict[str, Any]]:
+    return [vm for vm in fleet.ours() if vm["state"] == "SUSPENDED" and not vm.get("idleSuspended")]
+
+
+def _refilled_at(fleet: Any, after: float, taken: str) -> Optional[float]:
+    """When a new VM of ours (not the taken one) was first SUSPENDED after ``after``."""
+    times = [at for vm in fleet.emulator.microvms_ever() if vm["microvmId"] != taken and vm["imageArn"] == fleet.image
+             for at, state, _ in vm["history"] if state == "SUSPENDED" and at > after]
+    return min(times) if times else None
+
+
+def test_a_take_during_a_tick_is_refilled_within_seconds(aws, monkeypatch) -> None:
+    """A client resumes the parked VM 20 s into a tick: with the watch (5 s) a new VM is parked
+    within 12 s of the take (the watch's period, a fresh list, PENDING, the warming, SUSPENDING),
+    in the same tick."""
+    with deployed_fleet(aws, env={**SPEC, "WATCH_SECONDS": "5"}, pending_seconds=2) as fleet:
+        fleet.every_minute(monkeypatch, 2)
+        (parked,) = _parked(fleet)
+        start = fleet.clock.now()
+        took: list[float] = []
+
+        def take() -> None:
+            fleet.emulator.direct_client(caller="client").resume_microvm(microvmIdentifier=parked["microvmId"])
+            took.append(fleet.clock.now())
+
+        act_during_sleep(fleet, start + 20, take)
+        invocation = fleet.invoke(monkeypatch)
+        assert took, "the tick ended before the take"
+        fleet.clock.advance(5)  # the refill's suspend lands
+        refilled = _refilled_at(fleet, took[0], parked["microvmId"])
+        assert refilled is not None and refilled - took[0] <= 12.0, (took, refilled)
+        assert invocation.calls.get("RunMicrovm") == 1 and invocation.calls.get("SuspendMicrovm") == 1
+        assert 3 <= invocation.calls.get("GetMicrovm", 0) <= 6, invocation.calls  # one per 5 s until the take
+
+
+def test_without_the_watch_a_take_waits_for_the_next_ticks_list(aws, monkeypatch) -> None:
+    """``WATCH_SECONDS=0``: a tick at rest lists once and ends; a take between ticks is refilled
+    by the next tick's list."""
+    with deployed_fleet(aws, env={**SPEC, "WATCH_SECONDS": "0"}, pending_seconds=2) as fleet:
+        fleet.every_minute(monkeypatch, 2)
+        (parked,) = _parked(fleet)
+        start = fleet.clock.now()
+        assert fleet.invoke(monkeypatch).calls == {"ListMicrovms": 1}
+        fleet.clock.advance(max(0.0, start + 20 - fleet.clock.now()))
+        fleet.emulator.direct_client(caller="client").resume_microvm(microvmIdentifier=parked["microvmId"])
+        took = fleet.clock.now()
+        fleet.clock.advance(max(0.0, start + 60 - fleet.clock.now()))
+        assert _refilled_at(fleet, took, parked["microvmId"]) is None
+        fleet.invoke(monkeypatch)
+        fleet.clock.advance(5)
+        refilled = _refilled_at(fleet, took, parked["microvmId"])
+        assert refilled is not None and refilled - took >= 40  # a schedule period, not seconds
+
+
+def test_the_watch_takes_tokens_from_its_own_bucket_and_skips_without_one(aws, monkeypatch) -> None:
+    """The watch's GetMicrovm come from the shared budget's ``GetMicrovm:watch`` bucket (30 a
+    second account-wide): with no token the watch is skipped (no list instead, no other GetMicrovm),
+    and the next tick's list still sees the take."""
+    from lambdas.reconciler.budget import WATCH_BUDGET, WATCH_OPERATION
+
+    assert WATCH_BUDGET == (30.0, 30.0)
+    with deployed_fleet(aws, env={**SPEC, "WATCH_SECONDS": "5"}, pending_seconds=2) as fleet:
+        fleet.every_minute(monkeypatch, 2)
+        (parked,) = _parked(fleet)
+        reconciler = fleet._environment
+        original = reconciler.budget.acquire
+
+        def acquire(operation: str, *args: Any, **kwargs: Any) -> Any:
+            if operation == WATCH_OPERATION:
+                from lambdas.reconciler.budget import Deferral
+
+                return Deferral(operation, 1.0, "budget_empty")
+            return original(operation, *args, **kwargs)
+
+        monkeypatch.setattr(reconciler.budget, "acquire", acquire)
+        start = fleet.clock.now()
+        act_during_sleep(fleet, start + 20, lambda: fleet.emulator.direct_client(caller="client").resume_microvm(
+            microvmIdentifier=parked["microvmId"]))
+        invocation = fleet.invoke(monkeypatch)
+        assert "GetMicrovm" not in invocation.calls and invocation.calls.get("ListMicrovms") == 1, invocation.calls
+        assert "RunMicrovm" not in invocation.calls  # the take is not seen in this tick
+        fleet.clock.advance(max(0.0, start + 60 - fleet.clock.now()))
+        fleet.invoke(monkeypatch)
+        fleet.clock.advance(5)
+        assert _refilled_at(fleet, start + 20, parked["microvmId"]) is not None
