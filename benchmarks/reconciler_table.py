@@ -26,7 +26,10 @@ KEYS = [
     ("duplicate_vms", "dup"), ("dips_below_min", "dips s"),
     ("dips_below_min_without_headroom", "of which max=min"), ("foreign_vms_touched", "foreign"),
     ("amplification", "ampl"), ("throttles_under_default_quotas", "429"), ("requests_held", "held"),
-    ("api_calls_ratio", "calls/min"), ("cpu_seconds_per_fleet_day", "CPU s/fleet-day"),
+    ("refills", "refills"), ("refill_seconds_median", "refill p50 s"), ("refill_seconds_p99", "refill p99 s"),
+    ("refills_held_by_max_vms", "held at max"), ("abandoned_running_hours_beyond_idle_per_day", "abandoned h/day"),
+    ("api_calls_ratio", "calls/min"), ("watch_gets_per_fleet_hour", "watch gets/fleet-h"),
+    ("cpu_seconds_per_fleet_day", "CPU s/fleet-day"), ("lambda_seconds_per_fleet_day", "Lambda s/fleet-day"),
     ("wall_seconds", "wall s"), ("peak_memory_mb", "MB"),
 ]
 
