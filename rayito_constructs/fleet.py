@@ -475,7 +475,6 @@ class AgentFleet(_FleetGrants):
             recipe_key_arn=recipe_key.key_arn if recipe_key else None,
             table_arn=self.metadata_index.table_arn if self.metadata_index else None,
             table_key_arn=recipe_key.key_arn if recipe_key else None,
-            code_object_arns=image.code_object_arns if image is not None else (),
             scope_microvm_actions_to_image=scope_microvm_actions_to_image,
             build_network_connectors=getattr(image, "egress_network_connectors", ()),
         )

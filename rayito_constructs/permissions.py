@@ -168,7 +168,6 @@ STAR_REASONS = {
     ),
     "AgentRecipe": "every fleet's recipe (parameter/rayito/agents/*) in an account-wide policy",
     "AgentRecipeWrite": "every fleet's recipe (parameter/rayito/agents/*) in an account-wide policy",
-    "ReadCodeArtifact": "the image's code artifact objects given by the caller",
     "BaseImage": "the base image rayito agent build builds on (rayito-base-caps) and its versions (<image ARN>:*)",
     "PassBuildNetworkConnectors": (
         "the AWS-managed network connectors (aws-network-connector:*): an image build passes INTERNET_EGRESS even "
@@ -241,7 +240,6 @@ class FleetAccess:
     recipe_key_arn: Optional[str] = None
     table_arn: Optional[str] = None
     table_key_arn: Optional[str] = None
-    code_object_arns: tuple[str, ...] = ()
     scope_microvm_actions_to_image: bool = True
     build_connector_arns: tuple[str, ...] = ()
     region: str = field(default=cdk.Aws.REGION)
@@ -383,7 +381,6 @@ def fleet_access(
     recipe_key_arn: Optional[str] = None,
     table_arn: Optional[str] = None,
     table_key_arn: Optional[str] = None,
-    code_object_arns: Sequence[str] = (),
     scope_microvm_actions_to_image: bool = True,
     build_network_connectors: Sequence[str] = (),
     project: Any = None,
@@ -402,7 +399,7 @@ def fleet_access(
     bucket). ``base_build_role``: the role the base image was built with (default: ``rayito
     setup``'s build role, :data:`PRODUCT_BUILD_ROLE_NAME`).
     """
-    _check_access_inputs(fleet_name, network_connectors, build_network_connectors, code_object_arns)
+    _check_access_inputs(fleet_name, network_connectors, build_network_connectors)
     _check_image_arn(image_arn)
     stack = cdk.Stack.of(scope)
     image = image_arn or image_arn_for(stack, fleet_name)
@@ -442,7 +439,6 @@ def fleet_access(
         recipe_key_arn=recipe_key_arn,
         table_arn=table_arn,
         table_key_arn=table_key_arn if table_arn else None,
-        code_object_arns=tuple(code_object_arns),
         scope_microvm_actions_to_image=scope_microvm_actions_to_image,
         build_connector_arns=tuple(dict.fromkeys(build_network_connectors)),
         region=stack.region,
@@ -466,7 +462,6 @@ def _check_access_inputs(
     fleet_name: Optional[str],
     network_connectors: Sequence[str],
     build_network_connectors: Sequence[str],
-    code_object_arns: Sequence[str],
 ) -> None:
     """One line per mistake in what becomes a resource ARN (what, the value, what is allowed)."""
     if fleet_name is not None and not (isinstance(fleet_name, str) and cdk.Token.is_unresolved(fleet_name)):
@@ -474,8 +469,7 @@ def _check_access_inputs(
         if problem:
             raise ValueError(f"fleet_name: {problem}; None means every fleet of the account")
     for option, arns in (("network_connectors", network_connectors),
-                         ("build_network_connectors", build_network_connectors),
-                         ("code_object_arns", code_object_arns)):
+                         ("build_network_connectors", build_network_connectors)):
         if isinstance(arns, str) or not isinstance(arns, (list, tuple)):
             raise ValueError(f"{option}: {arns!r} is not a list of ARNs (give [{arns!r}] for one)")
         for arn in arns:
@@ -483,8 +477,6 @@ def _check_access_inputs(
                 raise ValueError(f"{option}: {arn!r} is not an ARN string")
             if cdk.Token.is_unresolved(arn):
                 continue
-            if option == "code_object_arns":
-                continue  # S3 object ARNs, a key prefix with '*' allowed (ReadCodeArtifact's reason)
             if "*" in arn or "?" in arn:
                 raise ValueError(f"{option}: {arn!r} holds a wildcard; name each connector exactly")
             if not _CONNECTOR_ARN.fullmatch(arn):

@@ -46,7 +46,6 @@ class _FleetPolicy(iam.ManagedPolicy):
         network_connectors: Sequence[str] = (),
         recipe_key: Optional[kms.IKey] = None,
         metadata_table: Optional[dynamodb.ITable] = None,
-        code_object_arns: Sequence[str] = (),
         scope_microvm_actions_to_image: bool = True,
         build_network_connectors: Sequence[str] = (),
         project: Any = None,
@@ -67,8 +66,6 @@ class _FleetPolicy(iam.ManagedPolicy):
             the AWS-managed ones. Default: none.
         :param recipe_key: customer KMS key of the recipe. Default: ``aws/ssm``, no KMS permission.
         :param metadata_table: the fleet's metadata index. Default: none.
-        :param code_object_arns: S3 object ARNs of the image's code artifact
-            (ImagePublisherPolicy). Default: none.
         :param scope_microvm_actions_to_image: the MicroVM lifecycle actions on the image's ARN
             (RunMicrovm on the unversioned ARN, the others on the ARN and its versions). ``False``
             is the opt-out: every image of the account (``Resource: "*"``), for accounts that
@@ -107,7 +104,6 @@ class _FleetPolicy(iam.ManagedPolicy):
                 recipe_key_arn=recipe_key.key_arn if recipe_key else None,
                 table_arn=metadata_table.table_arn if metadata_table else None,
                 table_key_arn=_table_key_arn(metadata_table),
-                code_object_arns=code_object_arns,
                 scope_microvm_actions_to_image=scope_microvm_actions_to_image,
                 build_network_connectors=build_network_connectors,
             )

@@ -102,7 +102,6 @@ ALLOWED_WILDCARDS: tuple[tuple[re.Pattern[str], frozenset[str], frozenset[str] |
     # EventBridge Scheduler invokes one function and its versions (CDK's grant)
     (re.compile(_arn(r"^<[A-Za-z0-9]+\.Arn>:\*$")), frozenset({"lambda:InvokeFunction"}), None),
     # an image's code artifact objects (given by the caller of ImagePublisherPolicy)
-    (re.compile(_arn(r"^arn:{P}:s3:::[^/*]+/.+$")), frozenset({"s3:GetObject"}), frozenset({"ReadCodeArtifact"})),
 )
 
 
