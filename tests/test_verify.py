@@ -240,6 +240,15 @@ def _document(world: vw.World, arn: str) -> dict[str, Any]:
     return iam.get_policy_version(PolicyArn=arn, VersionId=version)["PolicyVersion"]["Document"]
 
 
+def _verify_with(deployed: vw.World, arn: str, document: dict[str, Any]) -> Any:
+    """verify's report while the managed policy ``arn`` holds ``document`` (then restored)."""
+    old = _set_policy(deployed, arn, document)
+    try:
+        return deployed.verify(FLEET)
+    finally:
+        _restore(deployed, arn, old)
+
+
 def _restore(world: vw.World, arn: str, versions: tuple[str, str]) -> None:
     iam = world.moto("iam")
     iam.set_default_policy_version(PolicyArn=arn, VersionId=versions[0])
@@ -250,11 +259,7 @@ def test_a_launcher_that_may_write_the_recipe(deployed: vw.World) -> None:
     arn = deployed.outputs(STACK)["SandboxLauncherPolicyArn"]
     document = _document(deployed, arn)
     document["Statement"].append({"Sid": "Oops", "Effect": "Allow", "Action": "ssm:Put*", "Resource": "*"})
-    old = _set_policy(deployed, arn, document)
-    try:
-        report = deployed.verify(FLEET)
-    finally:
-        _restore(deployed, arn, old)
+    report = _verify_with(deployed, arn, document)
     launcher = finding(report, "iam.SandboxLauncherPolicy")
     assert launcher.status is Status.FAIL and "ssm:PutParameter" in launcher.summary and "ALLOWED" in launcher.summary
 
@@ -274,11 +279,7 @@ def test_the_sessions_secrets_and_deploys_checks_are_simulated(deployed: vw.Worl
     arn = deployed.outputs(STACK)["SandboxLauncherPolicyArn"]
     document = _document(deployed, arn)
     document["Statement"] = [st for st in document["Statement"] if st.get("Sid") != "GatewaySecrets"]
-    old = _set_policy(deployed, arn, document)
-    try:
-        report = deployed.verify(FLEET)
-    finally:
-        _restore(deployed, arn, old)
+    report = _verify_with(deployed, arn, document)
     broken = finding(report, "iam.SandboxLauncherPolicy")
     assert broken.status is Status.FAIL and "GetSecretValue" in broken.summary
     assert "a session with gateways and secret_env" in broken.summary
@@ -293,11 +294,7 @@ def test_a_policy_scoped_right_passes_with_the_known_false_deny(deployed: vw.Wor
     for statement in document["Statement"]:
         if statement.get("Sid") == "Microvms":
             statement["Resource"] = [image, f"{image}:*"]
-    old = _set_policy(deployed, arn, document)
-    try:
-        report = deployed.verify(FLEET)
-    finally:
-        _restore(deployed, arn, old)
+    report = _verify_with(deployed, arn, document)
     launcher = finding(report, "iam.SandboxLauncherPolicy")
     assert launcher.status is Status.WARN, launcher.summary
     assert "known false deny" in launcher.summary and "PassNetworkConnectors" in launcher.summary
@@ -307,11 +304,7 @@ def test_a_missing_connector_grant_is_a_real_deny(deployed: vw.World) -> None:
     arn = deployed.outputs(STACK)["SandboxLauncherPolicyArn"]
     document = _document(deployed, arn)
     document["Statement"] = [s for s in document["Statement"] if s.get("Sid") != "PassNetworkConnectors"]
-    old = _set_policy(deployed, arn, document)
-    try:
-        report = deployed.verify(FLEET)
-    finally:
-        _restore(deployed, arn, old)
+    report = _verify_with(deployed, arn, document)
     launcher = finding(report, "iam.SandboxLauncherPolicy")
     assert launcher.status is Status.FAIL and "PassNetworkConnector" in launcher.summary and "denied" in launcher.summary
 
@@ -322,11 +315,7 @@ def test_lifecycle_on_another_fleets_image(deployed: vw.World) -> None:
     for statement in document["Statement"]:
         if statement.get("Sid") == "Microvms":
             statement["Resource"] = f"arn:aws:lambda:us-east-1:{vw.ACCOUNT}:microvm-image:{FLEET}*"  # a prefix
-    old = _set_policy(deployed, arn, document)
-    try:
-        report = deployed.verify(FLEET)
-    finally:
-        _restore(deployed, arn, old)
+    report = _verify_with(deployed, arn, document)
     caller = finding(report, "iam.CallerPolicy")
     assert caller.status is Status.FAIL and f"microvm-image:{FLEET}-other" in caller.summary
     assert "rayito-verify-probe" not in caller.summary  # the prefix matches only the look-alike
@@ -412,11 +401,7 @@ def test_a_launcher_that_cannot_read_the_recipe(deployed: vw.World) -> None:
     arn = deployed.outputs(STACK)["SandboxLauncherPolicyArn"]
     document = _document(deployed, arn)
     document["Statement"] = [s for s in document["Statement"] if s.get("Sid") != "AgentRecipe"]
-    old = _set_policy(deployed, arn, document)
-    try:
-        report = deployed.verify(FLEET)
-    finally:
-        _restore(deployed, arn, old)
+    report = _verify_with(deployed, arn, document)
     assert finding(report, "recipe.launcher").status is Status.FAIL
 
 
