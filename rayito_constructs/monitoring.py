@@ -194,7 +194,7 @@ def _normalized(scope: Construct, given: Any, option: str) -> list[tuple[cloudwa
     found: list[tuple[cloudwatch.IAlarmAction, Any]] = []
     seen: set[str] = set()
     stack = cdk.Stack.of(scope)
-    for index, (where, item) in enumerate(check_alarm_actions(given, option, region=stack.region)):
+    for index, (_where, item) in enumerate(check_alarm_actions(given, option, region=stack.region)):
         arn: Any = None
         if isinstance(item, str):
             arn = stack.resolve(item)

@@ -194,9 +194,7 @@ def remove_dot_segments(path: str) -> str:
     while rest:
         if rest.startswith("../"):
             rest = rest[3:]
-        elif rest.startswith("./"):
-            rest = rest[2:]
-        elif rest.startswith("/./"):
+        elif rest.startswith(("./", "/./")):
             rest = rest[2:]
         elif rest == "/.":
             rest = "/"

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import bisect
 import collections
+import contextlib
 import copy
 import datetime as dt
 import hashlib
@@ -642,10 +643,8 @@ class MicrovmsBackend:
     def count_rejected(self, operation: str, params: Mapping[str, Any], caller: Optional[str], error: WireError) -> None:
         """A request rejected before :meth:`call` (malformed on the wire) still spends a request
         of the quota and is logged."""
-        try:
+        with contextlib.suppress(WireError):
             self._admit(operation)
-        except WireError:
-            pass
         self._log(operation, dict(params), caller, None, error, 0.0)
 
     def _admit(self, operation: str) -> float:

@@ -33,6 +33,7 @@ suspension; here at once).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import select
 import socket
@@ -145,10 +146,8 @@ class GuestFront:
             self._unregister(conn)
             for sock in (conn, upstream):
                 if sock is not None:
-                    try:
+                    with contextlib.suppress(OSError):
                         sock.close()
-                    except OSError:
-                        pass
 
     def _admit(self) -> int:
         """What the proxy does with a new connection: 200 (let through), 502 or 504."""
@@ -216,10 +215,8 @@ class GuestFront:
         with self._lock:
             connections = list(self._connections)
         for sock in connections:
-            try:
+            with contextlib.suppress(OSError):
                 sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
 
     def close(self) -> None:
         self._closed = True

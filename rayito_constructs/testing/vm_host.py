@@ -45,6 +45,7 @@ from __future__ import annotations
 import atexit
 import base64
 import binascii
+import contextlib
 import functools
 import hashlib
 import json
@@ -295,10 +296,8 @@ class Guest:
         """rayd (PID 1) exits: the endpoint stops answering at once and the service ends the VM
         as one whose app exited (``Container Stopped with Exit Code: <code>``, measured)."""
         self.halt(why)
-        try:
+        with contextlib.suppress(KeyError):
             self.host.backend.crash(self.vm_id, exit_code=code)
-        except KeyError:
-            pass
 
     # ------------------------------------------------------------------ processes
 
@@ -331,10 +330,8 @@ class Guest:
         if front is not None:
             front.close()
         for sock in self._sockets:
-            try:
+            with contextlib.suppress(OSError):
                 sock.close()
-            except OSError:
-                pass
         if server is not None:
             server.stop(0)
         self.ready.set()
@@ -591,10 +588,8 @@ class VmHost:
         while not self._closed:
             for guest in self.guests():
                 if guest.halted is None:
-                    try:
+                    with contextlib.suppress(Exception):  # the ticker must outlive one guest's trouble
                         guest.tick()
-                    except Exception:  # noqa: BLE001 - the ticker must outlive one guest's trouble
-                        pass
             time.sleep(TICK_SECONDS)
 
     @functools.cached_property
