@@ -173,6 +173,27 @@ def read_context(context: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, 
     returned all the same, so the project's own problems can be reported with them at once.
     """
     problems: list[Problem] = []
+    raw, app, per_name = _split_context(context, problems)
+    for table, variables in per_name.items():
+        if table in raw:
+            problems.append(Problem(table, f"-c {table}: give the variables either as -c {table}=... or as -c {table}.NAME=..., not both"))
+        else:
+            raw[table] = variables
+    _read_app_context(app, problems)
+    overrides: dict[str, Any] = {}
+    for key, value in raw.items():
+        try:
+            overrides.update(read_overrides({key: value}))
+        except ProjectError as exc:
+            problems.extend(name_what_was_typed(exc.problems, {key}, context=True))
+    return overrides, app, problems
+
+
+def _split_context(
+    context: Mapping[str, Any], problems: list[Problem],
+) -> tuple[dict[str, Any], dict[str, Any], dict[str, dict[str, Any]]]:
+    """The user's keys of ``context`` as ``(project flags, app.py options, env.NAME and
+    secret_env.NAME variables by table)``; an unknown key is a problem with the nearest known one."""
     raw: dict[str, Any] = {}
     app: dict[str, Any] = {}
     per_name: dict[str, dict[str, Any]] = {}
@@ -194,13 +215,18 @@ def read_context(context: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, 
                 or ("; env.NAME and secret_env.NAME take one variable" if table in ("env", "secret_env") else "")
             )
             problems.append(Problem(key, f"-c {key}: unknown context key{hint}"))
-    for table, variables in per_name.items():
-        if table in raw:
-            problems.append(Problem(table, f"-c {table}: give the variables either as -c {table}=... or as -c {table}.NAME=..., not both"))
-        else:
-            raw[table] = variables
-    for key in ("metadata_index", "keep_recipe", "reconciler", "scope_microvm_actions_to_image", "metrics", "dashboard",
-                "saved_queries", "retain_vms_on_delete", "build_image"):
+    return raw, app, per_name
+
+
+#: The switches of ``app.py`` read from context: each true or false.
+_APP_FLAGS = ("metadata_index", "keep_recipe", "reconciler", "scope_microvm_actions_to_image", "metrics", "dashboard",
+              "saved_queries", "retain_vms_on_delete", "build_image")
+
+
+def _read_app_context(app: dict[str, Any], problems: list[Problem]) -> None:
+    """Read the options of ``app.py`` in place (a switch becomes a bool, a retention a number of
+    days...); each one that cannot be read is a problem naming ``-c key``."""
+    for key in _APP_FLAGS:
         if key in app:
             flag = _flag(app[key])
             if not isinstance(flag, bool):
@@ -222,13 +248,6 @@ def read_context(context: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, 
         app["log_retention"] = _retention(app["log_retention"], problems)
     if "keep_image_versions" in app:
         app["keep_image_versions"] = _versions_kept(app["keep_image_versions"], problems)
-    overrides: dict[str, Any] = {}
-    for key, value in raw.items():
-        try:
-            overrides.update(read_overrides({key: value}))
-        except ProjectError as exc:
-            problems.extend(name_what_was_typed(exc.problems, {key}, context=True))
-    return overrides, app, problems
 
 
 def _topics(value: Any, problems: list[Problem]) -> tuple[str, ...]:
