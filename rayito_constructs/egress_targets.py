@@ -14,7 +14,7 @@ with runs of ``/`` collapsed, ``\\`` and encoded slashes read as ``/``, ``;param
 (before dot segments are removed: ``/v1/x/..;/search`` is ``/v1/search``, as on Tomcat) and case
 folded: ``/v1/x/../search``, ``/v1/%73earch``, ``//v1/search`` and ``/V1/Search``
 all fall under the class ``/v1/search``. Reading a request as belonging to a class can only add
-a charge, never remove one (:mod:`.client` charges every envelope a request belongs to).
+a charge, never remove one (:mod:`rayito_constructs.egress.client` charges every envelope a request belongs to).
 """
 
 from __future__ import annotations

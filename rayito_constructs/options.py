@@ -18,6 +18,7 @@ from typing import Any, Callable, ClassVar, Iterable, Mapping, Optional, Sequenc
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic_core import PydanticCustomError
 
+from .egress_targets import declared_target
 from .errors import Problem, ProjectError, did_you_mean, show
 
 from .rates import MAX_BURST, RateError, parse_rate
@@ -340,8 +341,6 @@ class EgressBudgetOptions(_Options):
     @field_validator("target")
     @classmethod
     def _target(cls, value: str) -> str:
-        from .egress.targets import declared_target
-
         return declared_target(value)
 
     @field_validator("rate")

@@ -19,6 +19,7 @@ import json
 import re
 from typing import Any, Callable, Iterable, Mapping
 
+from .cloudwatch_limits import MAX_ALARM_ACTIONS, RETENTION_DAYS, SNS_TOPIC_ARN
 from .errors import Problem, ProjectError, did_you_mean, show
 from .product import FLAG_NAMES
 
@@ -252,8 +253,6 @@ def _read_app_context(app: dict[str, Any], problems: list[Problem]) -> None:
 
 def _topics(value: Any, problems: list[Problem]) -> tuple[str, ...]:
     """``-c alarm_actions=arn1,arn2`` (or a JSON list): SNS topic ARNs, each checked."""
-    from .monitoring import SNS_TOPIC_ARN  # the CDK side's own rule (imported only for cdk synth)
-
     arns = _names(value) if isinstance(value, (str, list, tuple)) else (value,)
     arns = tuple(dict.fromkeys(a for a in arns if a != ""))  # the same topic twice is one action
     for arn in arns:
@@ -262,8 +261,6 @@ def _topics(value: Any, problems: list[Problem]) -> tuple[str, ...]:
                                                      "(arn:aws:sns:<region>:<account>:<topic>)"))
     if not arns:
         problems.append(Problem("alarm_actions", "-c alarm_actions: give at least one SNS topic ARN"))
-    from .monitoring import MAX_ALARM_ACTIONS
-
     if len(arns) > MAX_ALARM_ACTIONS:
         problems.append(Problem("alarm_actions", f"-c alarm_actions: {len(arns)} topics; a CloudWatch alarm takes "
                                                  f"at most {MAX_ALARM_ACTIONS} actions"))
@@ -285,8 +282,6 @@ def _versions_kept(value: Any, problems: list[Problem]) -> Any:
 
 def _retention(value: Any, problems: list[Problem]) -> Any:
     """``-c log_retention=90``: days CloudWatch Logs offers (0: never expire)."""
-    from .monitoring import RETENTION_DAYS
-
     days = _whole(value)
     allowed = sorted(v for v in RETENTION_DAYS.values() if v is not None)
     if isinstance(days, bool) or not isinstance(days, int) or (days != 0 and days not in allowed):

@@ -39,9 +39,9 @@ from decimal import Decimal
 from email.utils import parsedate_to_datetime
 from typing import Any, Callable, Iterable, Mapping, Optional, Sequence, Union
 
-from ..rates import RateError, check_burst, check_cost, parse_rate
-from .targets import (Bucket, Declared, TargetError, Url, declared, envelope_of, parse, redact, redacted_error,
+from ..egress_targets import (Bucket, Declared, TargetError, Url, declared, envelope_of, parse, redact, redacted_error,
                       route)
+from ..rates import RateError, check_burst, check_cost, parse_rate
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,61 @@
+"""Target identifiers, importable from the egress package as well: the rule itself is
+:mod:`rayito_constructs.egress_targets`, below both the project's options (which check every
+declared target with it) and this package."""
+
+from __future__ import annotations
+
+from ..egress_targets import (
+    DEFAULT_PORTS,
+    UNRESERVED,
+    MAX_CLASS_VALUES,
+    MAX_CLASS_VALUE_CHARS,
+    MAX_REDACTED_CHARS,
+    TargetError,
+    Url,
+    Declared,
+    Bucket,
+    canonical_host,
+    remove_dot_segments,
+    canonical_path,
+    path_segments,
+    query_values,
+    parse,
+    redact,
+    redacted_error,
+    from_parts,
+    origin,
+    declared,
+    declared_target,
+    route,
+    normalize,
+    envelope_of,
+    resolve,
+)
+
+__all__ = [
+    "DEFAULT_PORTS",
+    "UNRESERVED",
+    "MAX_CLASS_VALUES",
+    "MAX_CLASS_VALUE_CHARS",
+    "MAX_REDACTED_CHARS",
+    "TargetError",
+    "Url",
+    "Declared",
+    "Bucket",
+    "canonical_host",
+    "remove_dot_segments",
+    "canonical_path",
+    "path_segments",
+    "query_values",
+    "parse",
+    "redact",
+    "redacted_error",
+    "from_parts",
+    "origin",
+    "declared",
+    "declared_target",
+    "route",
+    "normalize",
+    "envelope_of",
+    "resolve",
+]
