@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
-from typing import Any, Callable, ClassVar, Iterable, Mapping, Optional, Sequence, Union
+from typing import Any, Callable, ClassVar, Iterable, Mapping, Optional, Self, Sequence, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic_core import PydanticCustomError
@@ -297,20 +297,20 @@ class ValidatedModel(BaseModel):
     __init__.__pydantic_base_init__ = True  # type: ignore[attr-defined]
 
     @classmethod
-    def model_validate(cls, obj: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+    def model_validate(cls, obj: Any, **kwargs: Any) -> Self:
         try:
             return super().model_validate(obj, **kwargs)
         except ValidationError as exc:
             raise ProjectError(problems_from(exc, cls)) from None
 
     @classmethod
-    def model_validate_json(cls, json_data: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+    def model_validate_json(cls, json_data: Any, **kwargs: Any) -> Self:
         try:
             return super().model_validate_json(json_data, **kwargs)
         except ValidationError as exc:
             raise ProjectError(problems_from(exc, cls)) from None
 
-    def model_copy(self, *, update: Optional[Mapping[str, Any]] = None, deep: bool = False) -> Any:  # type: ignore[override]
+    def model_copy(self, *, update: Optional[Mapping[str, Any]] = None, deep: bool = False) -> Self:
         """A copy; with ``update``, validated like a new model (pydantic's own copy checks nothing)."""
         if not update:
             return super().model_copy(deep=deep)

@@ -198,7 +198,7 @@ def check_identity(event: Mapping[str, Any], context: Any, environ: Mapping[str,
     if not environ.get("STACK_ID") or event.get("StackId") != environ["STACK_ID"]:
         raise BadRequest("StackId is not this writer's stack")
     resources = json.loads(environ.get("RECIPE_RESOURCES") or "{}")
-    fleet = resources.get(event.get("LogicalResourceId"))
+    fleet: Optional[str] = resources.get(event.get("LogicalResourceId"))  # logical id -> fleet name
     own = _unqualified(getattr(context, "invoked_function_arn", "") or "")
     props = event.get("ResourceProperties") or {}
     tokens = {props.get("ServiceToken"), event.get("ServiceToken", props.get("ServiceToken"))}
