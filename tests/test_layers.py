@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import tomllib
 
 import pytest
 
@@ -42,3 +43,10 @@ def test_the_model_imports_only_the_model() -> None:
 
 def test_no_import_circle_in_rayito_constructs() -> None:
     assert circles(imports("rayito_constructs")) == []
+
+
+def test_mypy_checks_the_whole_model_strictly() -> None:
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["mypy"]
+    checked = {f.removeprefix("rayito_constructs/").removesuffix(".py") for f in config["files"]
+               if f.startswith("rayito_constructs/")}
+    assert checked == set(MODEL) and config["strict"] is True
