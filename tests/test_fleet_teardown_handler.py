@@ -22,25 +22,12 @@ from lambdas.reconciler.ledger import FencedOut
 from rayito_constructs.testing import MicrovmsEmulator, VirtualClock
 
 from .lifecycle_harness import teardown_world
-from .moto_server import moto_server, untraced_requests
-from .recipe_writer_helpers import CFN_HOST, CloudFormationEndpoint
+from .moto_server import untraced_requests
+from .recipe_writer_helpers import CFN_HOST
 from .reconciler.harness import deployed_fleet
 
 LIVE = ("PENDING", "RUNNING", "SUSPENDING", "SUSPENDED")
 ENDED = ("TERMINATING", "TERMINATED")
-
-
-@pytest.fixture(scope="module")
-def aws() -> Iterator[str]:
-    with moto_server() as endpoint:
-        yield endpoint
-
-
-@pytest.fixture(scope="module")
-def cfn(tmp_path_factory) -> Iterator[CloudFormationEndpoint]:
-    endpoint = CloudFormationEndpoint(tmp_path_factory.mktemp("cfn"))
-    yield endpoint
-    endpoint.close()
 
 
 @pytest.fixture(autouse=True)
