@@ -388,7 +388,7 @@ def _respond(event: Mapping[str, Any], status: str, physical: str, data: Mapping
     request = urllib.request.Request(
         event["ResponseURL"], data=body, method="PUT", headers={"Content-Type": "", "Content-Length": str(len(body))}
     )
-    # uncovered: 341->exit, the loop never runs out: its last attempt returns or raises
+    # uncovered: the loop's exit; it never runs out, since its last attempt returns or raises
     for attempt in range(RESPONSE_ATTEMPTS):
         try:
             # A fresh opener per answer: it honours the environment's proxy settings as they are now.
