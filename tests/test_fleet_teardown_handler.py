@@ -4,7 +4,7 @@ TLS, moto (ledger, schedule, stack) and the MicroVMs emulator, next to the fleet
 (``index.handler``, tests/reconciler/harness.py). Every assertion comes from the emulator (VMs and
 their states, calls), moto (ledger items, the schedule) or what CloudFormation received.
 
-Each attack of issue #13's teardown is a test: a delete while a tick runs, a tick that started
+Each way issue #13's teardown could go wrong is a test: a delete while a tick runs, a tick that started
 before and writes after, VMs in every state, lost RunMicrovm answers, throttled terminates, a list
 that misses a VM, a second delete, a delete of a failed create, rollbacks, moved and renamed
 resources, forged requests.

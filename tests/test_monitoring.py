@@ -515,7 +515,7 @@ def test_any_alarm_action_and_the_same_topic_twice() -> None:
                                                       "arn:aws:automate:us-east-1:ec2:stop"]
 
 
-# --------------------------------------------------------------------------- attacks: names, ARNs, two fleets
+# --------------------------------------------------------------------------- hostile inputs: names, ARNs, two fleets
 
 
 @pytest.mark.parametrize("arn", [

@@ -340,9 +340,8 @@ def test_the_cleanup_delete_of_a_fleet_removed_or_renamed_never_fails(aws) -> No
     """One fleet of several removed from a stack: the update phase takes its logical id out of
     the writer's RECIPE_RESOURCES (and its parameter out of the writer's role) before the
     cleanup's Delete comes. Answered SUCCESS 'skipped' with the parameter left and named (the
-    writer may no longer delete it), never FAILED (a DELETE_FAILED in the stack's events; the
-    audit of round 9 found it). The same for a fleet renamed in place (the audit's other find, so
-    far only through a stand-in store). Anything else about the event still has to be this stack's."""
+    writer may no longer delete it), never FAILED (a DELETE_FAILED in the stack's events). The
+    same for a fleet renamed in place. Anything else about the event still has to be this stack's."""
     run(aws.event("Create"))
     assert aws.stored() is not None
     aws.proxy.reset()
