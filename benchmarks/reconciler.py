@@ -1000,9 +1000,11 @@ class _Timeline:
                  lifetime: int = 28_800, ready: Optional[dict[str, float]] = None) -> None:
         self.fleet, self.start, self.linger, self.dips, self.lifetime = fleet, start, linger, dips, lifetime
         self.takes: list[float] = []  # when a client took one of the side's parked VMs
-        # Shorter VMs have shorter leads (at most half a lifetime, at least 70 s): a VM is retiring
-        # for its successor's lead and 300 s more, up to RETIRING_WINDOW.
-        self.retiring_window = min(RETIRING_WINDOW, max(min(900.0, lifetime / 2), 70.0) + 300.0)
+        # A VM is retiring for its successor's lead (the reconciler's rule, with the 900 s lead the
+        # fleets are given and the minute's schedule) and 300 s more, up to RETIRING_WINDOW.
+        from lambdas.reconciler.core.lifetimes import successor_lead
+
+        self.retiring_window = min(RETIRING_WINDOW, successor_lead(lifetime, 900.0, 60.0) + 300.0)
         self.events: list[tuple[float, int, str, int]] = []
         for vm in all_vms:
             for a, b, state in _intervals(vm):

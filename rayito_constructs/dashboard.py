@@ -21,7 +21,7 @@ from aws_cdk import aws_cloudwatch as cloudwatch
 from constructs import Construct
 
 from .egress.client import REASONS
-from .egress.targets import declared_target
+from .egress_targets import declared_target
 from .egress.telemetry import NAMESPACE as EGRESS_NAMESPACE
 from .names import fleet_name_problem
 

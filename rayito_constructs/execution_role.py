@@ -66,10 +66,9 @@ class MicrovmExecutionRole(iam.Role):
     ) -> None:
         stack = cdk.Stack.of(scope)
         # A name pattern ("agente*") or "" would make the trust a prefix or every image: refused.
-        if image_name is not None and not cdk.Token.is_unresolved(image_name):
-            if fleet_name_problem(image_name):
-                raise ValueError(f"image_name: {image_name!r} is not a MicroVM image name (1 to 64 letters, digits, "
-                                 "'-' or '_'): the trust names microvm-image:<name> exactly; None trusts every image")
+        if image_name is not None and not cdk.Token.is_unresolved(image_name) and fleet_name_problem(image_name):
+            raise ValueError(f"image_name: {image_name!r} is not a MicroVM image name (1 to 64 letters, digits, "
+                             "'-' or '_'): the trust names microvm-image:<name> exactly; None trusts every image")
         _check_image_arn(image_arn)
         if image_arn is not None and image_name is None:
             image_name = image_name_of(image_arn)

@@ -66,7 +66,7 @@ from .permissions import (
 from .policies import CallerPolicy, ImagePublisherPolicy, SandboxLauncherPolicy
 from .project import AgentProject
 from .queries import FleetQueries
-from .recipe import parameter_name, plan_recipe
+from .recipe import RecipePlan, parameter_name, plan_recipe
 from .recipe_parameter import RecipeParameter
 from .reconciler import FleetReconciler, _check_whole
 
@@ -136,6 +136,51 @@ def _bound_image(image: AgentImage, boundary: iam.IManagedPolicy) -> None:
         return
     image._rayito_boundary = boundary
     iam.PermissionsBoundary.of(image).apply(boundary)
+
+
+def _check_choices(
+    *,
+    switches: Mapping[str, object],
+    image_arn: Optional[str],
+    image: Optional[AgentImage],
+    max_lifetime_seconds: int,
+    choices: Mapping[str, tuple[object, tuple[str, ...]]],
+) -> None:
+    """The switches are bools, at most one image is given, the lifetime is in range and each
+    choice is one of its values; the first mistake is the error."""
+    for option, value in switches.items():
+        if not isinstance(value, bool):  # "false" is truthy: terminate_strays="false" would end VMs
+            raise ValueError(f"{option}: {value!r} is not True or False")
+    if image_arn is not None and image is not None:
+        raise ValueError("image_arn, image: give at most one of them")
+    # Checked with or without a reconciler (FleetReconciler checks it too): a documented range
+    # is refused the same way whoever reads it.
+    _check_whole("max_lifetime_seconds", max_lifetime_seconds)
+    if not 1 <= max_lifetime_seconds <= 28_800:
+        raise ValueError(f"max_lifetime_seconds: {max_lifetime_seconds} is not within 1 to 28800 (8 hours)")
+    for option, (value, allowed) in choices.items():
+        if value not in allowed:
+            raise ValueError(f"{option}: {value!r} is not one of {', '.join(repr(a) for a in allowed)}")
+
+
+def _check_watched(
+    project: AgentProject,
+    *,
+    reconciler: Optional[bool],
+    reconciler_alarms: Optional[bool],
+    egress_alarms: Optional[bool],
+    saved_queries: object,
+) -> None:
+    """An alarm asked for by name that nothing could send data to is a mistake, as one on metrics
+    that are off is: say so rather than make none."""
+    if reconciler_alarms is True and reconciler is False:
+        raise ValueError("reconciler_alarms=True: reconciler is False, so there is no reconciler to watch; "
+                         "leave reconciler_alarms unset or turn the reconciler on")
+    if egress_alarms is True and not project.egress.budgets:
+        raise ValueError("egress_alarms=True: the project declares no [[egress.budgets]], so there is no "
+                         "envelope to watch; leave egress_alarms unset or declare a budget")
+    if not isinstance(saved_queries, bool):  # "false" would be truthy
+        raise ValueError(f"saved_queries: {saved_queries!r} is not True or False")
 
 
 class _FleetGrants(Construct):
@@ -342,38 +387,21 @@ class AgentFleet(_FleetGrants):
         saved_queries: bool = True,
         log_retention: logs.RetentionDays = DEFAULT_FUNCTION_LOG_RETENTION,
     ) -> None:
-        for option, value in (("build_image", build_image), ("metadata_index", metadata_index),
-                              ("keep_recipe", keep_recipe), ("reconciler", True if reconciler is None else reconciler),
-                              ("scope_microvm_actions_to_image", scope_microvm_actions_to_image),
-                              ("share_image", share_image), ("terminate_strays", terminate_strays)):
-            if not isinstance(value, bool):  # "false" is truthy: terminate_strays="false" would end VMs
-                raise ValueError(f"{option}: {value!r} is not True or False")
-        if image_arn is not None and image is not None:
-            raise ValueError("image_arn, image: give at most one of them")
-        # Checked with or without a reconciler (FleetReconciler checks it too): a documented range
-        # is refused the same way whoever reads it.
-        _check_whole("max_lifetime_seconds", max_lifetime_seconds)
-        if not 1 <= max_lifetime_seconds <= 28_800:
-            raise ValueError(f"max_lifetime_seconds: {max_lifetime_seconds} is not within 1 to 28800 (8 hours)")
-        if base_rollout not in ("on_expiry", "rolling"):
-            raise ValueError(f"base_rollout: {base_rollout!r} is not one of 'on_expiry', 'rolling'")
-        if recipe_failure not in ("warn", "fail"):
-            raise ValueError(f"recipe_failure: {recipe_failure!r} is not one of 'warn', 'fail'")
-        if teardown_failure not in ("warn", "fail"):
-            raise ValueError(f"teardown_failure: {teardown_failure!r} is not one of 'warn', 'fail'")
+        _check_choices(
+            switches={"build_image": build_image, "metadata_index": metadata_index, "keep_recipe": keep_recipe,
+                      "reconciler": True if reconciler is None else reconciler,
+                      "scope_microvm_actions_to_image": scope_microvm_actions_to_image,
+                      "share_image": share_image, "terminate_strays": terminate_strays},
+            image_arn=image_arn, image=image, max_lifetime_seconds=max_lifetime_seconds,
+            choices={"base_rollout": (base_rollout, ("on_expiry", "rolling")),
+                     "recipe_failure": (recipe_failure, ("warn", "fail")),
+                     "teardown_failure": (teardown_failure, ("warn", "fail"))},
+        )
         image_name = image.image_name if image is not None else _image_name(image_arn, project.name)
         _check_operations(metrics, {"reconciler_alarms": reconciler_alarms, "recipe_alarm": recipe_alarm,
                                     "egress_alarms": egress_alarms, "dashboard": dashboard})
-        # An alarm asked for by name that nothing could send data to is a mistake, as one on
-        # metrics that are off is: say so rather than make none.
-        if reconciler_alarms is True and reconciler is False:
-            raise ValueError("reconciler_alarms=True: reconciler is False, so there is no reconciler to watch; "
-                             "leave reconciler_alarms unset or turn the reconciler on")
-        if egress_alarms is True and not project.egress.budgets:
-            raise ValueError("egress_alarms=True: the project declares no [[egress.budgets]], so there is no "
-                             "envelope to watch; leave egress_alarms unset or declare a budget")
-        if not isinstance(saved_queries, bool):  # "false" would be truthy
-            raise ValueError(f"saved_queries: {saved_queries!r} is not True or False")
+        _check_watched(project, reconciler=reconciler, reconciler_alarms=reconciler_alarms,
+                       egress_alarms=egress_alarms, saved_queries=saved_queries)
         retention_days(log_retention)  # a logs.RetentionDays, or a one-line error
         retention_days(microvm_log_retention, "microvm_log_retention")
         check_alarm_actions(alarm_actions, region=cdk.Stack.of(scope).region)  # before anything is built
@@ -404,29 +432,12 @@ class AgentFleet(_FleetGrants):
         )
         """The per-target egress envelopes, when the project declares ``[[egress.budgets]]``."""
         if builds:
-            image = AgentImage(
-                self,
-                "Image",
-                project=project,
-                rayd=rayd,
-                base_image_version=base_image_version,
-                # The fleet's own variables, for every process rayd starts (the agents' EmfRecorder
-                # and egress client); the project's [env] is the run payload's, never baked.
-                template_env={TABLE_ENV: egress_table_name(project.name), METRICS_ENV: metrics_value(metrics),
-                              ENVELOPES_ENV: json.dumps(egress_declaration(project.egress), sort_keys=True,
-                                                        separators=(",", ":"))} if self.egress_budget else {},
-                own_log_group=True,
-                log_retention=microvm_log_retention,
-                encryption_key=recipe_key,
-                keep_image_versions=keep_image_versions,
-                pruner_reserved_concurrency=None if reconciler_reserved_concurrency is None else 1,
+            image = self._build_image(
+                project, rayd=rayd, base_image_version=base_image_version, metrics=metrics,
+                microvm_log_retention=microvm_log_retention, recipe_key=recipe_key,
+                keep_image_versions=keep_image_versions, reconciler_reserved_concurrency=reconciler_reserved_concurrency,
             )
-        if self.egress_budget is not None and metrics and not (image is not None and image.node.scope is self):
-            cdk.Annotations.of(self).add_warning_v2(
-                "rayito:egress_metrics_switch",
-                "egress_metrics_switch: the fleet does not build its image, so it cannot set RAYITO_METRICS=on in "
-                "it; set it where the image is published (or pass EmfRecorder(metrics=True)), or the egress "
-                "alarms and graphs get no data (docs/operations.md)")
+        self._warn_egress_metrics(image, metrics)
         self.image: Optional[AgentImage] = image
         """The image the fleet builds or was given, when there is one."""
         if permissions_boundary is not None and image is not None and self not in image.node.scopes:
@@ -487,49 +498,14 @@ class AgentFleet(_FleetGrants):
         """The fleet's MicroVM image ARN."""
 
         plan = plan_recipe(project, image_version=image_version, builds_image=image is not None)
-        for warning in (*project.warnings, *plan.warnings):
-            cdk.Annotations.of(self).add_warning_v2(f"rayito:{warning.code}", f"{warning.code}: {warning.message}")
-        if reconciler is None:
-            reconciler = plan.encoded is not None
-            if not reconciler:
-                cdk.Annotations.of(self).add_warning_v2(
-                    "rayito:no_reconciler", f"no_reconciler: {plan.reason}, so the stack keeps no fleet (the reconciler "
-                    "starts VMs from the project the recipe holds); VMs start when a client connects")
-                if reconciler_alarms is True:
-                    raise ValueError(f"reconciler_alarms=True: {plan.reason}, so there is no reconciler to watch; "
-                                     "leave reconciler_alarms unset or save the recipe")
-        if reconciler and plan.encoded is None:
-            # The reconciler starts and serves every VM from the project the recipe embeds, and reads
-            # the fleet's scaling from it, as the product's client does: without one it starts nothing.
-            raise ValueError(
-                f"reconciler: True needs the fleet's recipe, and {plan.reason}; the reconciler starts the fleet's "
-                "VMs from the project the recipe holds (pass reconciler=False for a fleet the stack does not keep)")
-        if recipe_failure == "fail" and plan.document is not None and plan.encoded is None:
-            problems = "; ".join(f"{w.code}: {w.message}" for w in plan.warnings if w.code == "recipe_too_large")
-            raise ValueError(f"recipe_failure='fail': the recipe cannot be saved ({problems})")
-        self.recipe: Optional[RecipeParameter] = (
-            RecipeParameter(
-                self,
-                "Recipe",
-                fleet_name=project.name,
-                recipe=plan.document,
-                image_version=plan.image_version,
-                encryption_key=recipe_key,
-                keep_recipe=keep_recipe,
-                recipe_failure=recipe_failure,
-                metrics=metrics,
-                log_retention=log_retention,
-            )
-            if plan.encoded is not None and plan.document is not None
-            else None
+        reconciler = self._settle_recipe_plan(project, plan, reconciler=reconciler,
+                                              reconciler_alarms=reconciler_alarms, recipe_failure=recipe_failure)
+        self.recipe: Optional[RecipeParameter] = self._recipe_parameter(
+            project, plan, recipe_key=recipe_key, keep_recipe=keep_recipe, recipe_failure=recipe_failure,
+            metrics=metrics, log_retention=log_retention, permissions_boundary=permissions_boundary,
+            recipe_alarm=recipe_alarm,
         )
         """The recipe parameter, or None when the fleet has no recipe (see the warnings)."""
-        if self.recipe is not None:
-            if permissions_boundary is not None:
-                # The writer is the stack's, outside this fleet's scope: the boundary must reach it too.
-                self.recipe.writer.apply_boundary(permissions_boundary)
-            if recipe_alarm is not False and metrics:
-                self.recipe.add_alarm(option="recipe_alarm=True")
 
         self.access_token = FleetAccessToken(self, "AccessToken", fleet_name=project.name, encryption_key=recipe_key)
         """The fleet's access token (its VMs' rayd admits only it): ``rayito/agents/<name>/access-token``."""
@@ -547,36 +523,15 @@ class AgentFleet(_FleetGrants):
         self.reconciler: Optional[FleetReconciler] = None
         """The reconciler, unless ``reconciler=False``."""
         if reconciler:
-            self.reconciler = FleetReconciler(
-                self,
-                "Reconciler",
-                project=project,
-                access=self.access,
-                execution_role_arn=self.execution_role.role_arn,
-                max_lifetime_seconds=max_lifetime_seconds,
-                image_version=image_version,
-                base_rollout=base_rollout,
-                budgets=control_plane_budgets,
-                control_plane_budget=control_plane_budget,
-                share_image=share_image,
-                terminate_strays=terminate_strays,
-                reserved_concurrency=reconciler_reserved_concurrency,
-                watch_seconds=reconciler_watch_seconds,
-                encryption_key=recipe_key,
-                metrics=metrics,
-                log_retention=log_retention,
+            self.reconciler = self._make_reconciler(
+                project, max_lifetime_seconds=max_lifetime_seconds, image_version=image_version,
+                base_rollout=base_rollout, control_plane_budgets=control_plane_budgets,
+                control_plane_budget=control_plane_budget, share_image=share_image,
+                terminate_strays=terminate_strays, reconciler_reserved_concurrency=reconciler_reserved_concurrency,
+                reconciler_watch_seconds=reconciler_watch_seconds,
+                recipe_key=recipe_key, metrics=metrics, log_retention=log_retention,
+                reconciler_alarms=reconciler_alarms,
             )
-            if reconciler_alarms is not False:
-                self.reconciler.add_alarms(custom_metrics=reconciler_alarms, option="reconciler_alarms=True")
-            scaling = project.scaling
-            if scaling.min_vms and scaling.max_vms <= scaling.min_vms:
-                # Told, not warned: 1 and 1 is the default, and `cdk synth --strict` fails on warnings.
-                cdk.Annotations.of(self).add_info(
-                    f"no_headroom: max_vms = min_vms = {scaling.min_vms}: a base VM's successor can start only "
-                    "once the VM ends (at its lifetime, 8 h at most), so the fleet is one VM short for each "
-                    "successor's start, about 2 s, and up to about a minute for the first launches of a newly "
-                    "published image version; max_vms = min_vms + 1 lets successors start before the end "
-                    "(docs/reconciler.md, 'No room at all')")
         self.teardown: Optional[FleetTeardown] = None
         """Ends the fleet's VMs when the fleet is deleted (with a reconciler: what it started)."""
         if self.reconciler is not None:
@@ -610,6 +565,166 @@ class AgentFleet(_FleetGrants):
                 self, "Dashboard", fleet_name=project.name, reconciler=self.reconciler, recipe=self.recipe,
                 egress_budget=self.egress_budget, queries=self.queries, alarms=self.alarms,
             )
+
+    def _build_image(
+        self,
+        project: AgentProject,
+        *,
+        rayd: Any,
+        base_image_version: str,
+        metrics: bool,
+        microvm_log_retention: logs.RetentionDays,
+        recipe_key: Optional[kms.IKey],
+        keep_image_versions: Optional[int],
+        reconciler_reserved_concurrency: Optional[int],
+    ) -> AgentImage:
+        """The product's agent image of the project, built by the fleet."""
+        return AgentImage(
+            self,
+            "Image",
+            project=project,
+            rayd=rayd,
+            base_image_version=base_image_version,
+            # The fleet's own variables, for every process rayd starts (the agents' EmfRecorder
+            # and egress client); the project's [env] is the run payload's, never baked.
+            template_env={TABLE_ENV: egress_table_name(project.name), METRICS_ENV: metrics_value(metrics),
+                          ENVELOPES_ENV: json.dumps(egress_declaration(project.egress), sort_keys=True,
+                                                    separators=(",", ":"))} if self.egress_budget else {},
+            own_log_group=True,
+            log_retention=microvm_log_retention,
+            encryption_key=recipe_key,
+            keep_image_versions=keep_image_versions,
+            pruner_reserved_concurrency=None if reconciler_reserved_concurrency is None else 1,
+        )
+
+    def _warn_egress_metrics(self, image: Optional[AgentImage], metrics: bool) -> None:
+        """Only an image the fleet builds gets ``RAYITO_METRICS=on`` from it."""
+        if self.egress_budget is not None and metrics and not (image is not None and image.node.scope is self):
+            cdk.Annotations.of(self).add_warning_v2(
+                "rayito:egress_metrics_switch",
+                "egress_metrics_switch: the fleet does not build its image, so it cannot set RAYITO_METRICS=on in "
+                "it; set it where the image is published (or pass EmfRecorder(metrics=True)), or the egress "
+                "alarms and graphs get no data (docs/operations.md)")
+
+    def _settle_recipe_plan(
+        self,
+        project: AgentProject,
+        plan: RecipePlan,
+        *,
+        reconciler: Optional[bool],
+        reconciler_alarms: Optional[bool],
+        recipe_failure: str,
+    ) -> bool:
+        """Warn what the plan warns, and whether the fleet runs a reconciler (None: when it saves a
+        recipe); a reconciler without a recipe, or ``recipe_failure='fail'`` with a recipe too
+        large, is an error."""
+        for warning in (*project.warnings, *plan.warnings):
+            cdk.Annotations.of(self).add_warning_v2(f"rayito:{warning.code}", f"{warning.code}: {warning.message}")
+        if reconciler is None:
+            reconciler = plan.encoded is not None
+            if not reconciler:
+                cdk.Annotations.of(self).add_warning_v2(
+                    "rayito:no_reconciler", f"no_reconciler: {plan.reason}, so the stack keeps no fleet (the reconciler "
+                    "starts VMs from the project the recipe holds); VMs start when a client connects")
+                if reconciler_alarms is True:
+                    raise ValueError(f"reconciler_alarms=True: {plan.reason}, so there is no reconciler to watch; "
+                                     "leave reconciler_alarms unset or save the recipe")
+        if reconciler and plan.encoded is None:
+            # The reconciler starts and serves every VM from the project the recipe embeds, and reads
+            # the fleet's scaling from it, as the product's client does: without one it starts nothing.
+            raise ValueError(
+                f"reconciler: True needs the fleet's recipe, and {plan.reason}; the reconciler starts the fleet's "
+                "VMs from the project the recipe holds (pass reconciler=False for a fleet the stack does not keep)")
+        if recipe_failure == "fail" and plan.document is not None and plan.encoded is None:
+            problems = "; ".join(f"{w.code}: {w.message}" for w in plan.warnings if w.code == "recipe_too_large")
+            raise ValueError(f"recipe_failure='fail': the recipe cannot be saved ({problems})")
+        return reconciler
+
+    def _recipe_parameter(
+        self,
+        project: AgentProject,
+        plan: RecipePlan,
+        *,
+        recipe_key: Optional[kms.IKey],
+        keep_recipe: bool,
+        recipe_failure: str,
+        metrics: bool,
+        log_retention: logs.RetentionDays,
+        permissions_boundary: Optional[iam.IManagedPolicy],
+        recipe_alarm: Optional[bool],
+    ) -> Optional[RecipeParameter]:
+        """The recipe parameter (with its alarm when asked), or None when the plan saves no recipe."""
+        if plan.encoded is None or plan.document is None:
+            return None
+        recipe = RecipeParameter(
+            self,
+            "Recipe",
+            fleet_name=project.name,
+            recipe=plan.document,
+            image_version=plan.image_version,
+            encryption_key=recipe_key,
+            keep_recipe=keep_recipe,
+            recipe_failure=recipe_failure,
+            metrics=metrics,
+            log_retention=log_retention,
+        )
+        if permissions_boundary is not None:
+            # The writer is the stack's, outside this fleet's scope: the boundary must reach it too.
+            recipe.writer.apply_boundary(permissions_boundary)
+        if recipe_alarm is not False and metrics:
+            recipe.add_alarm(option="recipe_alarm=True")
+        return recipe
+
+    def _make_reconciler(
+        self,
+        project: AgentProject,
+        *,
+        max_lifetime_seconds: int,
+        image_version: Optional[str],
+        base_rollout: str,
+        control_plane_budgets: Optional[Mapping[str, tuple[float, float]]],
+        control_plane_budget: Optional[dynamodb.ITable],
+        share_image: bool,
+        terminate_strays: bool,
+        reconciler_reserved_concurrency: Optional[int],
+        reconciler_watch_seconds: int,
+        recipe_key: Optional[kms.IKey],
+        metrics: bool,
+        log_retention: logs.RetentionDays,
+        reconciler_alarms: Optional[bool],
+    ) -> FleetReconciler:
+        """The fleet's reconciler with its alarms, and the ``no_headroom`` note when it applies."""
+        reconciler = FleetReconciler(
+            self,
+            "Reconciler",
+            project=project,
+            access=self.access,
+            execution_role_arn=self.execution_role.role_arn,
+            max_lifetime_seconds=max_lifetime_seconds,
+            image_version=image_version,
+            base_rollout=base_rollout,
+            budgets=control_plane_budgets,
+            control_plane_budget=control_plane_budget,
+            share_image=share_image,
+            terminate_strays=terminate_strays,
+            reserved_concurrency=reconciler_reserved_concurrency,
+            watch_seconds=reconciler_watch_seconds,
+            encryption_key=recipe_key,
+            metrics=metrics,
+            log_retention=log_retention,
+        )
+        if reconciler_alarms is not False:
+            reconciler.add_alarms(custom_metrics=reconciler_alarms, option="reconciler_alarms=True")
+        scaling = project.scaling
+        if scaling.min_vms and scaling.max_vms <= scaling.min_vms:
+            # Told, not warned: 1 and 1 is the default, and `cdk synth --strict` fails on warnings.
+            cdk.Annotations.of(self).add_info(
+                f"no_headroom: max_vms = min_vms = {scaling.min_vms}: a base VM's successor can start only "
+                "once the VM ends (at its lifetime, 8 h at most), so the fleet is one VM short for each "
+                "successor's start, about 2 s, and up to about a minute for the first launches of a newly "
+                "published image version; max_vms = min_vms + 1 lets successors start before the end "
+                "(docs/reconciler.md, 'No room at all')")
+        return reconciler
 
     def grant_read_access_token(self, grantee: iam.IGrantable) -> iam.Grant:
         """Let ``grantee`` read the fleet's access token (and decrypt it with ``recipe_key``)."""

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence, Union
 
@@ -38,20 +37,14 @@ from aws_cdk import aws_logs as logs
 from aws_cdk import aws_sns as sns
 from constructs import Construct, IConstruct
 
+from .cloudwatch_limits import MAX_ALARM_ACTIONS, RETENTION_DAYS, SNS_TOPIC_ARN
+
 #: The environment variable (and custom resource property) that carries the switch to code that
 #: runs in AWS: ``on`` or ``off``; anything else, or nothing, is off.
 METRICS_ENV = "RAYITO_METRICS"
 _ON = frozenset({"on", "true", "1", "yes"})
 #: Default retention of the library's function logs (reconciler, recipe writer, any later one).
 DEFAULT_LOG_RETENTION = logs.RetentionDays.THREE_MONTHS
-#: An SNS topic ARN (topic names: 1-256 of letters, digits, ``-`` and ``_``; ``.fifo`` for FIFO).
-#: ASCII only: a bare \d would take other scripts' digits (١٢٣...), which no account id has.
-SNS_TOPIC_ARN = re.compile(r"^arn:aws[a-zA-Z-]*:sns:[a-z0-9-]+:[0-9]{12}:[A-Za-z0-9_-]{1,256}(\.fifo)?\Z", re.ASCII)
-
-#: Actions an alarm takes per state: "The actions (up to five) to execute when this alarm
-#: transitions into an ALARM state" (CloudWatch, mon-put-metric-alarm; PutMetricAlarm's
-#: ``AlarmActions`` holds at most 5).
-MAX_ALARM_ACTIONS = 5
 
 #: How long an alarm may look back: "An alarm's total current evaluation period can be no longer
 #: than seven days, so Period multiplied by EvaluationPeriods can't be more than 604,800 seconds.
@@ -94,16 +87,6 @@ def check_threshold(option: str, value: object, *, above: float, why: str) -> fl
     if value <= above:
         raise ValueError(f"{option}: {value!r} is not above {above:g}: {why}")
     return value
-
-
-#: ``logs.RetentionDays`` in days (``None``: never expire), as CloudFormation's ``RetentionInDays``.
-RETENTION_DAYS: dict[str, Optional[int]] = {
-    "ONE_DAY": 1, "THREE_DAYS": 3, "FIVE_DAYS": 5, "ONE_WEEK": 7, "TWO_WEEKS": 14, "ONE_MONTH": 30,
-    "TWO_MONTHS": 60, "THREE_MONTHS": 90, "FOUR_MONTHS": 120, "FIVE_MONTHS": 150, "SIX_MONTHS": 180,
-    "ONE_YEAR": 365, "THIRTEEN_MONTHS": 400, "EIGHTEEN_MONTHS": 545, "TWO_YEARS": 731,
-    "THREE_YEARS": 1096, "FIVE_YEARS": 1827, "SIX_YEARS": 2192, "SEVEN_YEARS": 2557,
-    "EIGHT_YEARS": 2922, "NINE_YEARS": 3288, "TEN_YEARS": 3653, "INFINITE": None,
-}
 
 
 def metrics_value(on: bool) -> str:
@@ -194,7 +177,7 @@ def _normalized(scope: Construct, given: Any, option: str) -> list[tuple[cloudwa
     found: list[tuple[cloudwatch.IAlarmAction, Any]] = []
     seen: set[str] = set()
     stack = cdk.Stack.of(scope)
-    for index, (where, item) in enumerate(check_alarm_actions(given, option, region=stack.region)):
+    for index, (_where, item) in enumerate(check_alarm_actions(given, option, region=stack.region)):
         arn: Any = None
         if isinstance(item, str):
             arn = stack.resolve(item)

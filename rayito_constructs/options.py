@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import ipaddress
 import re
-from typing import Any, ClassVar, Iterable, Mapping, Optional, Sequence, Union
+from typing import Any, Callable, ClassVar, Iterable, Mapping, Optional, Self, Sequence, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic_core import PydanticCustomError
 
+from .egress_targets import declared_target
 from .errors import Problem, ProjectError, did_you_mean, show
 
 from .rates import MAX_BURST, RateError, parse_rate
@@ -237,44 +238,49 @@ def _problem(error: Mapping[str, Any], model: type[BaseModel]) -> list[Problem]:
     if kind == VALUE:
         return [Problem(key, f"{key}: {ctx['detail']}")]
     if kind == "extra_forbidden":
-        field = str(rest[-1]) if rest else key
-        hint = did_you_mean(field, inner.model_fields)
-        if any(isinstance(part, int) for part in loc):  # an entry of [[gateways]] or [[egress.budgets]]
-            return [Problem(key, f"{key}: unknown key{hint}")]
-        if issubclass(inner, _Options):
-            qualified = f"{inner.SECTION}.{field}"
-            return [Problem(qualified, f"{qualified}: unknown key in [{inner.SECTION}]{hint}")]
-        return [Problem(field, f"{field}: unknown option{hint}")]
-    if kind == "greater_than_equal":
-        text = f"{show(given)} is below the minimum of {ctx['ge']}"
-    elif kind == "less_than_equal":
-        text = f"{show(given)} is above the limit of {ctx['le']}"
-    elif kind == "literal_error" and key == "memory_mib":
+        return [_unknown_key(key, loc, inner, rest)]
+    return [Problem(key, f"{key}: {_text(kind, key, given, ctx, error)}")]
+
+
+def _unknown_key(key: str, loc: Sequence[Any], inner: type[BaseModel], rest: Sequence[Any]) -> Problem:
+    """An unknown key, named where it stands: an entry of a list, a table, or the top."""
+    field = str(rest[-1]) if rest else key
+    hint = did_you_mean(field, inner.model_fields)
+    if any(isinstance(part, int) for part in loc):  # an entry of [[gateways]] or [[egress.budgets]]
+        return Problem(key, f"{key}: unknown key{hint}")
+    if issubclass(inner, _Options):
+        qualified = f"{inner.SECTION}.{field}"
+        return Problem(qualified, f"{qualified}: unknown key in [{inner.SECTION}]{hint}")
+    return Problem(field, f"{field}: unknown option{hint}")
+
+
+_Text = Callable[[Any, Mapping[str, Any], Mapping[str, Any]], str]
+#: What a pydantic error of each type says after the key, from (the value, its ``ctx``, the error).
+_TEXTS: dict[str, _Text] = {
+    "greater_than_equal": lambda given, ctx, error: f"{show(given)} is below the minimum of {ctx['ge']}",
+    "less_than_equal": lambda given, ctx, error: f"{show(given)} is above the limit of {ctx['le']}",
+    "literal_error": lambda given, ctx, error: f"{show(given)} is not one of {ctx['expected']}",
+    **dict.fromkeys(("int_type", "int_parsing", "int_from_float"),
+                    lambda given, ctx, error: f"{show(given)} is not a whole number"),
+    **dict.fromkeys(("bool_type", "bool_parsing"), lambda given, ctx, error: f"{show(given)} is not true or false"),
+    "string_type": lambda given, ctx, error: f"{show(given)} is not a string",
+    "string_pattern_mismatch": lambda given, ctx, error: f"{show(given)} does not match {ctx['pattern']}",
+    **dict.fromkeys(("string_too_short", "string_too_long"), lambda given, ctx, error:
+                    f"{show(given)} must be {error['msg'].lower().removeprefix('string should have ')}"),
+    **dict.fromkeys(("tuple_type", "list_type"), lambda given, ctx, error: f"{show(given)} is not a list"),
+    **dict.fromkeys(("dict_type", "model_type", "model_attributes_type"),
+                    lambda given, ctx, error: f"{show(given)} is not a table"),
+    "value_error": lambda given, ctx, error: f"{show(given)} {ctx.get('error', error['msg'])}",
+    "missing": lambda given, ctx, error: "is required",
+}
+
+
+def _text(kind: str, key: str, given: Any, ctx: Mapping[str, Any], error: Mapping[str, Any]) -> str:
+    if kind == "literal_error" and key == "memory_mib":
         classes = ", ".join(str(c) for c in MEMORY_CLASSES_MIB)
-        text = f"{show(given)} is not a MicroVM size class ({classes} MiB)"
-    elif kind == "literal_error":
-        text = f"{show(given)} is not one of {ctx['expected']}"
-    elif kind in ("int_type", "int_parsing", "int_from_float"):
-        text = f"{show(given)} is not a whole number"
-    elif kind in ("bool_type", "bool_parsing"):
-        text = f"{show(given)} is not true or false"
-    elif kind in ("string_type",):
-        text = f"{show(given)} is not a string"
-    elif kind == "string_pattern_mismatch":
-        text = f"{show(given)} does not match {ctx['pattern']}"
-    elif kind in ("string_too_short", "string_too_long"):
-        text = f"{show(given)} must be {error['msg'].lower().removeprefix('string should have ')}"
-    elif kind in ("tuple_type", "list_type"):
-        text = f"{show(given)} is not a list"
-    elif kind in ("dict_type", "model_type", "model_attributes_type"):
-        text = f"{show(given)} is not a table"
-    elif kind == "value_error":
-        text = f"{show(given)} {ctx.get('error', error['msg'])}"
-    elif kind == "missing":
-        text = "is required"
-    else:
-        text = f"{show(given)}: {error['msg']}"
-    return [Problem(key, f"{key}: {text}")]
+        return f"{show(given)} is not a MicroVM size class ({classes} MiB)"
+    text = _TEXTS.get(kind)
+    return text(given, ctx, error) if text is not None else f"{show(given)}: {error['msg']}"
 
 
 class ValidatedModel(BaseModel):
@@ -291,20 +297,20 @@ class ValidatedModel(BaseModel):
     __init__.__pydantic_base_init__ = True  # type: ignore[attr-defined]
 
     @classmethod
-    def model_validate(cls, obj: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+    def model_validate(cls, obj: Any, **kwargs: Any) -> Self:
         try:
             return super().model_validate(obj, **kwargs)
         except ValidationError as exc:
             raise ProjectError(problems_from(exc, cls)) from None
 
     @classmethod
-    def model_validate_json(cls, json_data: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+    def model_validate_json(cls, json_data: Any, **kwargs: Any) -> Self:
         try:
             return super().model_validate_json(json_data, **kwargs)
         except ValidationError as exc:
             raise ProjectError(problems_from(exc, cls)) from None
 
-    def model_copy(self, *, update: Optional[Mapping[str, Any]] = None, deep: bool = False) -> Any:  # type: ignore[override]
+    def model_copy(self, *, update: Optional[Mapping[str, Any]] = None, deep: bool = False) -> Self:
         """A copy; with ``update``, validated like a new model (pydantic's own copy checks nothing)."""
         if not update:
             return super().model_copy(deep=deep)
@@ -335,8 +341,6 @@ class EgressBudgetOptions(_Options):
     @field_validator("target")
     @classmethod
     def _target(cls, value: str) -> str:
-        from .egress.targets import declared_target
-
         return declared_target(value)
 
     @field_validator("rate")

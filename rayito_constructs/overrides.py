@@ -19,6 +19,7 @@ import json
 import re
 from typing import Any, Callable, Iterable, Mapping
 
+from .cloudwatch_limits import MAX_ALARM_ACTIONS, RETENTION_DAYS, SNS_TOPIC_ARN
 from .errors import Problem, ProjectError, did_you_mean, show
 from .product import FLAG_NAMES
 
@@ -173,6 +174,27 @@ def read_context(context: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, 
     returned all the same, so the project's own problems can be reported with them at once.
     """
     problems: list[Problem] = []
+    raw, app, per_name = _split_context(context, problems)
+    for table, variables in per_name.items():
+        if table in raw:
+            problems.append(Problem(table, f"-c {table}: give the variables either as -c {table}=... or as -c {table}.NAME=..., not both"))
+        else:
+            raw[table] = variables
+    _read_app_context(app, problems)
+    overrides: dict[str, Any] = {}
+    for key, value in raw.items():
+        try:
+            overrides.update(read_overrides({key: value}))
+        except ProjectError as exc:
+            problems.extend(name_what_was_typed(exc.problems, {key}, context=True))
+    return overrides, app, problems
+
+
+def _split_context(
+    context: Mapping[str, Any], problems: list[Problem],
+) -> tuple[dict[str, Any], dict[str, Any], dict[str, dict[str, Any]]]:
+    """The user's keys of ``context`` as ``(project flags, app.py options, env.NAME and
+    secret_env.NAME variables by table)``; an unknown key is a problem with the nearest known one."""
     raw: dict[str, Any] = {}
     app: dict[str, Any] = {}
     per_name: dict[str, dict[str, Any]] = {}
@@ -194,13 +216,18 @@ def read_context(context: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, 
                 or ("; env.NAME and secret_env.NAME take one variable" if table in ("env", "secret_env") else "")
             )
             problems.append(Problem(key, f"-c {key}: unknown context key{hint}"))
-    for table, variables in per_name.items():
-        if table in raw:
-            problems.append(Problem(table, f"-c {table}: give the variables either as -c {table}=... or as -c {table}.NAME=..., not both"))
-        else:
-            raw[table] = variables
-    for key in ("metadata_index", "keep_recipe", "reconciler", "scope_microvm_actions_to_image", "metrics", "dashboard",
-                "saved_queries", "retain_vms_on_delete", "build_image"):
+    return raw, app, per_name
+
+
+#: The switches of ``app.py`` read from context: each true or false.
+_APP_FLAGS = ("metadata_index", "keep_recipe", "reconciler", "scope_microvm_actions_to_image", "metrics", "dashboard",
+              "saved_queries", "retain_vms_on_delete", "build_image")
+
+
+def _read_app_context(app: dict[str, Any], problems: list[Problem]) -> None:
+    """Read the options of ``app.py`` in place (a switch becomes a bool, a retention a number of
+    days...); each one that cannot be read is a problem naming ``-c key``."""
+    for key in _APP_FLAGS:
         if key in app:
             flag = _flag(app[key])
             if not isinstance(flag, bool):
@@ -222,19 +249,10 @@ def read_context(context: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, 
         app["log_retention"] = _retention(app["log_retention"], problems)
     if "keep_image_versions" in app:
         app["keep_image_versions"] = _versions_kept(app["keep_image_versions"], problems)
-    overrides: dict[str, Any] = {}
-    for key, value in raw.items():
-        try:
-            overrides.update(read_overrides({key: value}))
-        except ProjectError as exc:
-            problems.extend(name_what_was_typed(exc.problems, {key}, context=True))
-    return overrides, app, problems
 
 
 def _topics(value: Any, problems: list[Problem]) -> tuple[str, ...]:
     """``-c alarm_actions=arn1,arn2`` (or a JSON list): SNS topic ARNs, each checked."""
-    from .monitoring import SNS_TOPIC_ARN  # the CDK side's own rule (imported only for cdk synth)
-
     arns = _names(value) if isinstance(value, (str, list, tuple)) else (value,)
     arns = tuple(dict.fromkeys(a for a in arns if a != ""))  # the same topic twice is one action
     for arn in arns:
@@ -243,8 +261,6 @@ def _topics(value: Any, problems: list[Problem]) -> tuple[str, ...]:
                                                      "(arn:aws:sns:<region>:<account>:<topic>)"))
     if not arns:
         problems.append(Problem("alarm_actions", "-c alarm_actions: give at least one SNS topic ARN"))
-    from .monitoring import MAX_ALARM_ACTIONS
-
     if len(arns) > MAX_ALARM_ACTIONS:
         problems.append(Problem("alarm_actions", f"-c alarm_actions: {len(arns)} topics; a CloudWatch alarm takes "
                                                  f"at most {MAX_ALARM_ACTIONS} actions"))
@@ -266,8 +282,6 @@ def _versions_kept(value: Any, problems: list[Problem]) -> Any:
 
 def _retention(value: Any, problems: list[Problem]) -> Any:
     """``-c log_retention=90``: days CloudWatch Logs offers (0: never expire)."""
-    from .monitoring import RETENTION_DAYS
-
     days = _whole(value)
     allowed = sorted(v for v in RETENTION_DAYS.values() if v is not None)
     if isinstance(days, bool) or not isinstance(days, int) or (days != 0 and days not in allowed):

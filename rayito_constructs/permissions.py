@@ -391,7 +391,7 @@ def fleet_access(
 
     The name and the connector ARNs end up in resource ARNs: a name such as ``""`` (every fleet),
     ``"a*"`` (every image whose name starts with ``a``) or a connector ``"*"`` would widen the
-    statements silently, so they are refused here with one line (audit round 9).
+    statements silently, so they are refused here with one line.
 
     ``project`` names the secrets the fleet's sessions read (:func:`session_secrets`) and the base
     image of ``rayito agent build``; without it the policies grant no gateway or ``secret_env``

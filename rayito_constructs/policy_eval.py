@@ -134,7 +134,7 @@ def _arn_match(pattern: str, value: str, context: Context, variables: bool) -> b
     parts, values = pattern.split(":", 5), str(value).split(":", 5)
     if len(parts) != 6 or len(values) != 6:
         return False
-    return all(_pattern_match(p, v, context, variables) for p, v in zip(parts, values))
+    return all(_pattern_match(p, v, context, variables) for p, v in zip(parts, values, strict=True))
 
 
 def _number(value: Any) -> float:

@@ -158,9 +158,11 @@ class _NoAws:
     """The preflight's AWS at synth: unused, since nothing is built by the product here
     (``build_image=False``: no bucket lookup, no base image read)."""
 
-    resolved_region = None
-
     def _unused(self, *args: Any) -> Any:  # pragma: no cover
+        raise AssertionError("the synth-time preflight makes no AWS call")
+
+    @property
+    def resolved_region(self) -> str:  # pragma: no cover - read only to find a bucket for a build
         raise AssertionError("the synth-time preflight makes no AWS call")
 
     account_id = bucket_exists = artifact_stack_bucket = image_exists = _unused
@@ -198,7 +200,7 @@ def load(folder: Path, flags: DeployFlags, *, region: Optional[str]) -> Loaded:
 def _serve_flags(project: ProductProject, flags: DeployFlags) -> ProductProject:
     kwargs = {arg: getattr(flags, name) for name, arg in _SERVE_FLAGS}
     try:
-        return apply_serve_flags(project, **kwargs)  # type: ignore[arg-type]
+        return apply_serve_flags(project, **kwargs)
     except SandboxException as exc:
         # The product applies them together; which one it refused is found by applying the given
         # ones one by one (a refusal only the whole set meets names them all).
@@ -226,7 +228,7 @@ def _project_flags(project: ProductProject, flags: DeployFlags, env: Mapping[str
 def _scaling_flags(project: ProductProject, flags: DeployFlags) -> Optional[ScalingOptions]:
     values = [getattr(flags, name) for name in _SCALING_FLAGS]
     try:
-        return scaling_of(project, *values)  # type: ignore[arg-type]
+        return scaling_of(project, *values)
     except SandboxException as exc:
         given = [name for name in _SCALING_FLAGS if getattr(flags, name) is not None]
         raise _flag_error(exc, given, lambda name: scaling_of(

@@ -186,6 +186,36 @@ OPERATIONS = ("RunMicrovm", "ListMicrovms", "GetMicrovm", "SuspendMicrovm", "Res
 BUDGET_OPERATIONS = (*OPERATIONS, "CreateMicrovmAuthToken")
 
 
+def _check_ranges(
+    *,
+    reserved_concurrency: Optional[int],
+    max_start_attempts: int,
+    max_starts_per_step: int,
+    tick_seconds: int,
+    stray_grace_seconds: int,
+    max_lifetime_seconds: int,
+    successor_lead_seconds: int,
+) -> None:
+    """Each whole-number option within its range; the first one outside is the error."""
+    _check_whole("reserved_concurrency", reserved_concurrency, optional=True)
+    if reserved_concurrency is not None and reserved_concurrency < 1:
+        raise ValueError(f"reserved_concurrency: {reserved_concurrency} is not at least 1 (None: no reservation)")
+    # A width of 0 (or less) never starts a VM: every step skips its runs with a 0 s wait, and
+    # the tick steps every 50 ms for its whole deadline (measured: 958 steps and 102 lists a tick).
+    for option, value, least, most in (("max_start_attempts", max_start_attempts, 1, 100),
+                                       ("max_starts_per_step", max_starts_per_step, 1, 1000),
+                                       ("tick_seconds", tick_seconds, 1, 885),  # its timeout, + 15 s, is at most 900
+                                       ("stray_grace_seconds", stray_grace_seconds, 60, 28_800)):
+        _check_whole(option, value)
+        if not least <= value <= most:
+            raise ValueError(f"{option}: {value} is not within {least} to {most}")
+    for option, value, least in (("max_lifetime_seconds", max_lifetime_seconds, 1),
+                                 ("successor_lead_seconds", successor_lead_seconds, 0)):
+        _check_whole(option, value)
+        if not least <= value <= 28_800:
+            raise ValueError(f"{option}: {value} is not within {least} to 28800 (8 hours)")
+
+
 @jsii.implements(cdk.IStableStringProducer)
 class _LazyString:
     def __init__(self, produce: Callable[[], str]) -> None:
@@ -289,47 +319,19 @@ class FleetReconciler(Construct):
         operations = Operations.of(self)
         self.metrics = operations.metrics if metrics is None else metrics
         """Whether the function emits custom metrics."""
-        _check_whole("reserved_concurrency", reserved_concurrency, optional=True)
-        if reserved_concurrency is not None and reserved_concurrency < 1:
-            raise ValueError(f"reserved_concurrency: {reserved_concurrency} is not at least 1 (None: no reservation)")
-        # A width of 0 (or less) never started a VM: every step skipped its runs with a 0 s wait,
-        # and the tick stepped every 50 ms for its whole deadline (audit 13: 958 steps, 102 lists).
-        for option, value, most in (("max_start_attempts", max_start_attempts, 100),
-                                    ("max_starts_per_step", max_starts_per_step, 1000),
-                                    ("tick_seconds", tick_seconds, 885)):  # its timeout, + 15 s, is at most 900
-            _check_whole(option, value)
-            if not 1 <= value <= most:
-                raise ValueError(f"{option}: {value} is not within 1 to {most}")
+        _check_ranges(reserved_concurrency=reserved_concurrency, max_start_attempts=max_start_attempts,
+                      max_starts_per_step=max_starts_per_step, tick_seconds=tick_seconds,
+                      stray_grace_seconds=stray_grace_seconds, max_lifetime_seconds=max_lifetime_seconds,
+                      successor_lead_seconds=successor_lead_seconds)
         _check_whole("watch_seconds", watch_seconds)
         if watch_seconds != 0 and not 2 <= watch_seconds <= 60:
             raise ValueError(f"watch_seconds: {watch_seconds} is not 0 (no watch) or within 2 to 60")
-        _check_whole("stray_grace_seconds", stray_grace_seconds)
-        if not 60 <= stray_grace_seconds <= 28_800:
-            raise ValueError(f"stray_grace_seconds: {stray_grace_seconds} is not within 60 to 28800")
-        _check_whole("max_lifetime_seconds", max_lifetime_seconds)
-        if not 1 <= max_lifetime_seconds <= 28_800:
-            raise ValueError(f"max_lifetime_seconds: {max_lifetime_seconds} is not within 1 to 28800 (8 hours)")
-        _check_whole("successor_lead_seconds", successor_lead_seconds)
-        if not 0 <= successor_lead_seconds <= 28_800:
-            raise ValueError(f"successor_lead_seconds: {successor_lead_seconds} is not within 0 to 28800 (8 hours)")
-        if successor_lead_seconds > max_lifetime_seconds / 2:
-            # Told, not warned: the cap is what the reconciler does anyway (core.successor_lead).
-            lead = effective_lead(max_lifetime_seconds, successor_lead_seconds, schedule.to_seconds())
-            cdk.Annotations.of(self).add_info(
-                f"successor_lead_capped: successor_lead_seconds = {successor_lead_seconds} is more than half of "
-                f"max_lifetime_seconds = {max_lifetime_seconds}: successors start {lead:g} s before a VM's end (half "
-                "a lifetime, or a look and a start if that is longer: a lead as long as the lifetime would start "
-                "every VM's successor at once)")
+        self._tell_lead_capped(max_lifetime_seconds, successor_lead_seconds, schedule.to_seconds())
         check_budgets(budgets)
         if tick_seconds >= schedule.to_seconds():
             raise ValueError(f"tick_seconds: {tick_seconds} leaves no room before the next tick ({schedule.to_seconds()} s)")
-        problems = short_lifetime_problems(project, max_lifetime_seconds, successor_lead_seconds,
-                                           schedule.to_seconds(), tick_seconds)
-        for problem in problems:
-            cdk.Annotations.of(self).add_warning_v2("rayito:short_lifetime", f"short_lifetime: {problem}")
-        if not problems:
-            for problem in rollout_problems(project, max_lifetime_seconds, successor_lead_seconds, schedule.to_seconds()):
-                cdk.Annotations.of(self).add_info(f"short_lifetime_rollout: {problem}")
+        self._tell_short_lifetimes(project, max_lifetime_seconds, successor_lead_seconds, schedule.to_seconds(),
+                                   tick_seconds)
         self.fleet_name = project.name
         self.alarms: list[cloudwatch.Alarm] = []
         """The alarms ``add_alarms`` made."""
@@ -363,76 +365,16 @@ class FleetReconciler(Construct):
             f"arn:{stack.partition}:lambda:{stack.region}:{POWERTOOLS_ACCOUNT}:layer:"
             f"AWSLambdaPowertoolsPythonV3-python314-arm64:{POWERTOOLS_LAYER_VERSION}"
         )
-        environment = {
-            "FLEET_NAME": project.name,
-            "IMAGE_ARN": access.image_arns[0],
-            # The token's name, not its value: the function reads it (GetSecretValue) and sends its
-            # sha256 in each VM's run payload.
-            "ACCESS_TOKEN_SECRET": token_secret_name(project.name),
-            "SERVER_FUNCTION": self.server.function.function_name,
-            "MIN_VMS": str(project.scaling.min_vms),
-            "MAX_VMS": str(project.scaling.max_vms),
-            "WARM_VMS": str(project.scaling.warm_vms),
-            "MAX_LIFETIME_SECONDS": str(max_lifetime_seconds),
-            "SUCCESSOR_LEAD_SECONDS": str(successor_lead_seconds),
-            "MAX_START_ATTEMPTS": str(max_start_attempts),
-            "MAX_STARTS_PER_STEP": str(max_starts_per_step),
-            "TICK_SECONDS": str(tick_seconds),
-            "WATCH_SECONDS": str(watch_seconds),
-            "SCHEDULE_SECONDS": str(int(schedule.to_seconds())),
-            "LEDGER_TABLE": ledger_table.table_name,
-            "BUDGET_TABLE": budget_table.table_name,
-            "BUDGETS": json.dumps({k: list(v) for k, v in sorted((budgets or {}).items())}, separators=(",", ":")),
-            "DEAD_LETTER_QUEUE_URL": self.dead_letter_queue.queue_url,
-            "POWERTOOLS_SERVICE_NAME": "rayito-reconciler",
-            "POWERTOOLS_METRICS_NAMESPACE": NAMESPACE,
-            METRICS_ENV: metrics_value(self.metrics),
-        }
-        if not self.metrics:
-            # Our telemetry adds no metric when off; Powertools' own switch as well, so nothing it
-            # might add on its own (a cold-start metric) is printed either.
-            environment["POWERTOOLS_METRICS_DISABLED"] = "true"
-        if project.scaling.idle:
-            environment["IDLE_SECONDS"] = str(project.scaling.idle)
-        if image_version:
-            environment["IMAGE_VERSION"] = image_version
-            environment["BASE_ROLLOUT"] = base_rollout
-        if execution_role_arn:
-            environment["EXECUTION_ROLE_ARN"] = execution_role_arn
-        if share_image:
-            # Lazy: a fleet added later to the app on the same image is a sibling too.
-            environment["SHARED_WITH"] = cdk.Lazy.string(_LazyString(
-                lambda: json.dumps(sorted(s.fleet_name for s in self.siblings), separators=(",", ":"))))
-        if terminate_strays:
-            environment["TERMINATE_STRAYS"] = "1"
-            environment["STRAY_GRACE_SECONDS"] = str(stray_grace_seconds)
-        statements = [
-            *_without_auth_token(microvm_statements(access)),
-            Statement("Ledger",
-                      ("dynamodb:Query", "dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem", "dynamodb:DeleteItem"),
-                      (ledger_table.table_arn,),
-                      {"ForAllValues:StringEquals": {"dynamodb:LeadingKeys": [project.name]}}),
-            Statement("ControlPlaneBudget", ("dynamodb:UpdateItem", "dynamodb:GetItem"), (budget_table.table_arn,)),
-            Statement("DeadLetters", ("sqs:SendMessage",), (self.dead_letter_queue.queue_arn,)),
-            # What the fleet is (the product's recipe, at every tick) and the token its VMs admit.
-            Statement("AgentRecipe", ("ssm:GetParameter",), access.recipe_parameter_arns),
-            # Each VM it starts is served (base) or warmed (parked) by the fleet's server.
-            Statement("AskServer", ("lambda:InvokeFunction",), (self.server.function.function_arn,)),
-            *recipe_key_statements("AgentRecipeKey", ("kms:Decrypt",), access),
-            *[st for st in session_secret_statements(access) if st.sid in ("AccessToken", "SecretsKey")],
-        ]
-        if share_image:
-            # Which VMs the other fleets on the image hold: their slot items, read only.
-            statements.append(Statement(
-                "SiblingLedgers", ("dynamodb:Query",), (ledger_table.table_arn,),
-                {"ForAllValues:StringEquals": {"dynamodb:LeadingKeys": cdk.Lazy.list(_LazyList(
-                    lambda: sorted(s.fleet_name for s in self.siblings) or [project.name]))}}))
-        keys: dict[str, str] = {}  # the tables' customer keys, each once
-        for table in (ledger_table, budget_table):
-            if table.encryption_key is not None:
-                keys.setdefault(json.dumps(stack.resolve(table.encryption_key.key_arn)), table.encryption_key.key_arn)
-        if keys:
-            statements.append(table_key_statement("TablesKey", tuple(keys.values()), stack.region))
+        environment = self._environment(
+            project, access, ledger_table=ledger_table, budget_table=budget_table, schedule=schedule,
+            tick_seconds=tick_seconds, watch_seconds=watch_seconds, max_lifetime_seconds=max_lifetime_seconds,
+            successor_lead_seconds=successor_lead_seconds, max_start_attempts=max_start_attempts,
+            max_starts_per_step=max_starts_per_step, budgets=budgets, image_version=image_version,
+            base_rollout=base_rollout, execution_role_arn=execution_role_arn, share_image=share_image,
+            terminate_strays=terminate_strays, stray_grace_seconds=stray_grace_seconds,
+        )
+        statements = self._statements(project, access, ledger_table=ledger_table, budget_table=budget_table,
+                                      share_image=share_image)
         reasons = wildcard_reasons(statements)
         made = library_function(
             self,
@@ -488,6 +430,135 @@ class FleetReconciler(Construct):
                 role=self.schedule_role,
             ),
         )
+
+    def _tell_lead_capped(self, lifetime: int, lead: int, period: float) -> None:
+        """Told, not warned: the cap is what the reconciler does anyway (core.successor_lead)."""
+        if lead > lifetime / 2:
+            effective = effective_lead(lifetime, lead, period)
+            cdk.Annotations.of(self).add_info(
+                f"successor_lead_capped: successor_lead_seconds = {lead} is more than half of "
+                f"max_lifetime_seconds = {lifetime}: successors start {effective:g} s before a VM's end (half "
+                "a lifetime, or a look and a start if that is longer: a lead as long as the lifetime would start "
+                "every VM's successor at once)")
+
+    def _tell_short_lifetimes(self, project: AgentProject, lifetime: int, lead: int, period: float,
+                              tick_seconds: int) -> None:
+        """Warn ``short_lifetime`` where the fleet would dip at its VMs' ends; otherwise tell what a
+        rollout would do (``short_lifetime_rollout``)."""
+        problems = short_lifetime_problems(project, lifetime, lead, period, tick_seconds)
+        for problem in problems:
+            cdk.Annotations.of(self).add_warning_v2("rayito:short_lifetime", f"short_lifetime: {problem}")
+        if not problems:
+            for problem in rollout_problems(project, lifetime, lead, period):
+                cdk.Annotations.of(self).add_info(f"short_lifetime_rollout: {problem}")
+
+    def _environment(
+        self,
+        project: AgentProject,
+        access: FleetAccess,
+        *,
+        ledger_table: dynamodb.ITable,
+        budget_table: dynamodb.ITable,
+        schedule: cdk.Duration,
+        tick_seconds: int,
+        watch_seconds: int,
+        max_lifetime_seconds: int,
+        successor_lead_seconds: int,
+        max_start_attempts: int,
+        max_starts_per_step: int,
+        budgets: Optional[Mapping[str, tuple[float, float]]],
+        image_version: Optional[str],
+        base_rollout: str,
+        execution_role_arn: Optional[str],
+        share_image: bool,
+        terminate_strays: bool,
+        stray_grace_seconds: int,
+    ) -> dict[str, str]:
+        """The function's environment: the fleet, its tables and every tuning option."""
+        environment: dict[str, str] = {
+            "FLEET_NAME": project.name,
+            "IMAGE_ARN": access.image_arns[0],
+            # The token's name, not its value: the function reads it (GetSecretValue) and sends its
+            # sha256 in each VM's run payload.
+            "ACCESS_TOKEN_SECRET": token_secret_name(project.name),
+            "SERVER_FUNCTION": self.server.function.function_name,
+            "MIN_VMS": str(project.scaling.min_vms),
+            "MAX_VMS": str(project.scaling.max_vms),
+            "WARM_VMS": str(project.scaling.warm_vms),
+            "MAX_LIFETIME_SECONDS": str(max_lifetime_seconds),
+            "SUCCESSOR_LEAD_SECONDS": str(successor_lead_seconds),
+            "MAX_START_ATTEMPTS": str(max_start_attempts),
+            "MAX_STARTS_PER_STEP": str(max_starts_per_step),
+            "TICK_SECONDS": str(tick_seconds),
+            "WATCH_SECONDS": str(watch_seconds),
+            "SCHEDULE_SECONDS": str(int(schedule.to_seconds())),
+            "LEDGER_TABLE": ledger_table.table_name,
+            "BUDGET_TABLE": budget_table.table_name,
+            "BUDGETS": json.dumps({k: list(v) for k, v in sorted((budgets or {}).items())}, separators=(",", ":")),
+            "DEAD_LETTER_QUEUE_URL": self.dead_letter_queue.queue_url,
+            "POWERTOOLS_SERVICE_NAME": "rayito-reconciler",
+            "POWERTOOLS_METRICS_NAMESPACE": NAMESPACE,
+            METRICS_ENV: metrics_value(self.metrics),
+        }
+        if not self.metrics:
+            # Our telemetry adds no metric when off; Powertools' own switch as well, so nothing it
+            # might add on its own (a cold-start metric) is printed either.
+            environment["POWERTOOLS_METRICS_DISABLED"] = "true"
+        if project.scaling.idle:
+            environment["IDLE_SECONDS"] = str(project.scaling.idle)
+        if image_version:
+            environment["IMAGE_VERSION"] = image_version
+            environment["BASE_ROLLOUT"] = base_rollout
+        if execution_role_arn:
+            environment["EXECUTION_ROLE_ARN"] = execution_role_arn
+        if share_image:
+            # Lazy: a fleet added later to the app on the same image is a sibling too.
+            environment["SHARED_WITH"] = cdk.Lazy.string(_LazyString(
+                lambda: json.dumps(sorted(s.fleet_name for s in self.siblings), separators=(",", ":"))))
+        if terminate_strays:
+            environment["TERMINATE_STRAYS"] = "1"
+            environment["STRAY_GRACE_SECONDS"] = str(stray_grace_seconds)
+        return environment
+
+    def _statements(
+        self,
+        project: AgentProject,
+        access: FleetAccess,
+        *,
+        ledger_table: dynamodb.ITable,
+        budget_table: dynamodb.ITable,
+        share_image: bool,
+    ) -> list[Statement]:
+        """The function's permissions, each with its Sid."""
+        stack = cdk.Stack.of(self)
+        statements = [
+            *_without_auth_token(microvm_statements(access)),
+            Statement("Ledger",
+                      ("dynamodb:Query", "dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem", "dynamodb:DeleteItem"),
+                      (ledger_table.table_arn,),
+                      {"ForAllValues:StringEquals": {"dynamodb:LeadingKeys": [project.name]}}),
+            Statement("ControlPlaneBudget", ("dynamodb:UpdateItem", "dynamodb:GetItem"), (budget_table.table_arn,)),
+            Statement("DeadLetters", ("sqs:SendMessage",), (self.dead_letter_queue.queue_arn,)),
+            # What the fleet is (the product's recipe, at every tick) and the token its VMs admit.
+            Statement("AgentRecipe", ("ssm:GetParameter",), access.recipe_parameter_arns),
+            # Each VM it starts is served (base) or warmed (parked) by the fleet's server.
+            Statement("AskServer", ("lambda:InvokeFunction",), (self.server.function.function_arn,)),
+            *recipe_key_statements("AgentRecipeKey", ("kms:Decrypt",), access),
+            *[st for st in session_secret_statements(access) if st.sid in ("AccessToken", "SecretsKey")],
+        ]
+        if share_image:
+            # Which VMs the other fleets on the image hold: their slot items, read only.
+            statements.append(Statement(
+                "SiblingLedgers", ("dynamodb:Query",), (ledger_table.table_arn,),
+                {"ForAllValues:StringEquals": {"dynamodb:LeadingKeys": cdk.Lazy.list(_LazyList(
+                    lambda: sorted(s.fleet_name for s in self.siblings) or [project.name]))}}))
+        keys: dict[str, str] = {}  # the tables' customer keys, each once
+        for table in (ledger_table, budget_table):
+            if table.encryption_key is not None:
+                keys.setdefault(json.dumps(stack.resolve(table.encryption_key.key_arn)), table.encryption_key.key_arn)
+        if keys:
+            statements.append(table_key_statement("TablesKey", tuple(keys.values()), stack.region))
+        return statements
 
     def _claim_image(self, image_arn: str, ledger_table: dynamodb.ITable) -> None:
         """One fleet per image in an app, unless every fleet on it shares it explicitly."""

@@ -97,3 +97,37 @@ def neutralize(data: Any, path: Any = None) -> Any:
     if isinstance(data, str) and HASH_INSIDE.search(data):
         return HASH_INSIDE.sub("<asset-hash>", data)  # s3://bucket/<hash>.zip in an image's code URI
     return data
+
+
+# ------------------------------------------------------------------ reading a template
+
+
+def resources(template: dict, kind: str) -> dict[str, dict]:
+    return {k: r for k, r in template["Resources"].items() if r["Type"] == kind}
+
+
+def dashboard_body(template: dict) -> dict:
+    (dashboard,) = resources(template, "AWS::CloudWatch::Dashboard").values()
+    body = dashboard["Properties"]["DashboardBody"]
+    if isinstance(body, dict):  # Fn::Join of text and references: references become placeholders
+        body = "".join(p if isinstance(p, str) else "REF_" + re.sub(r"\W", "_", json.dumps(p)) for p in body["Fn::Join"][1])
+    return json.loads(body)
+
+
+def widget_metrics(body: dict) -> list[dict[str, Any]]:
+    """Every metric of every graph: namespace, name, dimensions, stat, the widget's title."""
+    found = []
+    for widget in body["widgets"]:
+        props = widget.get("properties", {})
+        for metric in props.get("metrics", []):
+            options = metric[-1] if isinstance(metric[-1], dict) else {}
+            parts = [p for p in metric if not isinstance(p, dict)]
+            if not parts:  # a math or search expression
+                found.append({"expression": options["expression"], "title": props.get("title")})
+                continue
+            namespace, name, *dims = parts
+            found.append({"namespace": namespace, "name": name, "dims": dict(zip(dims[::2], dims[1::2])),
+                          # CloudWatch's default statistic is Average (CDK leaves it out then).
+                          "stat": options.get("stat", props.get("stat", "Average")), "title": props.get("title"),
+                          "label": options.get("label")})
+    return found

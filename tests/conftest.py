@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable, Iterator
 
 import pytest
 
 from .template_gate import BackgroundLinter
+
+if TYPE_CHECKING:
+    from .recipe_writer_helpers import CloudFormationEndpoint
 
 # Quiet jsii's Node 20 banner for a plain `pytest` too (make test sets it already).
 os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
@@ -38,6 +41,27 @@ def example_assembly(tmp_path_factory):
 
     outdir = tmp_path_factory.mktemp("example-assembly") / "cdk.out"
     return outdir, synth_example(outdir)
+
+
+@pytest.fixture(scope="module")
+def aws() -> Iterator[str]:
+    """moto in server mode, one per test module: its endpoint URL (tests/reconciler has its own,
+    one per session, for the deployed fleets its modules share)."""
+    from .moto_server import moto_server
+
+    with moto_server() as endpoint:
+        yield endpoint
+
+
+@pytest.fixture(scope="module")
+def cfn(tmp_path_factory) -> Iterator[CloudFormationEndpoint]:
+    """CloudFormation's response endpoint for custom resources (recipe_writer_helpers), one per
+    test module."""
+    from .recipe_writer_helpers import CloudFormationEndpoint
+
+    endpoint = CloudFormationEndpoint(tmp_path_factory.mktemp("cfn"))
+    yield endpoint
+    endpoint.close()
 
 
 @pytest.fixture

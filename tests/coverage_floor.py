@@ -41,7 +41,7 @@ LINES_FLOOR = 95.0
 BRANCHES_FLOOR = 90.0
 #: Folders being raised to the floor on another branch right now: reported, not failed. Each entry
 #: names who raises it; remove it when that branch is merged (then the floor holds here too).
-PENDING: dict[str, str] = {}  # none: lambdas/reconciler reached the floor (issue #17, round 4)
+PENDING: dict[str, str] = {}  # none: every folder is held to the floor (issue #17)
 #: The words that justify uncovered code, and how many lines above it they may stand.
 MARKERS = ("uncovered:", "pragma: no cover")
 LOOKBACK = 3
@@ -65,10 +65,16 @@ class Tally:
 
 
 def checked_folders(root: Path = ROOT) -> list[str]:
-    """``lambdas/<each>`` with Python in it, and ``rayito_constructs/egress``."""
+    """``lambdas/<each>`` with Python in it, ``rayito_constructs/egress``, and the target rule the
+    egress package imports from the model (a file: held to the floor on its own as well)."""
     lambdas = sorted(f"lambdas/{p.name}" for p in (root / "lambdas").iterdir()
                      if p.is_dir() and any(p.glob("*.py")))
-    return [*lambdas, "lambdas", "rayito_constructs/egress"]
+    return [*lambdas, "lambdas", "rayito_constructs/egress", "rayito_constructs/egress_targets.py"]
+
+
+def _within(relative: str, folder: str) -> bool:
+    """A file below ``folder``, or the file ``folder`` names."""
+    return relative == folder or relative.startswith(folder + "/")
 
 
 def tallies(files: dict[str, dict], folders: list[str]) -> dict[str, Tally]:
@@ -79,7 +85,7 @@ def tallies(files: dict[str, dict], folders: list[str]) -> dict[str, Tally]:
         relative = (path.relative_to(ROOT) if path.is_absolute() else path).as_posix()
         summary = data["summary"]
         for folder in folders:
-            if relative.startswith(folder + "/"):
+            if _within(relative, folder):
                 tally = out[folder]
                 tally.files += 1
                 tally.statements += summary["num_statements"]
@@ -143,7 +149,7 @@ def unjustified(files: dict[str, dict], folders: list[str], read=None) -> list[s
     out: list[str] = []
     for name, data in sorted(files.items(), key=lambda item: _relative(item[0])):
         relative = _relative(name)
-        if not any(relative.startswith(folder + "/") for folder in folders):
+        if not any(_within(relative, folder) for folder in folders):
             continue
         ranges = uncovered_ranges(data)
         branches = [tuple(b) for b in data.get("missing_branches") or []]

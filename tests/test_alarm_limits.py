@@ -1,6 +1,5 @@
-"""Audit round 12 (alarms and synth-time checks): the four breaks of the operations surface
-found by the audit (branch audit14, tests/test_audit12_front.py). Each test states what a user or
-the spec expects.
+"""Alarms and synth-time checks of the operations surface at their limits. Each test states what
+a user or the spec expects.
 
 The two egress alarm tests read the alarm from the template and compute what CloudWatch would
 compute from the EMF records ``EmfRecorder`` really prints (``alarm_value``), whatever the alarm

@@ -3,7 +3,6 @@ the project file, one line and exit status 2 for every mistake, no traceback, no
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -11,30 +10,10 @@ import sys
 
 import pytest
 
+from .app_runner import stacks, synth
 from .conftest import ROOT, record_template
 
 BANNER = "end-of-life"
-
-
-def load_app():
-    spec = importlib.util.spec_from_file_location("rayito_app", ROOT / "app.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def synth(monkeypatch, tmp_path, capsys, **context):
-    """Run app.py's main() in this process as `cdk synth -c key=value...` would."""
-    import aws_cdk as cdk
-
-    from .cdk_helpers import stand_in_rayd
-
-    context.setdefault("base_artifact", stand_in_rayd())  # fleets build the product's agent image
-    context = {k: v for k, v in context.items() if v is not None}
-    outdir = tmp_path / "cdk.out"
-    code = load_app().main(cdk.App(outdir=str(outdir), context=context, analytics_reporting=False))
-    err = capsys.readouterr().err
-    return code, err, outdir
 
 
 @pytest.fixture
@@ -47,15 +26,6 @@ def agent(tmp_path):
         return write_project(tmp_path / "agents" / folder_name, name=name or folder_name, tables=tables, dockerfile=True)
 
     return make
-
-
-def stacks(outdir):
-    manifest = json.loads((outdir / "manifest.json").read_text())
-    return {
-        artifact["properties"].get("stackName", key): json.loads((outdir / artifact["properties"]["templateFile"]).read_text())
-        for key, artifact in manifest["artifacts"].items()
-        if artifact["type"] == "aws:cloudformation:stack"
-    }
 
 
 @pytest.mark.parametrize(

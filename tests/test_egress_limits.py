@@ -1,5 +1,4 @@
-"""Audit round 12 (fresh eyes): the egress budget (#14) tests of tests/test_audit12_front.py
-(branch audit14), copied verbatim. Each test states what a user or the spec expects."""
+"""The egress budget (#14) at its limits. Each test states what a user or the spec expects."""
 
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ TLS, moto (ledger, schedule, stack) and the MicroVMs emulator, next to the fleet
 (``index.handler``, tests/reconciler/harness.py). Every assertion comes from the emulator (VMs and
 their states, calls), moto (ledger items, the schedule) or what CloudFormation received.
 
-Each attack of issue #13's teardown is a test: a delete while a tick runs, a tick that started
+Each way issue #13's teardown could go wrong is a test: a delete while a tick runs, a tick that started
 before and writes after, VMs in every state, lost RunMicrovm answers, throttled terminates, a list
 that misses a VM, a second delete, a delete of a failed create, rollbacks, moved and renamed
 resources, forged requests.
@@ -22,25 +22,12 @@ from lambdas.reconciler.ledger import FencedOut
 from rayito_constructs.testing import MicrovmsEmulator, VirtualClock
 
 from .lifecycle_harness import teardown_world
-from .moto_server import moto_server, untraced_requests
-from .recipe_writer_helpers import CFN_HOST, CloudFormationEndpoint
+from .moto_server import untraced_requests
+from .recipe_writer_helpers import CFN_HOST
 from .reconciler.harness import deployed_fleet
 
 LIVE = ("PENDING", "RUNNING", "SUSPENDING", "SUSPENDED")
 ENDED = ("TERMINATING", "TERMINATED")
-
-
-@pytest.fixture(scope="module")
-def aws() -> Iterator[str]:
-    with moto_server() as endpoint:
-        yield endpoint
-
-
-@pytest.fixture(scope="module")
-def cfn(tmp_path_factory) -> Iterator[CloudFormationEndpoint]:
-    endpoint = CloudFormationEndpoint(tmp_path_factory.mktemp("cfn"))
-    yield endpoint
-    endpoint.close()
 
 
 @pytest.fixture(autouse=True)

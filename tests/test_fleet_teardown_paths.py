@@ -23,25 +23,11 @@ from lambdas.reconciler import index, teardown
 from rayito_constructs.testing import MicrovmsEmulator, VirtualClock
 
 from .lifecycle_harness import aws_client, teardown_world
-from .moto_server import moto_server, untraced_requests
-from .recipe_writer_helpers import CloudFormationEndpoint
+from .moto_server import untraced_requests
 from .reconciler.harness import deployed_fleet
 from .contract_support import refusing_port
 
 LIVE = ("PENDING", "RUNNING", "SUSPENDING", "SUSPENDED")
-
-
-@pytest.fixture(scope="module")
-def aws() -> Iterator[str]:
-    with moto_server() as endpoint:
-        yield endpoint
-
-
-@pytest.fixture(scope="module")
-def cfn(tmp_path_factory) -> Iterator[CloudFormationEndpoint]:
-    endpoint = CloudFormationEndpoint(tmp_path_factory.mktemp("cfn"))
-    yield endpoint
-    endpoint.close()
 
 
 @pytest.fixture(autouse=True)

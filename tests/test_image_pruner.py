@@ -130,7 +130,7 @@ def test_the_schedule_is_not_too_often() -> None:
 
 
 def test_a_scheduled_pass_and_a_deploys_never_overlap_unless_the_account_cannot_reserve() -> None:
-    """Audit 12: a scheduled pass still deleting when a deploy's pass answered left the image
+    """A scheduled pass still deleting when a deploy's pass answers would leave the image
     UPDATING for the build CloudFormation starts next (a ConflictException fails the deploy).
     Reserved concurrency 1 queues the deploy's pass (CloudFormation invokes asynchronously);
     an account that cannot reserve (``reconciler_reserved_concurrency=None``) reserves for

@@ -16,16 +16,8 @@ from lambdas.reconciler import pruner
 from rayito_constructs.testing import MicrovmsEmulator, VirtualClock
 
 from .lifecycle_harness import pruner_world
-from .recipe_writer_helpers import CloudFormationEndpoint
 
 SCHEDULE = {"source": "schedule", "image": "mi-agente"}
-
-
-@pytest.fixture(scope="module")
-def cfn(tmp_path_factory) -> Iterator[CloudFormationEndpoint]:
-    endpoint = CloudFormationEndpoint(tmp_path_factory.mktemp("cfn"))
-    yield endpoint
-    endpoint.close()
 
 
 @pytest.fixture

@@ -28,8 +28,6 @@ from lambdas.reconciler.custom_resource import (
 from rayito_constructs.testing import MicrovmsEmulator, VirtualClock
 
 from .lifecycle_harness import pruner_world, teardown_world
-from .moto_server import moto_server
-from .recipe_writer_helpers import CloudFormationEndpoint
 from .reconciler.harness import deployed_fleet
 
 REGION = "us-east-1"
@@ -233,13 +231,6 @@ def test_an_endpoint_that_refuses_connections_is_tried_three_times() -> None:
 # --------------------------------------------------------------------------- through the handlers
 
 
-@pytest.fixture(scope="module")
-def cfn(tmp_path_factory) -> Iterator[CloudFormationEndpoint]:
-    endpoint = CloudFormationEndpoint(tmp_path_factory.mktemp("cfn"))
-    yield endpoint
-    endpoint.close()
-
-
 @pytest.fixture
 def emulator() -> Iterator[MicrovmsEmulator]:
     with MicrovmsEmulator(clock=VirtualClock(), seed=5, pending_seconds=2) as emulator:
@@ -307,12 +298,6 @@ def test_a_scheduled_run_with_keep_out_of_range_deletes_nothing(emulator, cfn, m
     with pytest.raises(ValueError, match="KEEP_VERSIONS"):
         world.invoke(monkeypatch, {"source": "schedule", "image": "mi-agente"}, env={"KEEP_VERSIONS": keep})
     assert len(live_versions(emulator)) == 9 and version_calls(emulator) == []
-
-
-@pytest.fixture(scope="module")
-def aws() -> Iterator[str]:
-    with moto_server() as endpoint:
-        yield endpoint
 
 
 def test_the_teardown_refuses_an_update_naming_another_fleet_or_ledger(aws, cfn, monkeypatch) -> None:

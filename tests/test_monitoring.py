@@ -6,7 +6,6 @@ queries, log retention of every log group, and app.py's context keys."""
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +31,8 @@ from rayito_constructs.monitoring import (
 from rayito_constructs.queries import admission_timeline, egress_deferrals, egress_per_target, reconciler_problems
 from rayito_constructs.reconciler import OPERATIONS
 
-from .cdk_helpers import lint_template, nag, new_app, new_stack, stack_props
+from .app_runner import stacks, synth
+from .cdk_helpers import dashboard_body, lint_template, nag, new_app, new_stack, resources, stack_props, widget_metrics
 from .conftest import EXAMPLE
 from .logs_insights import parse
 from .monitoring_invariants import violations
@@ -76,10 +76,6 @@ def on() -> tuple[cdk.App, FleetStack, dict]:
     cloudwatch.CompositeAlarm(fleet, "Composite", alarm_rule=cloudwatch.AlarmRule.any_of(*fleet.reconciler.alarms[:2]))
     fleet.reconciler.metric_dead_letters().create_alarm(stack, "Beside", threshold=1, evaluation_periods=1)
     return app, stack, Template.from_stack(stack).to_json()
-
-
-def resources(template: dict, kind: str) -> dict[str, dict]:
-    return {k: r for k, r in template["Resources"].items() if r["Type"] == kind}
 
 
 def reconciler_env(template: dict) -> dict[str, Any]:
@@ -241,33 +237,6 @@ def test_the_gate_catches_an_alarm_without_the_actions(on) -> None:
 
 
 # --------------------------------------------------------------------------- dashboard
-
-
-def dashboard_body(template: dict) -> dict:
-    (dashboard,) = resources(template, "AWS::CloudWatch::Dashboard").values()
-    body = dashboard["Properties"]["DashboardBody"]
-    if isinstance(body, dict):  # Fn::Join of text and references: references become placeholders
-        body = "".join(p if isinstance(p, str) else "REF_" + re.sub(r"\W", "_", json.dumps(p)) for p in body["Fn::Join"][1])
-    return json.loads(body)
-
-
-def widget_metrics(body: dict) -> list[dict[str, Any]]:
-    """Every metric of every graph: namespace, name, dimensions, stat, the widget's title."""
-    found = []
-    for widget in body["widgets"]:
-        props = widget.get("properties", {})
-        for metric in props.get("metrics", []):
-            options = metric[-1] if isinstance(metric[-1], dict) else {}
-            parts = [p for p in metric if not isinstance(p, dict)]
-            if not parts:  # a math or search expression
-                found.append({"expression": options["expression"], "title": props.get("title")})
-                continue
-            namespace, name, *dims = parts
-            found.append({"namespace": namespace, "name": name, "dims": dict(zip(dims[::2], dims[1::2])),
-                          # CloudWatch's default statistic is Average (CDK leaves it out then).
-                          "stat": options.get("stat", props.get("stat", "Average")), "title": props.get("title"),
-                          "label": options.get("label")})
-    return found
 
 
 def test_the_dashboard_shows_what_the_essays_ask(on) -> None:
@@ -451,8 +420,6 @@ def test_egress_metrics_need_the_switch_in_an_image_built_elsewhere() -> None:
 
 
 def test_context_keys_of_app_py(monkeypatch, tmp_path, capsys) -> None:
-    from .test_app import stacks, synth
-
     code, err, outdir = synth(monkeypatch, tmp_path, capsys, metrics="true", alarm_actions=f"{OPS},{PAGER}",
                               log_retention="30")
     assert code == 0, err
@@ -488,8 +455,6 @@ def test_context_keys_of_app_py(monkeypatch, tmp_path, capsys) -> None:
      "-c alarm_actions: 6 topics; a CloudWatch alarm takes at most 5 actions"),
 ])
 def test_context_mistakes_are_one_line(monkeypatch, tmp_path, capsys, context, line) -> None:
-    from .test_app import synth
-
     code, err, _ = synth(monkeypatch, tmp_path, capsys, **context)
     assert code == 2
     assert err.splitlines()[0].startswith(line), err
@@ -522,8 +487,6 @@ def test_the_region_is_checked_only_when_the_stack_knows_it() -> None:
 
 
 def test_context_alarm_actions_of_another_region(monkeypatch, tmp_path, capsys) -> None:
-    from .test_app import synth
-
     monkeypatch.setenv("CDK_DEFAULT_ACCOUNT", "123456789012")
     monkeypatch.setenv("CDK_DEFAULT_REGION", "us-east-1")
     code, err, _ = synth(monkeypatch, tmp_path, capsys, metrics="true",
@@ -552,7 +515,7 @@ def test_any_alarm_action_and_the_same_topic_twice() -> None:
                                                       "arn:aws:automate:us-east-1:ec2:stop"]
 
 
-# --------------------------------------------------------------------------- attacks: names, ARNs, two fleets
+# --------------------------------------------------------------------------- hostile inputs: names, ARNs, two fleets
 
 
 @pytest.mark.parametrize("arn", [

@@ -34,13 +34,12 @@ from rayito_constructs.queries import (
 )
 from rayito_constructs.reconciler import OPERATIONS
 
-from .cdk_helpers import new_app, stack_props
+from .cdk_helpers import dashboard_body, new_app, resources, stack_props, widget_metrics
 from .conftest import EXAMPLE, ROOT
 from .egress_support import Clock, counting_store, ddb, virtual_store_time
 from .logs_insights import events_from_lines, parse
 from .moto_server import moto_server
 from .reconciler.harness import deployed_fleet
-from .test_monitoring import dashboard_body, resources, widget_metrics
 
 API = "https://api.example.com"
 FLEET = "mi-agente"
@@ -54,12 +53,6 @@ COUNTS = {"RunMicrovmAttempts", "SlotsFilled", "Deferrals", "Throttles", "Strays
 TIMES = {"WaitTime", "ClaimToComplete"}
 FITS = {"level": {"Minimum", "Maximum", "Average"}, "count": {"Sum", "Maximum"},
         "time": {"p50", "p90", "p99", "Maximum", "Average"}}
-
-
-@pytest.fixture(scope="module")
-def aws() -> Iterator[str]:
-    with moto_server() as endpoint:
-        yield endpoint
 
 
 @pytest.fixture(scope="module")
@@ -251,7 +244,7 @@ def test_the_recipe_writer_sends_its_metrics_only_when_on(monkeypatch, capsys, t
     (``Metrics: off``), then with the property a ``metrics=True`` fleet synthesizes."""
     import boto3
 
-    from . import test_recipe_writer as rw
+    from . import recipe_writer_world as rw
 
     synthesized = rw.Synthesized()
     assert synthesized.properties["Metrics"] == "off"

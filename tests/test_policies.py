@@ -197,7 +197,7 @@ def test_build_role_pinned(example) -> None:
 def test_reconciler_role_pinned(example) -> None:
     assert pinned(example[1], "FleetReconcilerRole") == {
         ("Logs", ("logs:CreateLogStream", "logs:PutLogEvents"), ("<FleetReconcilerLogs.Arn>",), ""),
-        # It never connects to a VM: no CreateMicrovmAuthToken (audit round 9).
+        # It never connects to a VM: no CreateMicrovmAuthToken.
         *{s for s in microvms() if s[0] != "Microvms"},
         ("Microvms", tuple(a for a in DRIVE if a != "lambda:CreateMicrovmAuthToken"),
          tuple(sorted((BUILT_IMAGE, f"{BUILT_IMAGE}:*"))), ""),

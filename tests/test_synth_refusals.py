@@ -1,7 +1,7 @@
-"""Audit round 9: issues #12-#16 attacked on inputs other than their examples.
+"""Issues #12-#16 on inputs other than their examples.
 
-Each test is one break found by the audit (fixed, or ``xfail(strict=True)`` with the reason), or a
-guard on what held. docs: /work/notes/audit9.md (the report).
+Each test is one input the library must refuse or take (or an ``xfail(strict=True)`` with the
+reason), or a guard next to one.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""Audit round 12 (fresh eyes) of issue #13 (fleet lifecycle) and issue #16 (``verify``): each test
-is a break found on the production path (real handlers, real boto3 over HTTP to moto server mode
+"""Fleet lifecycle (#13) and ``verify`` (#16) with several fleets in one app: each test pins a
+failure found on the production path (real handlers, real boto3 over HTTP to moto server mode
 and the MicroVMs emulator)."""
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ def two_fleets(tmp_path_factory: pytest.TempPathFactory) -> Iterator[vw.World]:
         "Agent": (_project(root, "agent", 'name = "agent"\n'), {"reconciler": False}),
         "AgentCanary": (_project(root, "canary", 'name = "canary"\n', save_recipe=False), {"reconciler": False}),
     }
-    assembly = vw.synth("audit12-prefix-fleets", vw.own_stack("MyApp", fleets))
+    assembly = vw.synth("fleets-prefix-fleets", vw.own_stack("MyApp", fleets))
     with pytest.MonkeyPatch.context() as monkeypatch, vw.world(monkeypatch) as world:
         world.deploy(assembly)
         yield world
@@ -66,7 +66,7 @@ def shared_image(tmp_path_factory: pytest.TempPathFactory) -> Iterator[vw.World]
         "Alpha": (_project(root, "alpha", 'name = "alpha"\n' + toml), {"image_arn": image, "share_image": True}),
         "Beta": (_project(root, "beta", 'name = "beta"\n' + toml), {"image_arn": image, "share_image": True}),
     }
-    assembly = vw.synth("audit12-shared-image", vw.own_stack("SharedApp", fleets))
+    assembly = vw.synth("fleets-shared-image", vw.own_stack("SharedApp", fleets))
     with pytest.MonkeyPatch.context() as monkeypatch, vw.world(monkeypatch) as world:
         assert world.emulator.create_image("shared-agent", memory_mib=2048, hooks=True) == image  # the product's
         world.deploy(assembly)
@@ -112,7 +112,7 @@ def image_elsewhere(tmp_path_factory: pytest.TempPathFactory) -> Iterator[vw.Wor
     missing = f"arn:aws:lambda:us-east-1:{vw.ACCOUNT}:microvm-image:agent-images-v2"
     fleets = {"Elsewhere": (_project(root, "elsewhere", 'name = "elsewhere"\n'),
                             {"reconciler": False, "image_arn": missing})}
-    assembly = vw.synth("audit12-image-elsewhere", vw.own_stack("ElsewhereApp", fleets))
+    assembly = vw.synth("fleets-image-elsewhere", vw.own_stack("ElsewhereApp", fleets))
     with pytest.MonkeyPatch.context() as monkeypatch, vw.world(monkeypatch) as world:
         world.emulator.create_image("elsewhere", memory_mib=2048)  # an old image, not the fleet's
         world.deploy(assembly)

@@ -231,8 +231,8 @@ def test_fleets_of_a_stack() -> None:
     assert fleets_of(stack) == ["Fleet", "Other"]
     assert stack.account == "1"
     assert candidates("mi-agente") == ["mi-agente", "RayitoFleet-mi-agente"]
-    # app.py's derived stack name (audit round 9: it was [] and only the FleetName search remained,
-    # with no other-region hint)
+    # app.py's derived stack name (without it only the FleetName search remains, with no
+    # other-region hint)
     assert candidates("my_agent") == [stack_name_for("my_agent")]
     assert stack_name_for("my_agent").startswith("RayitoFleet-my-agent-")
     assert candidates("RayitoFleet-x") == ["RayitoFleet-x"]
@@ -309,7 +309,7 @@ def test_a_config_file_that_does_not_parse(monkeypatch: pytest.MonkeyPatch, tmp_
 
 
 def test_a_fleet_whose_construct_id_extends_anothers_is_its_own() -> None:
-    """Audit 12: ``Agent`` and ``AgentCanary`` in one stack are two fleets (each has its own
+    """``Agent`` and ``AgentCanary`` in one stack are two fleets (each has its own
     launcher policy), and neither takes the other's resources or alarms; a reconciler's own
     markers (``AgentReconciler...``) stay the fleet's, and without a launcher policy (a stack
     still deploying) a prefix that extends another is still the same fleet."""
@@ -341,7 +341,7 @@ def test_a_fleet_whose_construct_id_extends_anothers_is_its_own() -> None:
 
 
 def test_the_vms_of_sibling_fleets_are_neither_strays_nor_counted_toward_max_vms() -> None:
-    """Audit 12: on a shared image, what the siblings' ledgers hold is theirs (as the reconciler
+    """On a shared image, what the siblings' ledgers hold is theirs (as the reconciler
     counts); a client's VM (no ledger holds it) still counts and is a stray."""
     slots = [{"role": "base", "phase": "running", "microvm_id": "a"}, {"role": "base", "phase": "running", "microvm_id": "b"}]
     siblings = [{"role": "base", "phase": "running", "microvm_id": "c"},
@@ -380,7 +380,7 @@ class _PolicyClients:
     (None, "my-fleet"),  # the policy cannot be read
 ])
 def test_the_image_is_read_from_the_launcher_policy_before_it_is_guessed(resources, found) -> None:
-    """Audit 12: a fleet on an image published elsewhere (``image_arn=``, no reconciler) has no
+    """A fleet on an image published elsewhere (``image_arn=``, no reconciler) has no
     image resource, output or environment naming it; its launcher policy does."""
     from rayito_constructs.verify.context import Context
     from rayito_constructs.verify.deployed import DeployedFleet

@@ -198,7 +198,7 @@ def check_identity(event: Mapping[str, Any], context: Any, environ: Mapping[str,
     if not environ.get("STACK_ID") or event.get("StackId") != environ["STACK_ID"]:
         raise BadRequest("StackId is not this writer's stack")
     resources = json.loads(environ.get("RECIPE_RESOURCES") or "{}")
-    fleet = resources.get(event.get("LogicalResourceId"))
+    fleet: Optional[str] = resources.get(event.get("LogicalResourceId"))  # logical id -> fleet name
     own = _unqualified(getattr(context, "invoked_function_arn", "") or "")
     props = event.get("ResourceProperties") or {}
     tokens = {props.get("ServiceToken"), event.get("ServiceToken", props.get("ServiceToken"))}
@@ -388,7 +388,7 @@ def _respond(event: Mapping[str, Any], status: str, physical: str, data: Mapping
     request = urllib.request.Request(
         event["ResponseURL"], data=body, method="PUT", headers={"Content-Type": "", "Content-Length": str(len(body))}
     )
-    # uncovered: 341->exit, the loop never runs out: its last attempt returns or raises
+    # uncovered: the loop's exit; it never runs out, since its last attempt returns or raises
     for attempt in range(RESPONSE_ATTEMPTS):
         try:
             # A fresh opener per answer: it honours the environment's proxy settings as they are now.

@@ -75,7 +75,7 @@ def implausible(now: float, interval: float, burst: float) -> float:
     """The arrival time past which the bucket's state comes from a skewed clock: past what an ask
     admitted on the furthest line (horizon, bonus and ``burst - 1`` tokens) of up to ``burst``
     tokens leaves, and the slack. With ``burst * interval`` alone, a slow bucket (0.2/s, burst 3)
-    asked for 3 tokens at a time reset itself: 81 tokens in 20 s instead of 7 (round-7 attack)."""
+    asked for 3 tokens at a time resets itself: 81 tokens in 20 s instead of 7."""
     return now + 2 * burst * interval + MAX_HORIZON_SECONDS + SKEW_SLACK_SECONDS
 
 
@@ -164,8 +164,8 @@ class _Gcra:
         if not isinstance(cost, int) or isinstance(cost, bool) or cost < 1:
             raise ValueError(f"cost: {cost!r} is not a whole number of tokens of at least 1")
         if not (math.isfinite(now) and math.isfinite(horizon)):
-            # A NaN clock or horizon compared False everywhere: granted at once, and a NaN stored
-            # in the memory store granted every later ask (round-7 attack). A caller's bug.
+            # A NaN clock or horizon compares False everywhere: it would be granted at once, and a
+            # NaN stored in the memory store would grant every later ask. A caller's bug.
             raise ValueError(f"now: {now!r}, horizon: {horizon!r}: not finite numbers of seconds")
         if cost > burst:
             return Deferral(operation, interval, "budget_empty")

@@ -20,7 +20,7 @@ from .client import (
     StoreTime,
     store_client,
 )
-from .targets import TargetError, canonical_host, declared_target, normalize, origin
+from ..egress_targets import TargetError, canonical_host, declared_target, normalize, origin
 from .telemetry import EmfRecorder
 
 __all__ = [

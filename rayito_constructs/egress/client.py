@@ -26,6 +26,7 @@ answer within the client's timeouts gives ``limiter_unavailable`` (fail closed).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -38,9 +39,9 @@ from decimal import Decimal
 from email.utils import parsedate_to_datetime
 from typing import Any, Callable, Iterable, Mapping, Optional, Sequence, Union
 
-from ..rates import RateError, check_burst, check_cost, parse_rate
-from .targets import (Bucket, Declared, TargetError, Url, declared, envelope_of, parse, redact, redacted_error,
+from ..egress_targets import (Bucket, Declared, TargetError, Url, declared, envelope_of, parse, redact, redacted_error,
                       route)
+from ..rates import RateError, check_burst, check_cost, parse_rate
 
 log = logging.getLogger(__name__)
 
@@ -663,14 +664,13 @@ class BudgetClient:
                 return
 
     def _upgrade(self, bucket: Bucket, env: _Env) -> None:
-        try:
+        # A failed condition: another process copied it first (two upgraders at once).
+        with contextlib.suppress(self._ddb.exceptions.ConditionalCheckFailedException):
             self._call("update_item", Key={"target": {"S": bucket.envelope}, "item": {"S": bucket.item}},
                        UpdateExpression="SET #v = :v, rate = :rate, burst = :burst",
                        ConditionExpression="attribute_not_exists(#v) OR #v < :v",
                        ExpressionAttributeNames={"#v": "version"},
                        ExpressionAttributeValues={":v": _i(env.version), ":rate": _n(env.rate), ":burst": _i(env.burst)})
-        except self._ddb.exceptions.ConditionalCheckFailedException:  # pragma: no cover - two upgraders at once
-            pass  # another process copied it first
 
     def envelopes(self, target: str) -> list[dict[str, Any]]:
         """The envelope history of a target, oldest first (version 0 included): read past traffic
@@ -1016,14 +1016,13 @@ class BudgetClient:
             url = url_or_target if isinstance(url_or_target, Url) else parse(url_or_target)
             buckets = self._route(url)
             for bucket in buckets:
-                try:
-                    # Conditional: an unconditional REMOVE on a bucket nobody used yet would create
-                    # an item with a key and nothing else, which is not an envelope.
+                # Conditional: an unconditional REMOVE on a bucket nobody used yet would create
+                # an item with a key and nothing else, which is not an envelope. A failed
+                # condition: no backoff there (or no bucket at all), nothing to clear.
+                with contextlib.suppress(self._ddb.exceptions.ConditionalCheckFailedException):
                     self._call("update_item", Key={"target": {"S": bucket.envelope}, "item": {"S": bucket.item}},
                                UpdateExpression="REMOVE backoff_until, backoff_reason",
                                ConditionExpression="attribute_exists(backoff_until)")
-                except self._ddb.exceptions.ConditionalCheckFailedException:
-                    pass  # no backoff there (or no bucket at all): nothing to clear
             self._clear_local(buckets)
             return True
         except Exception as exc:  # noqa: BLE001

@@ -21,6 +21,7 @@ EMF record at all, and the decision log lines (what the per-target queries read)
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import os
 import sys
@@ -31,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, TextIO
 
 from .client import BUDGET_EMPTY, BACKOFF, Decision, Deferral
-from .targets import envelope_of
+from ..egress_targets import envelope_of
 
 NAMESPACE = "Rayito/Egress"
 #: The switch the fleet sets in the image it builds: ``on`` (or true, 1, yes) writes metrics.
@@ -186,10 +187,8 @@ class EmfRecorder:
     def close(self) -> list[dict[str, Any]]:
         """Write the last window and stop the background thread."""
         self._closed.set()
-        try:
+        with contextlib.suppress(Exception):  # interpreter shutdown
             atexit.unregister(self._atexit)
-        except Exception:  # pragma: no cover - interpreter shutdown
-            pass
         return self.flush()
 
     def __enter__(self) -> "EmfRecorder":

@@ -12,48 +12,15 @@ import json
 import re
 from dataclasses import dataclass
 from functools import lru_cache
-from pathlib import Path
-from typing import Any, Mapping, Optional
+from typing import Any, Callable, Mapping, Optional
 from urllib.parse import parse_qs, unquote
 
-import botocore.session
-from botocore.model import OperationModel, ServiceModel, Shape
+from botocore.model import OperationModel, Shape
 
 from .exceptions import WireError, validation
+from .service_model import bundled_service_model, service_model
 
-__all__ = ["WireError", "validation", "constraint", "service_model", "routes", "match", "parse_input", "check", "encode_output"]
-
-SERVICE = "lambda-microvms"
-
-
-@lru_cache(maxsize=1)
-def service_model() -> ServiceModel:
-    """The botocore model of Lambda MicroVMs: the installed botocore's (1.43.35 or newer), else the
-    copy the reconciler Lambda bundles (``lambdas/reconciler/data``)."""
-    from botocore.exceptions import UnknownServiceError
-
-    try:
-        return botocore.session.get_session().get_service_model(SERVICE)
-    except UnknownServiceError:
-        return bundled_service_model()
-
-
-def bundled_service_model() -> ServiceModel:
-    """The model file shipped with the reconciler Lambda (``lambdas/reconciler/data``)."""
-    here = Path(__file__).resolve()
-    candidates = [here.parents[2] / "lambdas" / "reconciler" / "data"]
-    try:
-        import rayito_constructs._lambdas.reconciler as bundled
-
-        candidates.insert(0, Path(bundled.__file__).resolve().parent / "data")
-    except ImportError:
-        pass
-    for data in candidates:
-        found = sorted(data.glob(f"{SERVICE}/*/service-2.json"))
-        if found:
-            return ServiceModel(json.loads(found[-1].read_text()), service_name=SERVICE)
-    raise RuntimeError(f"no {SERVICE} model: install botocore>=1.43.35")
-
+__all__ = ["WireError", "validation", "constraint", "service_model", "bundled_service_model", "routes", "match", "parse_input", "check", "encode_output"]
 
 @dataclass(frozen=True)
 class Route:
@@ -147,56 +114,79 @@ def parse_input(op: OperationModel, labels: Mapping[str, str], query: str, body:
 def check(shape: Shape, value: Any, path: str) -> None:
     """Check a value against a model shape: what the service rejects and botocore lets through
     (maximums, enums, patterns), and everything else a hand-made request could get wrong."""
-    where = path or shape.name
-    kind = shape.type_name
+    checker = _CHECKS.get(shape.type_name)
+    if checker is not None:
+        checker(shape, value, path, path or shape.name)
+
+
+def _check_structure(shape: Shape, value: Any, path: str, where: str) -> None:
+    if not isinstance(value, dict):
+        raise validation(f"{where} must be an object")
+    for required in shape.required_members:
+        if value.get(required) is None:
+            raise validation(f"{_join(path, required)} is required")
+    if shape.metadata.get("union") and sum(1 for k in value if k in shape.members) != 1:
+        raise validation(f"{where} must set exactly one of {', '.join(shape.members)}")
+    for key, member in shape.members.items():
+        if key in value and value[key] is not None:
+            check(member, value[key], _join(path, key))
+
+
+def _check_list(shape: Shape, value: Any, path: str, where: str) -> None:
+    if not isinstance(value, list):
+        raise validation(f"{where} must be a list")
+    _size(where, len(value), shape.metadata, "items")
+    for i, item in enumerate(value):
+        check(shape.member, item, f"{where}[{i}]")
+
+
+def _check_map(shape: Shape, value: Any, path: str, where: str) -> None:
+    if not isinstance(value, dict):
+        raise validation(f"{where} must be a map")
+    _size(where, len(value), shape.metadata, "entries")
+    for key, item in value.items():
+        check(shape.key, key, f"{where} key")
+        check(shape.value, item, f"{where}.{key}")
+
+
+def _check_string(shape: Shape, value: Any, path: str, where: str) -> None:
     meta = shape.metadata
-    if kind == "structure":
-        if not isinstance(value, dict):
-            raise validation(f"{where} must be an object")
-        for required in shape.required_members:
-            if value.get(required) is None:
-                raise validation(f"{_join(path, required)} is required")
-        if meta.get("union") and sum(1 for k in value if k in shape.members) != 1:
-            raise validation(f"{where} must set exactly one of {', '.join(shape.members)}")
-        for key, member in shape.members.items():
-            if key in value and value[key] is not None:
-                check(member, value[key], _join(path, key))
-        return
-    if kind == "list":
-        if not isinstance(value, list):
-            raise validation(f"{where} must be a list")
-        _size(where, len(value), meta, "items")
-        for i, item in enumerate(value):
-            check(shape.member, item, f"{where}[{i}]")
-        return
-    if kind == "map":
-        if not isinstance(value, dict):
-            raise validation(f"{where} must be a map")
-        _size(where, len(value), meta, "entries")
-        for key, item in value.items():
-            check(shape.key, key, f"{where} key")
-            check(shape.value, item, f"{where}.{key}")
-        return
-    if kind == "string":
-        if not isinstance(value, str):
-            raise validation(f"{where} must be a string")
-        _size(where, len(value), meta, "characters")
-        if "enum" in meta and value not in meta["enum"]:
-            raise validation(f"{where}: '{value}' is not one of {', '.join(meta['enum'])}")
-        pattern = meta.get("pattern")
-        if pattern and not _pattern(pattern).fullmatch(value):
-            raise validation(f"{where}: '{value}' does not match {pattern}")
-        return
-    if kind in ("integer", "long"):
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise validation(f"{where} must be an integer")
-        if "min" in meta and value < meta["min"]:
-            raise constraint(where, f"Member must have value greater than or equal to {meta['min']}", value)
-        if "max" in meta and value > meta["max"]:
-            raise constraint(where, f"Member must have value less than or equal to {meta['max']}", value)
-        return
-    if kind == "boolean" and not isinstance(value, bool):
+    if not isinstance(value, str):
+        raise validation(f"{where} must be a string")
+    _size(where, len(value), meta, "characters")
+    if "enum" in meta and value not in meta["enum"]:
+        raise validation(f"{where}: '{value}' is not one of {', '.join(meta['enum'])}")
+    pattern = meta.get("pattern")
+    if pattern and not _pattern(pattern).fullmatch(value):
+        raise validation(f"{where}: '{value}' does not match {pattern}")
+
+
+def _check_integer(shape: Shape, value: Any, path: str, where: str) -> None:
+    meta = shape.metadata
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise validation(f"{where} must be an integer")
+    if "min" in meta and value < meta["min"]:
+        raise constraint(where, f"Member must have value greater than or equal to {meta['min']}", value)
+    if "max" in meta and value > meta["max"]:
+        raise constraint(where, f"Member must have value less than or equal to {meta['max']}", value)
+
+
+def _check_boolean(shape: Shape, value: Any, path: str, where: str) -> None:
+    if not isinstance(value, bool):
         raise validation(f"{where} must be a boolean")
+
+
+#: How :func:`check` checks a value of each shape type (``(shape, value, path, where)``); the other
+#: types (timestamps, blobs, doubles) pass as botocore serialized them.
+_CHECKS: dict[str, Callable[[Shape, Any, str, str], None]] = {
+    "structure": _check_structure,
+    "list": _check_list,
+    "map": _check_map,
+    "string": _check_string,
+    "integer": _check_integer,
+    "long": _check_integer,
+    "boolean": _check_boolean,
+}
 
 
 def _join(path: str, key: str) -> str:

@@ -40,7 +40,7 @@ import os
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Mapping, Optional
+from typing import Any, Callable, Iterable, Iterator, Mapping, Optional
 from urllib.parse import unquote
 
 #: Parameters whose values are never recorded (secret values, run payloads, tokens, bodies).
@@ -269,75 +269,141 @@ def requests_of(record: Mapping[str, Any], images: Mapping[str, str], *, account
     return [IamRequest(r.action, r.resource, r.context, f"{service}:{op}", r.exempt) for r in requests]
 
 
+@dataclass(frozen=True)
+class _Call:
+    """One recorded call, as the mappers below read it."""
+
+    op: str
+    p: Mapping[str, Any]
+    record: Mapping[str, Any]
+    images: Mapping[str, str]
+    region: str
+    account: str
+    where: str  # ``<region>:<account>``
+
+
 def _requests(service: str, op: str, p: Mapping[str, Any], record: Mapping[str, Any], images: Mapping[str, str],
               region: str, account: str, where: str) -> list[IamRequest]:
-    if service == "sts" and op == "GetCallerIdentity":
-        return [IamRequest("sts:GetCallerIdentity", "*", exempt=True)]
-    if service == "lambda-microvms":
-        action = f"lambda:{op}"
-        if op in _ON_ANY_RESOURCE and op != "CreateMicrovmImage":
-            return [IamRequest(action, "*")]
-        if op in _INSTANCE:
-            vm = p["microvmIdentifier"]
-            image = images.get(vm)
-            if image is None:
-                raise KeyError(f"{op} on {vm}: no answer named its image")
-            return [IamRequest(action, unversioned_image_arn(image, region, account))]
-        if op == "RunMicrovm":
-            out = [IamRequest(action, unversioned_image_arn(p["imageIdentifier"], region, account))]
-            named = [*p.get("ingressNetworkConnectors", []), *p.get("egressNetworkConnectors", [])]
-            out += [IamRequest("lambda:PassNetworkConnector", c)
-                    for c in dict.fromkeys([_connector(region, n) for n in RUN_DEFAULT_CONNECTORS] + named)]
-            if p.get("executionRoleArn"):
-                out.append(_passed(p["executionRoleArn"]))
-            if p.get("kmsKeyIdentifier"):
-                raise KeyError("RunMicrovm with kmsKeyIdentifier: what it needs of KMS is not measured")
-            return out
-        if op in ("CreateMicrovmImage", "UpdateMicrovmImage"):
-            resource = "*" if op == "CreateMicrovmImage" else unversioned_image_arn(p["imageIdentifier"], region, account)
-            out = [IamRequest(action, resource)]
-            connectors = [_connector(region, n) for n in IMAGE_DEFAULT_CONNECTORS] + list(p.get("egressNetworkConnectors", []))
-            out += [IamRequest("lambda:PassNetworkConnector", c) for c in dict.fromkeys(connectors)]
-            if p.get("buildRoleArn"):
-                out.append(_passed(p["buildRoleArn"]))
-            if p.get("tags"):
-                raise KeyError(f"{op} with tags: whether it needs lambda:TagResource is not measured")
-            return out
-        if op in _ON_IMAGE:
-            return [IamRequest(action, unversioned_image_arn(p["imageIdentifier"], region, account))]
-        if op in ("TagResource", "UntagResource", "ListTags"):
-            return [IamRequest(action, unquote(p["Resource"]))]
-    if service == "ssm" and op in ("GetParameter", "PutParameter", "DeleteParameter"):
-        name = p["Name"] if str(p["Name"]).startswith("/") else f"/{p['Name']}"
-        return [IamRequest(f"ssm:{op}", f"arn:aws:ssm:{where}:parameter{name}")]
-    if service == "secretsmanager":
-        if op == "ListSecrets":
-            return [IamRequest("secretsmanager:ListSecrets", "*")]
-        secret = str(p.get("SecretId") or p.get("Name"))
-        arn = (record.get("facts") or {}).get("ARN")
-        if arn is None:
-            arn = secret if secret.startswith("arn:") else f"arn:aws:secretsmanager:{where}:secret:{secret}{SECRET_SUFFIX}"
-        return [IamRequest(f"secretsmanager:{op}", arn)]
-    if service == "dynamodb":
-        if op == "BatchGetItem":
-            return [IamRequest("dynamodb:BatchGetItem", f"arn:aws:dynamodb:{where}:table/{t}") for t in p["RequestItems"]]
-        return [IamRequest(f"dynamodb:{op}", f"arn:aws:dynamodb:{where}:table/{p['TableName']}")]
-    if service == "s3":
-        bucket = p.get("Bucket")
-        if op in _S3_OBJECT:
-            return [IamRequest(_S3_OBJECT[op], f"arn:aws:s3:::{bucket}/{p.get('Key')}")]
-        if op in ("HeadBucket", "ListObjectsV2", "ListObjects"):
-            context = {"s3:prefix": p["Prefix"]} if p.get("Prefix") is not None else {}
-            return [IamRequest("s3:ListBucket", f"arn:aws:s3:::{bucket}", context)]
-    if service == "logs":
-        group = p.get("logGroupName")
-        if op == "GetLogEvents":
-            return [IamRequest("logs:GetLogEvents", f"arn:aws:logs:{where}:log-group:{group}:log-stream:{p.get('logStreamName')}")]
-        if op == "DescribeLogStreams":
-            return [IamRequest("logs:DescribeLogStreams", f"arn:aws:logs:{where}:log-group:{group}:*")]
-    if service == "cloudformation" and op == "DescribeStacks":
-        return [IamRequest("cloudformation:DescribeStacks", f"arn:aws:cloudformation:{where}:stack/{p.get('StackName')}/*")]
-    raise KeyError(f"{service}:{op}: how IAM authorizes it is not mapped here")
+    mapper = _BY_SERVICE.get(service)
+    found = mapper(_Call(op, p, record, images, region, account, where)) if mapper is not None else None
+    if found is None:
+        raise KeyError(f"{service}:{op}: how IAM authorizes it is not mapped here")
+    return found
+
+
+def _sts(c: _Call) -> Optional[list[IamRequest]]:
+    return [IamRequest("sts:GetCallerIdentity", "*", exempt=True)] if c.op == "GetCallerIdentity" else None
+
+
+def _microvms(c: _Call) -> Optional[list[IamRequest]]:
+    op, p = c.op, c.p
+    action = f"lambda:{op}"
+    if op in _ON_ANY_RESOURCE and op != "CreateMicrovmImage":
+        return [IamRequest(action, "*")]
+    if op in _INSTANCE:
+        vm = p["microvmIdentifier"]
+        image = c.images.get(vm)
+        if image is None:
+            raise KeyError(f"{op} on {vm}: no answer named its image")
+        return [IamRequest(action, unversioned_image_arn(image, c.region, c.account))]
+    if op == "RunMicrovm":
+        return _run_microvm(c)
+    if op in ("CreateMicrovmImage", "UpdateMicrovmImage"):
+        return _image_write(c)
+    if op in _ON_IMAGE:
+        return [IamRequest(action, unversioned_image_arn(p["imageIdentifier"], c.region, c.account))]
+    if op in ("TagResource", "UntagResource", "ListTags"):
+        return [IamRequest(action, unquote(p["Resource"]))]
+    return None
+
+
+def _run_microvm(c: _Call) -> list[IamRequest]:
+    p, region = c.p, c.region
+    out = [IamRequest("lambda:RunMicrovm", unversioned_image_arn(p["imageIdentifier"], region, c.account))]
+    named = [*p.get("ingressNetworkConnectors", []), *p.get("egressNetworkConnectors", [])]
+    out += [IamRequest("lambda:PassNetworkConnector", n)
+            for n in dict.fromkeys([_connector(region, n) for n in RUN_DEFAULT_CONNECTORS] + named)]
+    if p.get("executionRoleArn"):
+        out.append(_passed(p["executionRoleArn"]))
+    if p.get("kmsKeyIdentifier"):
+        raise KeyError("RunMicrovm with kmsKeyIdentifier: what it needs of KMS is not measured")
+    return out
+
+
+def _image_write(c: _Call) -> list[IamRequest]:
+    op, p, region = c.op, c.p, c.region
+    resource = "*" if op == "CreateMicrovmImage" else unversioned_image_arn(p["imageIdentifier"], region, c.account)
+    out = [IamRequest(f"lambda:{op}", resource)]
+    connectors = [_connector(region, n) for n in IMAGE_DEFAULT_CONNECTORS] + list(p.get("egressNetworkConnectors", []))
+    out += [IamRequest("lambda:PassNetworkConnector", n) for n in dict.fromkeys(connectors)]
+    if p.get("buildRoleArn"):
+        out.append(_passed(p["buildRoleArn"]))
+    if p.get("tags"):
+        raise KeyError(f"{op} with tags: whether it needs lambda:TagResource is not measured")
+    return out
+
+
+def _ssm(c: _Call) -> Optional[list[IamRequest]]:
+    if c.op not in ("GetParameter", "PutParameter", "DeleteParameter"):
+        return None
+    name = c.p["Name"] if str(c.p["Name"]).startswith("/") else f"/{c.p['Name']}"
+    return [IamRequest(f"ssm:{c.op}", f"arn:aws:ssm:{c.where}:parameter{name}")]
+
+
+def _secretsmanager(c: _Call) -> Optional[list[IamRequest]]:
+    if c.op == "ListSecrets":
+        return [IamRequest("secretsmanager:ListSecrets", "*")]
+    secret = str(c.p.get("SecretId") or c.p.get("Name"))
+    arn = (c.record.get("facts") or {}).get("ARN")
+    if arn is None:
+        arn = secret if secret.startswith("arn:") else f"arn:aws:secretsmanager:{c.where}:secret:{secret}{SECRET_SUFFIX}"
+    return [IamRequest(f"secretsmanager:{c.op}", arn)]
+
+
+def _dynamodb(c: _Call) -> Optional[list[IamRequest]]:
+    if c.op == "BatchGetItem":
+        return [IamRequest("dynamodb:BatchGetItem", f"arn:aws:dynamodb:{c.where}:table/{t}") for t in c.p["RequestItems"]]
+    return [IamRequest(f"dynamodb:{c.op}", f"arn:aws:dynamodb:{c.where}:table/{c.p['TableName']}")]
+
+
+def _s3(c: _Call) -> Optional[list[IamRequest]]:
+    bucket = c.p.get("Bucket")
+    if c.op in _S3_OBJECT:
+        return [IamRequest(_S3_OBJECT[c.op], f"arn:aws:s3:::{bucket}/{c.p.get('Key')}")]
+    if c.op in ("HeadBucket", "ListObjectsV2", "ListObjects"):
+        context = {"s3:prefix": c.p["Prefix"]} if c.p.get("Prefix") is not None else {}
+        return [IamRequest("s3:ListBucket", f"arn:aws:s3:::{bucket}", context)]
+    return None
+
+
+def _logs(c: _Call) -> Optional[list[IamRequest]]:
+    group = c.p.get("logGroupName")
+    if c.op == "GetLogEvents":
+        return [IamRequest("logs:GetLogEvents",
+                           f"arn:aws:logs:{c.where}:log-group:{group}:log-stream:{c.p.get('logStreamName')}")]
+    if c.op == "DescribeLogStreams":
+        return [IamRequest("logs:DescribeLogStreams", f"arn:aws:logs:{c.where}:log-group:{group}:*")]
+    return None
+
+
+def _cloudformation(c: _Call) -> Optional[list[IamRequest]]:
+    if c.op != "DescribeStacks":
+        return None
+    return [IamRequest("cloudformation:DescribeStacks",
+                       f"arn:aws:cloudformation:{c.where}:stack/{c.p.get('StackName')}/*")]
+
+
+#: How IAM authorizes the calls of each service; a mapper answers None for an operation it does not map.
+_BY_SERVICE: dict[str, Callable[[_Call], Optional[list[IamRequest]]]] = {
+    "sts": _sts,
+    "lambda-microvms": _microvms,
+    "ssm": _ssm,
+    "secretsmanager": _secretsmanager,
+    "dynamodb": _dynamodb,
+    "s3": _s3,
+    "logs": _logs,
+    "cloudformation": _cloudformation,
+}
 
 
 def recorded(recorder: AwsCallRecorder, start: int = 0) -> Iterator[dict[str, Any]]:

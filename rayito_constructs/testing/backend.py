@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import bisect
 import collections
+import contextlib
 import copy
 import datetime as dt
 import hashlib
@@ -642,10 +643,8 @@ class MicrovmsBackend:
     def count_rejected(self, operation: str, params: Mapping[str, Any], caller: Optional[str], error: WireError) -> None:
         """A request rejected before :meth:`call` (malformed on the wire) still spends a request
         of the quota and is logged."""
-        try:
+        with contextlib.suppress(WireError):
             self._admit(operation)
-        except WireError:
-            pass
         self._log(operation, dict(params), caller, None, error, 0.0)
 
     def _admit(self, operation: str) -> float:
@@ -858,35 +857,13 @@ class MicrovmsBackend:
     # ================================================================== MicroVM operations
 
     def _op_RunMicrovm(self, params: dict[str, Any], now: float, caller: Optional[str]) -> dict[str, Any]:  # noqa: N802
+        _check_run_request(params)
         identifier = params["imageIdentifier"]
-        if not identifier.startswith("arn:") or ":microvm-image:" not in identifier:
-            raise validation("Invalid ARN format")  # [M 2026-09-15]
-        idle = params.get("idlePolicy") or {}
-        max_idle = idle.get("maxIdleDurationSeconds")
-        if isinstance(max_idle, int) and max_idle > measured.MAX_IDLE_SECONDS:  # [docs] (GT §5)
-            raise _wire.constraint("idlePolicy.maxIdleDurationSeconds",
-                                   f"Member must have value less than or equal to {measured.MAX_IDLE_SECONDS}", max_idle)
-        logging_ = params.get("logging") or {}
-        if logging_.get("cloudWatch") and not params.get("executionRoleArn"):
-            raise validation("Logging cannot be enabled without providing executionRoleArn")  # [M 2026-10-02] Q108
-        for key in ("ingressNetworkConnectors", "egressNetworkConnectors"):
-            for arn in params.get(key) or []:
-                managed = arn.rsplit(":aws-network-connector:", 1)
-                if len(managed) == 2 and managed[1] not in MANAGED_CONNECTORS:
-                    raise validation(f"Unrecognized managed network connector ARN: {arn}")  # [M 2026-09-22] Q60
         token = params.get("clientToken")
         fingerprint = _fingerprint(params)
-        if token is not None:
-            remembered = self._tokens.get(token)
-            if remembered is not None:
-                seen, vm, at = remembered
-                if self.client_token_ttl_seconds is not None and now - at > self.client_token_ttl_seconds:
-                    del self._tokens[token]
-                else:
-                    if seen != fingerprint:
-                        raise conflict("The clientToken was already used with different parameters", "Microvm", vm.id)
-                    advance(vm, now, self.timings)
-                    return self._describe(vm, now)
+        replayed = self._replayed(token, fingerprint, now) if token is not None else None
+        if replayed is not None:
+            return self._describe(replayed, now)
         image = self._image_or_inactive(identifier, now)
         busy = image.state(now)
         if busy in ("CREATING", "UPDATING") and not self.profile.run_while_image_busy:
@@ -938,6 +915,21 @@ class MicrovmsBackend:
         if token is not None:
             self._tokens[token] = (fingerprint, vm, now)
         return self._describe(vm, now)
+
+    def _replayed(self, token: str, fingerprint: str, now: float) -> Optional[Microvm]:
+        """The VM a remembered ``clientToken`` started (brought up to ``now``), or None when the
+        token is new or has expired; the same token with other parameters is a conflict."""
+        remembered = self._tokens.get(token)
+        if remembered is None:
+            return None
+        seen, vm, at = remembered
+        if self.client_token_ttl_seconds is not None and now - at > self.client_token_ttl_seconds:
+            del self._tokens[token]
+            return None
+        if seen != fingerprint:
+            raise conflict("The clientToken was already used with different parameters", "Microvm", vm.id)
+        advance(vm, now, self.timings)
+        return vm
 
     def _image_or_inactive(self, identifier: str, now: float) -> Image:
         try:
@@ -1273,6 +1265,26 @@ def _list_key(vm: Microvm) -> tuple[float, str]:
 
 def _ts(seconds: Optional[float]) -> Optional[dt.datetime]:
     return None if seconds is None else dt.datetime.fromtimestamp(seconds, dt.timezone.utc)
+
+
+def _check_run_request(params: Mapping[str, Any]) -> None:
+    """What the service refuses in a RunMicrovm request before it looks at the image."""
+    identifier = params["imageIdentifier"]
+    if not identifier.startswith("arn:") or ":microvm-image:" not in identifier:
+        raise validation("Invalid ARN format")  # [M 2026-09-15]
+    idle = params.get("idlePolicy") or {}
+    max_idle = idle.get("maxIdleDurationSeconds")
+    if isinstance(max_idle, int) and max_idle > measured.MAX_IDLE_SECONDS:  # [docs] (GT §5)
+        raise _wire.constraint("idlePolicy.maxIdleDurationSeconds",
+                               f"Member must have value less than or equal to {measured.MAX_IDLE_SECONDS}", max_idle)
+    logging_ = params.get("logging") or {}
+    if logging_.get("cloudWatch") and not params.get("executionRoleArn"):
+        raise validation("Logging cannot be enabled without providing executionRoleArn")  # [M 2026-10-02] Q108
+    for key in ("ingressNetworkConnectors", "egressNetworkConnectors"):
+        for arn in params.get(key) or []:
+            managed = arn.rsplit(":aws-network-connector:", 1)
+            if len(managed) == 2 and managed[1] not in MANAGED_CONNECTORS:
+                raise validation(f"Unrecognized managed network connector ARN: {arn}")  # [M 2026-09-22] Q60
 
 
 def _fingerprint(params: Mapping[str, Any]) -> str:

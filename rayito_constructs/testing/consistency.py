@@ -76,7 +76,7 @@ def read_page_token(
             data["l"] == kind
             and isinstance(key, list)
             and len(key) == len(key_types)
-            and all(_is(part, kind_) for part, kind_ in zip(key, key_types))
+            and all(_is(part, kind_) for part, kind_ in zip(key, key_types, strict=True))
         )
     except Exception:  # noqa: BLE001 - anything a client can send
         ok, data = False, {}

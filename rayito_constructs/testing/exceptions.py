@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from typing import Any, Optional
 
+from .service_model import service_model
+
 
 class WireError(Exception):
     """An error the service answers, shaped as the model's error shape ``code``."""
@@ -20,8 +22,6 @@ class WireError(Exception):
 
     def encode(self) -> tuple[int, dict[str, str], bytes]:
         """Status, headers and body, with header-bound members (Retry-After) as headers."""
-        from ._wire import service_model
-
         headers = {"x-amzn-ErrorType": self.code, "Content-Type": "application/json"}
         body: dict[str, Any] = {"message": self.message}
         try:
@@ -38,8 +38,6 @@ class WireError(Exception):
 
 
 def _status_of(code: str) -> int:
-    from ._wire import service_model
-
     try:
         return int(service_model().shape_for(code).metadata["error"]["httpStatusCode"])
     except Exception:  # noqa: BLE001

@@ -33,6 +33,7 @@ suspension; here at once).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import select
 import socket
@@ -87,7 +88,7 @@ class GuestFront:
     # ------------------------------------------------------------------ one connection
 
     def _serve(self, conn: socket.socket, secure: bool) -> None:
-        upstream: Optional[socket.socket] = None
+        opened: list[socket.socket] = []  # the upstream sockets, closed with the connection
         raw = conn
         self._register(raw)
         try:
@@ -103,52 +104,59 @@ class GuestFront:
                 h2 = first.startswith(H2_PREFACE)
             admitted = self._admit()
             if h2:
-                if admitted != 200:
-                    return
-                upstream = self._rayd()
-                if upstream is None:
-                    return
-                conn.settimeout(None)
-                self._relay(conn, upstream, first, h2=True)
-                return
-            head = first
-            while b"\r\n\r\n" not in head and len(head) < MAX_HEAD_BYTES:
-                chunk = conn.recv(RELAY_BUFFER)
-                if not chunk:
-                    return
-                head += chunk
-            if b"\r\n\r\n" not in head:
-                return _reply(conn, 431, "request head too large")
-            if admitted != 200:
-                return _reply(conn, 502, "the MicroVM is not serving") if admitted == 502 else None
-            headers = _headers(head)
-            try:
-                vm_port = int(headers.get("x-aws-proxy-port", ""))
-            except ValueError:
-                return _reply(conn, 400, "x-aws-proxy-port is missing or not a port")
-            if not self.backend.auth_token_allows(self.guest.vm_id, headers.get("x-aws-proxy-auth"), vm_port):
-                return _reply(conn, 403, "Forbidden")
-            local = self.guest.ports.get(vm_port)
-            if local is None:
-                return _reply(conn, 502, f"nothing listens on port {vm_port} of the MicroVM")
-            try:
-                upstream = socket.create_connection(("127.0.0.1", local), timeout=10)
-            except OSError:
-                return _reply(conn, 502, f"nothing listens on port {vm_port} of the MicroVM")
-            conn.settimeout(None)
-            upstream.settimeout(None)
-            self._relay(conn, upstream, head)
+                self._serve_h2(conn, first, admitted, opened)
+            else:
+                self._serve_http1(conn, first, admitted, opened)
         except (OSError, ssl.SSLError, ValueError):
             pass
         finally:
             self._unregister(raw)
             self._unregister(conn)
-            for sock in (conn, upstream):
-                if sock is not None:
-                    try:
-                        sock.close()
-                    except OSError:
-                        pass
+            for sock in (conn, *opened):
+                with contextlib.suppress(OSError):
+                    sock.close()
+
+    def _serve_h2(self, conn: socket.socket, first: bytes, admitted: int, opened: list[socket.socket]) -> None:
+        """HTTP/2 (rayd's gRPC): relayed to rayd when admitted, dropped otherwise."""
+        if admitted != 200:
+            return
+        upstream = self._rayd()
+        if upstream is None:
+            return
+        opened.append(upstream)
+        conn.settimeout(None)
+        self._relay(conn, upstream, first, h2=True)
+
+    def _serve_http1(self, conn: socket.socket, first: bytes, admitted: int, opened: list[socket.socket]) -> None:
+        """HTTP/1.1: relayed to the port ``x-aws-proxy-port`` names when the token allows it."""
+        head = first
+        while b"\r\n\r\n" not in head and len(head) < MAX_HEAD_BYTES:
+            chunk = conn.recv(RELAY_BUFFER)
+            if not chunk:
+                return
+            head += chunk
+        if b"\r\n\r\n" not in head:
+            return _reply(conn, 431, "request head too large")
+        if admitted != 200:
+            return _reply(conn, 502, "the MicroVM is not serving") if admitted == 502 else None
+        headers = _headers(head)
+        try:
+            vm_port = int(headers.get("x-aws-proxy-port", ""))
+        except ValueError:
+            return _reply(conn, 400, "x-aws-proxy-port is missing or not a port")
+        if not self.backend.auth_token_allows(self.guest.vm_id, headers.get("x-aws-proxy-auth"), vm_port):
+            return _reply(conn, 403, "Forbidden")
+        local = self.guest.ports.get(vm_port)
+        if local is None:
+            return _reply(conn, 502, f"nothing listens on port {vm_port} of the MicroVM")
+        try:
+            upstream = socket.create_connection(("127.0.0.1", local), timeout=10)
+        except OSError:
+            return _reply(conn, 502, f"nothing listens on port {vm_port} of the MicroVM")
+        opened.append(upstream)
+        conn.settimeout(None)
+        upstream.settimeout(None)
+        self._relay(conn, upstream, head)
 
     def _admit(self) -> int:
         """What the proxy does with a new connection: 200 (let through), 502 or 504."""
@@ -216,10 +224,8 @@ class GuestFront:
         with self._lock:
             connections = list(self._connections)
         for sock in connections:
-            try:
+            with contextlib.suppress(OSError):
                 sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
 
     def close(self) -> None:
         self._closed = True

@@ -11,6 +11,7 @@ own (``agent_host/process.py``), so process groups alone would miss it.
 from __future__ import annotations
 
 import collections
+import contextlib
 import os
 import re
 import signal
@@ -65,10 +66,8 @@ class GuestProcess:
             data = pipe.read1(65536)  # type: ignore[attr-defined]
             if not data:
                 break
-            try:
+            with contextlib.suppress(OSError, ValueError):
                 self._log.write(data)
-            except (OSError, ValueError):
-                pass
             with self._cond:
                 self._seq += 1
                 self._chunks.append((self._seq, data if is_stdout else b"", b"" if is_stdout else data))
@@ -89,10 +88,8 @@ class GuestProcess:
             else:
                 self.exit_code = code
             self._cond.notify_all()
-        try:
+        with contextlib.suppress(OSError):
             self._log.close()
-        except OSError:
-            pass
 
     def events(self, active: Callable[[], bool], *, poll_seconds: float = 0.2) -> Iterator[tuple[str, object]]:
         """``("data", (seq, stdout, stderr))`` for every chunk, then ``("end", None)`` once the
@@ -151,10 +148,8 @@ def signal_trees(roots: Iterable[int], signum: int) -> set[int]:
     """Send ``signum`` to every process of the trees; returns the pids signalled."""
     pids = descendants(roots)
     for pid in pids:
-        try:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, signum)
-        except (ProcessLookupError, PermissionError):
-            pass
     return pids
 
 
@@ -163,10 +158,8 @@ def kill_trees(roots: Iterable[int]) -> set[int]:
     roots = list(roots)
     stopped = signal_trees(roots, signal.SIGSTOP)
     for pid in stopped | descendants(stopped):
-        try:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
     return stopped
 
 

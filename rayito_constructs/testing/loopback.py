@@ -58,7 +58,7 @@ class Loopback:
                 address = self._next_address()
             sockets: list[socket.socket] = []
             try:
-                for port, listens in zip(ports, listen):
+                for port, listens in zip(ports, listen, strict=True):
                     sockets.append(bind(address, port, listens))
                 return address, sockets
             except PortInUse:

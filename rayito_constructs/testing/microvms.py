@@ -83,7 +83,7 @@ class MicrovmsEmulator(MicrovmsBackend):
         self._thread.start()
         if self.tls_front:
             try:
-                self.vm_host  # bind 443 now: a front that cannot is an error at start, not at a VM's launch
+                _ = self.vm_host  # bind 443 now: a front that cannot is an error at start, not at a VM's launch
             except PermissionError:
                 self.stop()
                 raise

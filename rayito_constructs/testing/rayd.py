@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 import grpc
 
 from .secret_gateway import Route
-from .vm_host import GuestError
+from .guest_error import GuestError
 
 if TYPE_CHECKING:
     from .vm_host import Guest, Lifecycle, RpcRecord

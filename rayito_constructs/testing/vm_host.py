@@ -45,6 +45,7 @@ from __future__ import annotations
 import atexit
 import base64
 import binascii
+import contextlib
 import functools
 import hashlib
 import json
@@ -63,14 +64,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
+from .front import GuestFront
+from .guest_error import GuestError
 from .guest_process import GuestProcess, kill_trees, signal_trees
 from .images import ImageRuntime
 from .loopback import Loopback
+from .rayd import serve
+from .seams import ProductSeams
 from .secret_gateway import SecretGateway
 
 if TYPE_CHECKING:
     from .backend import MicrovmsBackend
-    from .front import GuestFront
     from .lifecycle import Microvm
 
 #: The port the AWS proxy maps rayd's gRPC to (``x-aws-proxy-port: 8080``; the product's
@@ -97,15 +101,6 @@ APP_VM_DIR = "/opt/agents/app"
 #: Not copied from the image's app folder (what the product's default ``source.exclude`` leaves out).
 APP_COPY_IGNORE = (".git", ".venv", "venv", "node_modules", "__pycache__", "*.pyc", ".rayito", ".env")
 _COMMAND_PATH = re.compile(r"(?<![\w./-])(/home/user|/opt/agents|/tmp)(?=[/'\"\s;|&)]|$)")
-
-
-class GuestError(Exception):
-    """A refusal a rayd RPC answers with: a gRPC status name and its details."""
-
-    def __init__(self, code: str, details: str) -> None:
-        super().__init__(details)
-        self.code = code
-        self.details = details
 
 
 @dataclass
@@ -183,9 +178,6 @@ class Guest:
     def _boot(self) -> None:
         """rayd starts (PID 1): the files, the gRPC server, the front. Before ``/run`` it already
         answers ``Health`` without a ``sandbox_id`` (Q78)."""
-        from .front import GuestFront
-        from .rayd import serve
-
         try:
             (self.root / "home/user").mkdir(parents=True, exist_ok=True)
             if self.runtime.app_dir is not None:
@@ -295,10 +287,8 @@ class Guest:
         """rayd (PID 1) exits: the endpoint stops answering at once and the service ends the VM
         as one whose app exited (``Container Stopped with Exit Code: <code>``, measured)."""
         self.halt(why)
-        try:
+        with contextlib.suppress(KeyError):
             self.host.backend.crash(self.vm_id, exit_code=code)
-        except KeyError:
-            pass
 
     # ------------------------------------------------------------------ processes
 
@@ -331,10 +321,8 @@ class Guest:
         if front is not None:
             front.close()
         for sock in self._sockets:
-            try:
+            with contextlib.suppress(OSError):
                 sock.close()
-            except OSError:
-                pass
         if server is not None:
             server.stop(0)
         self.ready.set()
@@ -591,17 +579,13 @@ class VmHost:
         while not self._closed:
             for guest in self.guests():
                 if guest.halted is None:
-                    try:
+                    with contextlib.suppress(Exception):  # the ticker must outlive one guest's trouble
                         guest.tick()
-                    except Exception:  # noqa: BLE001 - the ticker must outlive one guest's trouble
-                        pass
             time.sleep(TICK_SECONDS)
 
     @functools.cached_property
     def seams(self) -> Any:
         """How the product's client reaches these VMs in-process (``seams.ProductSeams``)."""
-        from .seams import ProductSeams
-
         return ProductSeams(self)
 
     def close(self) -> None:

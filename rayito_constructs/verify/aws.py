@@ -141,7 +141,7 @@ class Clients:
             pages = iter(self.client(service).get_paginator(operation).paginate(**params))
         except Exception as exc:  # noqa: BLE001
             raise classify(service, op_name, exc) from None
-        for number in range(limit_pages):
+        for _ in range(limit_pages):
             try:
                 page = next(pages)
             except StopIteration:

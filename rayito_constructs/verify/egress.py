@@ -8,6 +8,7 @@ import json
 from typing import Any, Optional
 
 from ..egress.client import ENVELOPES_ENV
+from ..egress_targets import TargetError, declared_target
 from ..project import AgentProject
 from .aws import AwsError, unable
 from .context import Context
@@ -86,8 +87,6 @@ def check(ctx: Context) -> list[Finding]:
     if not envelopes:
         return [warn("egress", f"table {table} deployed but the {source} declares no budgets",
                      "deploy the stack again from the project that declares them")]
-    from ..egress.targets import TargetError, declared_target
-
     findings = []
     now = ctx.clock()
     for envelope in envelopes:

@@ -28,6 +28,7 @@ the known false deny (WARN) when the policy does hold an Allow statement for it,
 
 from __future__ import annotations
 
+import contextlib
 import json
 from dataclasses import dataclass
 from typing import Any, Iterable, Optional
@@ -435,10 +436,8 @@ def check(ctx: Context) -> list[Finding]:
                      "deploy the fleet's stack completely")]
     findings = []
     publisher = ctx.fleet.policy_arn("ImagePublisherPolicy")
-    try:
+    with contextlib.suppress(AwsError):  # the publisher's own check says why it cannot be read
         r = with_deployed_places(r, ctx.policy_document(publisher) if publisher else None)
-    except AwsError:
-        pass  # the publisher's own check says why it cannot be read
     for kind, make in POLICIES:
         check_id = f"iam.{kind}"
         arn = ctx.fleet.policy_arn(kind)

@@ -42,7 +42,7 @@ def test_egress_and_recipe_counts() -> None:
 
 
 def test_every_fleet_metric_of_the_dashboard_is_within_the_bound() -> None:
-    from ..test_monitoring import dashboard_body, widget_metrics
+    from ..cdk_helpers import dashboard_body, widget_metrics
     from aws_cdk.assertions import Template
 
     stack = FleetStack(new_app(), "MiAgente", project=AgentProject.load(EXAMPLE), metrics=True, **stack_props())

@@ -284,7 +284,7 @@ def test_a_short_day_of_both_sides_from_ground_truth() -> None:
 
 
 def test_a_day_of_shorter_lifetimes_runs_them_and_measures_them() -> None:
-    """``--lifetime`` (round 10): the fleets' VMs live that long, as the emulator saw them (every
+    """``--lifetime``: the fleets' VMs live that long, as the emulator saw them (every
     VM of the day's fleets asked for it, and some ended at it), and the retiring window shrinks
     with the lead (at most half a lifetime, at least 70 s, plus 300 s) so a VM within it of its
     end is its slot's retiring VM, not a duplicate. Out of range, the command refuses it."""

@@ -1,6 +1,6 @@
-"""Round 4 attack (#11): bad input, skew and kills against the round-4 changes (the shared
-budget's single admission line, reserve-before-list, skip-instead-of-takeover, in-doubt
-refusals), through ``index.handler`` against the emulator and moto where the break shows there."""
+"""Bad input, skew and kills (#11) against the shared budget's single admission line,
+reserve-before-list, skip-instead-of-takeover and in-doubt refusals, through ``index.handler``
+against the emulator and moto where a failure would show there."""
 
 from __future__ import annotations
 
@@ -103,7 +103,7 @@ def test_a_budgets_environment_that_is_no_object_keeps_every_default(raw, monkey
 
 @pytest.mark.parametrize("skew", [30.0, -30.0, 0.0])
 def test_a_cold_reconciler_with_a_skewed_clock_reserves_on_the_shared_clock(aws, monkeypatch, skew) -> None:
-    """Round 4 reserves the ledger's due runs before the first list, so before any MicroVMs
+    """A tick reserves the ledger's due runs before the first list, so before any MicroVMs
     answer told a fresh execution environment the service's time. With its clock 30 s ahead, the
     shared RunMicrovm bucket looked idle to it (a whole burst again, on top of the one another
     fleet had just used); 30 s behind, the bucket looked written by a skewed clock and was reset.
@@ -191,7 +191,7 @@ def test_a_retried_token_throttled_for_minutes_stays_in_doubt_and_returns_the_fi
 
 @pytest.mark.parametrize("left", [0, 1, 2, 3])
 def test_a_tick_killed_after_reserving_and_lists_that_lag_make_no_duplicate(aws, monkeypatch, left) -> None:
-    """Round 4 reserves the ledger's due runs before the first list. A tick killed after that
+    """A tick reserves the ledger's due runs before the first list. A tick killed after that
     reservation (left 0: before its list), after its list (1), or between its two runs (2, 3:
     the answer of the last one never written down), then ListMicrovms that omit every VM younger
     than 3 minutes: the next ticks never start a second VM for a slot nor more than max_vms."""
@@ -220,10 +220,9 @@ def test_two_processes_with_mixed_asks_share_the_rate_and_neither_starves(aws, s
     least twice and at least half the mean in 15 s) and the calls stay within burst + rate x
     (window + |skew|) in every window. (15 s of asks is about 1,500 calls to moto's DynamoDB.)
     Each asker says who it is (``asker``): the first refused while the place in line is free
-    reserves NEXT_IN_LINE_BONUS_SECONDS (2 s) further until granted. Without it (round 4's
-    attack, a strict xfail until the fifth session) the process ahead took every refill: 0-1
-    grants each for the other's askers in 15 s at 1 s of skew, and at 0.1 s too. Now, grants of
-    the 12 askers (measured): skew 0: 2-4 (39 in all), 0.1: 3-4, 0.5: 2-4, 1.0: 2-4 (37), 1.5:
+    reserves NEXT_IN_LINE_BONUS_SECONDS (2 s) further until granted. Without it the process ahead
+    takes every refill: 0-1 grants each for the other's askers in 15 s at 1 s of skew, and at
+    0.1 s too. With it, grants of the 12 askers (measured): skew 0: 2-4 (39 in all), 0.1: 3-4, 0.5: 2-4, 1.0: 2-4 (37), 1.5:
     2-4 (35), 1.9: 2-4 (36); 2.5 s, more than the bonus, starves the process behind again (the
     skew left after learning the service's clock is under a second)."""
     import random

@@ -1,5 +1,4 @@
-"""Attack on the place in line of the shared control-plane budget (lambdas/reconciler/budget.py,
-f453e22 and after): the rate bound with several processes, skewed clocks, costs 1-4 and horizon
+"""The place in line of the shared control-plane budget (lambdas/reconciler/budget.py): the rate bound with several processes, skewed clocks, costs 1-4 and horizon
 caps; a holder refused forever; a clock far ahead writing the bucket while someone holds the place;
 bad clocks (NaN); the in-process store against the DynamoDB one for the same sequence. Every
 assertion is on ground truth: the grants' use times (``now + wait_seconds`` on the asker's clock,

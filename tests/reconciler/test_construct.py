@@ -279,14 +279,14 @@ def test_short_lifetimes_are_told_at_synth() -> None:
 
 
 @pytest.mark.parametrize(("scaling", "lifetime", "period", "warned"), [
-    # Measured through the handler (tests/test_reconciler_attack_short.py and round 10's grid):
-    ((1, 2, 0), 120, 60, False),     # held (a 70 s lead, 30 s starts); round 9: 90 s below in 13 min
+    # Measured through the handler (tests/reconciler/test_short_lifetimes.py, test_room_for_successors.py):
+    ((1, 2, 0), 120, 60, False),     # held (a 70 s lead, 30 s starts); a 60 s lead: 90 s below in 13 min
     ((1, 2, 0), 90, 60, False),      # held
     ((1, 2, 0), 60, 60, True),       # a VM shorter than a look and a start
-    ((2, 3, 0), 300, 60, False),     # held; round 9: 5 s below in 8 min
+    ((2, 3, 0), 300, 60, False),     # held; without the rules of test_short_lifetimes.py: 5 s below in 8 min
     ((3, 4, 0), 180, 60, False),     # held: 20 s a slot
     ((10, 11, 0), 600, 60, False),   # held: 27 s a slot
-    ((10, 11, 0), 1_200, 60, False),  # held; round 9: 4.3 s below at each generation's end
+    ((10, 11, 0), 1_200, 60, False),  # held; unspread: 4.3 s below at each generation's end
     ((10, 11, 0), 400, 60, True),    # 18 s a slot: not spread, 16 s below in 27 min
     ((20, 21, 0), 600, 60, True),    # 13.5 s a slot: 13 s below
     ((1, 2, 0), 320, 300, True),     # every 5 minutes: 42 s below in 55 min

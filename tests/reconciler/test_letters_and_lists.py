@@ -1,7 +1,6 @@
-"""Audit 13, round 2: a fresh-eyes attack on the six fixes of this session (slot ids asked for
-again, dead letters kept until sent, ``step_failed`` retries, the shared backoff's plausibility,
-ListMicrovms pages waited for within a tick, the account's "no room"), on inputs and timings the
-fixes' own tests do not use. The production path only: ``index.handler`` with Powertools, the
+"""Slot ids asked for again, dead letters kept until sent, ``step_failed`` retries, the shared
+backoff's plausibility, ListMicrovms pages waited for within a tick and the account's "no room",
+on inputs and timings their own tests do not use. The production path only: ``index.handler`` with Powertools, the
 clients ``index.build()`` makes, the synthesized environment, the MicroVMs emulator over HTTP on a
 virtual clock, moto. Every number comes from the emulator's VM histories and request log, moto's
 items, the SQS queue and stdout, never from the reconciler's own counters.
@@ -11,8 +10,8 @@ passed, its next AWS call (or sleep) raises ``LambdaKilled`` (a ``BaseException`
 the reconciler catches it, no ``finally`` write lands), and the next invocation runs in a new
 execution environment, as Lambda does after a timeout.
 
-Breaks found (strict xfails with the numbers measured; the first four fixed since, their numbers
-beside their tests; the last a known limit, told):
+Failures pinned (the numbers measured for each beside its test; the first four held, the last a
+known limit, told):
 
 * a queue that hangs (each SendMessage waits out the client's 3 x 5 s) with five letters kept:
   every tick's first step sends them all before its runs, 75 s, and every tick is killed at 65 s;

@@ -1,4 +1,4 @@
-"""Attack on the overtime of a tick (3013e5c): a base VM that nothing can replace before its end
+"""The overtime of a tick: a base VM that nothing can replace before its end
 (``max_vms == min_vms``, nothing parked) and that ends between a tick's deadline and the next
 tick is replaced in up to two steps past the deadline (``tick_overtime``), within what the
 invocation has left less its 8 s margin.

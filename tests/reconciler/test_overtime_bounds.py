@@ -1,7 +1,7 @@
-"""Round-8 attack (8eae54d..b04c71d): the overtime covering first fills, parked slots and their
-PENDING VMs, its two caps (3 steps that list, 10 that do not), run tokens spent on a <= 10 s old
-list while the list's token is booked (taken back after this attack: the two breaks below), and
-the first step planning on the tick's first ledger read.
+"""The overtime covering first fills, parked slots and their PENDING VMs, its two caps (3 steps
+that list, 10 that do not), run tokens spent on a <= 10 s old list only while the list budget is
+empty (never while the list's token is booked: the two cases below), and the first step planning
+on the tick's first ledger read.
 
 Through ``index.handler`` (Powertools telemetry, the real boto3 clients, the synthesized
 environment) against the MicroVMs emulator and moto; every assertion is from the emulator's side
@@ -242,7 +242,7 @@ def test_a_parked_vm_a_client_takes_is_not_ended_on_a_stale_list(aws, monkeypatc
         client.run_microvm(imageIdentifier=fleet.image, clientToken="client-own")
         fleet.clock.advance(5.0)  # its VM runs
         # 1 list every 5 s: the next list's token is booked (2 s ahead); every 10 s: the list
-        # budget is empty at 3 s (the step ran on the last list then, before and after round 8).
+        # budget is empty at 3 s (the step runs on the last list then).
         fleet.env["BUDGETS"] = f'{{"ListMicrovms":[{list_rate},1],"TerminateMicrovm":[0.3333,1]}}'
         reconciler = _warm(fleet, monkeypatch)
         start = fleet.clock.now()

@@ -1,11 +1,10 @@
-"""Audit 13 (scale, shape and spec changes): a fresh-eyes attack on the production path
+"""Who owns which VM at scale, in every shape and through spec changes, on the production path
 (``index.handler`` with Powertools, its own clients, the synthesized environment, the MicroVMs
-emulator over HTTP on a virtual clock, moto), at fleet sizes, quotas and spec changes no earlier
-test tried. Every number comes from the emulator's VM histories and request log, moto's items or
+emulator over HTTP on a virtual clock, moto), at fleet sizes, quotas and spec changes the other
+tests do not try. Every number comes from the emulator's VM histories and request log, moto's items or
 stdout, never from the reconciler's own counters.
 
-Breaks found (strict xfails with the numbers measured, until each was fixed: then a comment
-beside its test):
+Failures ruled out (the numbers measured for each stay beside its test):
 
 * a slot the spec drops and later asks for again starts at generation 0, so its first run reuses
   the client token of the slot's earlier generation-0 VM: a warm slot takes back a client's

@@ -1,4 +1,4 @@
-"""Round 6 attack (#11): the two reconciler changes of round 5, through ``index.handler``
+"""Parking without a look and a lost SuspendMicrovm answer (#11), through ``index.handler``
 (Powertools, one-attempt clients) against the emulator and moto on a virtual clock.
 
 * *Parking without a look*: a parked slot's VM this tick started is assumed RUNNING 2.6 s after its
@@ -6,8 +6,7 @@
 * *A SuspendMicrovm whose answer is lost*: written down (``park_doubt_since``), read 0.6 s later
   (GetMicrovm) and sent again only when the read proves it did not land.
 
-Each break found became a test here (a fix in lambdas/reconciler/tick.py or core.py, or a strict
-xfail that says what is left).
+Each way these can fail is a test here (held, or a strict xfail that says what is left).
 
 A served fleet (the product's ``rayito`` 0.17 launch) suspends a parked slot's VM only after the
 fleet's server warmed it (its answer in the ledger: RUNNING + 0.78 s in ``VirtualServer``, read by a
@@ -156,7 +155,7 @@ def test_suspends_failing_for_a_whole_tick_cost_a_bounded_number_of_calls(aws, m
         assert_no_duplicates(fleet)
 
 
-@pytest.mark.parametrize("pending", [2.7, 3.5])  # 2.5 and 3.0 were tried too (round 6): the same
+@pytest.mark.parametrize("pending", [2.7, 3.5])  # 2.5 and 3.0 behave the same
 def test_slow_starts_around_the_assumption_park_in_the_tick_with_one_refusal(aws, monkeypatch, pending) -> None:
     """PENDING lasts 2.5-3.5 s (20 runs at once measured 3.59 s): assumed RUNNING at 2.6 s, a VM
     still PENDING refuses its suspend once in the tick (told), is looked at and parked in the same

@@ -1,10 +1,9 @@
-"""Round 5 attack (#11, API calls): rec's one look at the VMs a tick started for parked slots
-(2.6 s after the runs; GetMicrovm for one VM, a list for more), suspends that act on that look
-when their tokens come due after it (``suspends_only``: nothing ended or resumed on it), and
-``parking_unseen`` (no look of its own for our suspends). Since, those VMs are assumed RUNNING
-2.6 s after their runs with no look at all (the look is left for slow starts, whose suspend is
-refused): the tests choreograph the assumption where they choreographed the look, with the same
-safety assertions, and slow starts (PENDING 4 s) where they need the look itself. A served fleet (the
+"""The API calls of parking (#11): the VMs a tick started for parked slots are assumed RUNNING
+2.6 s after their runs, with no look of their own; a look (GetMicrovm for one VM, a list for
+more) is left for slow starts, whose suspend is refused, and the tests use slow starts (PENDING
+4 s) where they need it. Suspends act on what was seen when their tokens come due after it
+(``suspends_only``: nothing ended or resumed on it), and ``parking_unseen`` says there was no
+look of its own for our suspends. A served fleet (the
 product's ``rayito`` 0.17 launch, the fleet's server warming each parked slot's VM) suspends a
 parked slot's VM only after the server's warm answer (``Ready`` in the ledger: RUNNING + 0.78 s
 in ``VirtualServer``), read by a step that wakes 3 s after the ask, then every 2 s; that answer
@@ -435,9 +434,9 @@ def test_each_parked_slots_vm_is_parked_soon_after_its_own_run(aws, monkeypatch,
     """Runs spread by the shared budget (1.6 a second, burst 2: warm-0 and base-0 at once, warm-1
     0.6 s later, warm-2 1.2 s later), suspends at two a second (burst 1). Each parked slot's VM is
     assumed RUNNING 2.6 s after its own run's answer and suspended then (or at the next suspend
-    token): not all at the last run's 2.6 s (round 10's look, later steps put earlier VMs off),
-    nor 2.6 s after the step that parked the one before (2 fleets, seed 41: a VM run at 2.3 s was
-    parked at 6.9 s instead of 5.3 s, convergence 8.3 s against a goal of 8.5 s; 7.3 s now), nor
+    token): not all at the last run's 2.6 s (one look for all: later steps put earlier VMs off),
+    nor 2.6 s after the step that parked the one before (2 fleets, seed 41: a VM run at 2.3 s is
+    parked at 5.3 s, not 6.9 s, and the fleets converge in 7.3 s, not 8.3 s, the goal 8.5 s), nor
     at the look the plan of that step asked for its PENDING VM, 2.6 s after the step (1 fleet,
     seed 5059040, min 5 / warm 2 / max 8: warm-1's VM run at 0.632 s, parked at 5.2 s instead of
     3.232 s; convergence 6.6 s against a goal of 6.56 s).

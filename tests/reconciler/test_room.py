@@ -1,11 +1,11 @@
-"""Audit 12: a fresh-eyes attack on issue #11's scenarios, on the production path (``index.handler``
-with Powertools, its own clients, the synthesized environment), at inputs and scales other than
-the issue's and the existing tests'. Every assertion comes from the emulator, moto or stdout.
+"""Issue #11's scenarios on the production path (``index.handler`` with Powertools, its own
+clients, the synthesized environment), at inputs and scales other than the issue's and the other
+tests'. Every assertion comes from the emulator, moto or stdout.
 
-The breaks it found (each fixed, its test here): a parked VM left SUSPENDED while the account
-refused base slots' runs for room (the memory quota's 402, InsufficientCapacity), and a minute of
-500s on every RunMicrovm that dead-lettered every slot in 42 s, probed only 15 minutes later. Of
-its 44 variants that held, the ones closest to the breaks stay as guards."""
+Pinned here: no parked VM is left SUSPENDED while the account refuses base slots' runs for room
+(the memory quota's 402, InsufficientCapacity), and a minute of 500s on every RunMicrovm, which
+dead-letters every slot in 42 s, is healed by the first probe 60 s later, not 15 minutes later.
+Of 44 variants that held, the ones closest to those two stay as guards."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Round-10 attack (d62a592, 6d61b10): successors that wait for room under ``max_vms`` woken for
+"""Successors that wait for room under ``max_vms`` woken for
 the end of a VM of ours being replaced (``frees``), a parked VM too near its end terminated for
 room (``room_for_successor``), the lead that keeps a look and a start (``SCHEDULE_SECONDS``),
 first lifetimes spread down to 20 s a slot, a Conflict naming no VM on an in-doubt retry that
@@ -176,7 +176,7 @@ def _client_vm(fleet: Any) -> None:
     fleet.emulator.client(access_key="client").run_microvm(imageIdentifier=fleet.image, clientToken="client-session-1")
 
 
-# Shapes and schedules the tests of round 10 did not run, none warned by ``short_lifetime``: each
+# Shapes and schedules beyond the tests above, none warned by ``short_lifetime``: each
 # must hold through the handler (a dip here would make the warning dishonest). Measured held (0 s
 # below min_vms, peak = max_vms): RunMicrovm counts in the comments.
 HELD = [

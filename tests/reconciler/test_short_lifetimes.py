@@ -1,11 +1,11 @@
-"""Attacks on #11's short-lifetime change (4b2cabc, 501994d): ``successor_lead`` capped at half a
+"""Short lifetimes (#11): ``successor_lead`` capped at half a
 lifetime, first lifetimes spread down to lead + 120 s, the ``short_lifetime`` synth warning under two
 schedule periods. Every case runs ``index.handler`` through ``tests/reconciler_harness.py`` (the
 synthesized environment, its telemetry, the emulator and moto) and measures from the emulator's VM
 histories: seconds below ``min_vms`` RUNNING (``seconds_below``), ``peak_live`` and the
-reconciler's RunMicrovm calls. The breaks round 9 found were strict xfails with their numbers, now
-held (round 10; the comment above ``test_short_lifetimes_never_dip``); the harness runs on the
-virtual clock, so nothing depends on wall-clock speed."""
+reconciler's RunMicrovm calls. Each shape of ``test_short_lifetimes_never_dip`` falls below
+``min_vms`` without the rules the comment above it names (the numbers beside each); the harness
+runs on the virtual clock, so nothing depends on wall-clock speed."""
 
 from __future__ import annotations
 
@@ -20,8 +20,8 @@ from .support import _holds
 def _run(aws, monkeypatch, **shape: Any) -> dict:  
     """Deploy, fill (two looks), then look every ``period`` seconds (ticks of ``tick`` seconds, the
     function's timeout 15 s longer, as the construct sets it) for a lifetime and a half (``looks``
-    overrides); what the emulator saw from the fill on (``_drive`` of the round-10 attack, which
-    adds hooks for faults)."""
+    overrides); what the emulator saw from the fill on (``support._drive``, which adds hooks for
+    faults)."""
     from .support import _drive
 
     return _drive(aws, monkeypatch, **shape)
@@ -29,8 +29,7 @@ def _run(aws, monkeypatch, **shape: Any) -> dict:
 
 
 
-# Each shape fell below min_vms before round 10 (a strict xfail each, with the numbers found);
-# the fix: successors wait for room by the ends that free it (core.plan: ``frees``, the soonest-
+# Each shape falls below min_vms without these rules (the numbers measured beside it): successors wait for room by the ends that free it (core.plan: ``frees``, the soonest-
 # ending VM's successor first), parked VMs too old to take over are ended for room, the lead keeps
 # a look and a start (core.successor_lead, with the schedule's period: SCHEDULE_SECONDS), and first
 # lifetimes spread down to 20 s a slot (core.MIN_STAGGER_STEP_SECONDS).
@@ -44,7 +43,7 @@ def _run(aws, monkeypatch, **shape: Any) -> dict:
     # min 10 / max 11 with 1,200 s VMs: 48 s a slot was under the 60 s step, so nothing was spread:
     # all 10 first VMs ended at once, 4.26 s below, recurring (12.4 s in 72 min).
     pytest.param(dict(lifetime=1200, min_vms=10, max_vms=11, looks=25), id="ten-slots-unspread"),
-    # 27 s a slot (under round 10's first step, 30 s: 8.4 s below); and three slots exactly 20 s
+    # 27 s a slot (with a 30 s stagger step: 8.4 s below); and three slots exactly 20 s
     # apart (180 s VMs, a 90 s lead: 9 s below with 30 s steps).
     pytest.param(dict(lifetime=600, min_vms=10, max_vms=11, looks=25), id="ten-slots-27s-apart"),
     pytest.param(dict(lifetime=180, min_vms=3, max_vms=4), id="three-slots-20s-apart"),

@@ -1,4 +1,4 @@
-"""Audit 13 (b): faults of the stores, the Lambda runtime and the clock, on the production path
+"""Faults of the stores, the Lambda runtime and the clock, on the production path
 (``index.handler`` with Powertools, the clients ``index.build()`` makes, the synthesized
 environment, the emulator over HTTP and moto). Faults are injected on the handler's own clients
 (botocore ``before-call`` / ``after-call`` handlers on its DynamoDB, SQS and MicroVMs clients) or
@@ -9,12 +9,12 @@ A crashed invocation is caught here (``catch_crashes``) so that the schedule goe
 does: the execution environment stays warm after a handler exception, and the next minute's
 invocation runs in it (``cold=True`` where a new environment is the point).
 
-Breaks found (each was a strict xfail with its numbers until fixed; the numbers stay beside each
-test): a refused SQS SendMessage crashes the tick and
-loses the dead-lettering (the slot is retried every tick, or the message of a crash loop is never
-sent); one DynamoDB error after botocore's retries ends the invocation at any position;
-``max_starts_per_step=0`` is accepted and busy-loops every tick without a word; a Lambda clock more
-than 300 s ahead writes its skew into the shared budget's backoff and holds every other fleet back.
+Failures ruled out (the numbers measured for each stay beside its test): a refused SQS
+SendMessage crashing the tick and losing the dead-lettering (the slot retried every tick, or the
+message of a crash loop never sent); one DynamoDB error after botocore's retries ending the
+invocation at any position; ``max_starts_per_step=0`` accepted and busy-looping every tick
+without a word; a Lambda clock more than 300 s ahead writing its skew into the shared budget's
+backoff and holding every other fleet back.
 
 Held (the cheap guards kept): a run whose answer the ledger never got is found by its token in a
 new environment; a clock step back during a lost suspend never suspends a client's session (with

@@ -1,9 +1,8 @@
-"""Audit 12 (fresh eyes) of the MicroVMs emulator against what was measured on a real account.
+"""The MicroVMs emulator against what was measured on a real account.
 
 Each test checks one fact of ``shared/research/rayito-ground-truth.md`` ("GT", quoted in the
 docstring; where nothing was measured, the service model or documentation it cites) through real
-boto3 clients over HTTP. Each test here FAILS on the emulator as it stands: it records a mismatch,
-not a fix.
+boto3 clients over HTTP.
 """
 
 from __future__ import annotations
