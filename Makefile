@@ -42,7 +42,7 @@ test: $(STAMP)/python
 	$(BIN)/ruff check rayito_constructs lambdas benchmarks tests app.py
 	$(BIN)/mypy
 	rm -rf $(STAMP)/coverage && mkdir -p $(STAMP)/coverage
-	$(BIN)/python -m coverage run -m pytest -n $(WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
+	$(BIN)/python -m coverage run -m pytest -n $(WORKERS) --dist loadfile --no-loadscope-reorder --durations=25 $(PYTEST_ARGS)
 	$(BIN)/python -m coverage combine --quiet
 	$(BIN)/python -m coverage report
 	test "$(COVERAGE_FLOOR)" = 0 || $(BIN)/python -m tests.coverage_floor
