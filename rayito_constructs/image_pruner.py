@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 import aws_cdk as cdk
 import jsii
@@ -187,13 +187,16 @@ class ImagePruner(Construct):
         return json.dumps({stack.resolve(stack.get_logical_id(cfn)): self.image_name}, separators=(",", ":"))
 
 
-def properties_digest(scope: Construct, resource: cdk.CfnResource) -> str:
-    """A digest of ``resource``'s properties as synthesized (lazily: after every change to it)."""
+def properties_digest(scope: Construct, resource: cdk.CfnResource, *inputs: Any) -> str:
+    """A digest of ``resource``'s properties as synthesized (lazily: after every change to it),
+    and of the ``inputs`` resources' properties when what it builds depends on them too (an image
+    whose code a custom resource composes at deploy: its properties name only the answer)."""
     stack = cdk.Stack.of(scope)
 
     def produce() -> str:
         properties = stack.resolve(resource._cfn_properties)  # noqa: SLF001 - the L1's own view
+        if inputs:
+            properties = [properties, *(stack.resolve(other._cfn_properties) for other in inputs)]  # noqa: SLF001
         return hashlib.sha256(json.dumps(properties, sort_keys=True, default=str).encode()).hexdigest()
 
     return cdk.Lazy.string(_Producer(produce))
-
