@@ -420,7 +420,7 @@ def rayd_of(base_artifact: Optional[str], base_artifact_sha256: Optional[str],
         raise ValueError("base_artifact, base_image: give one of them (a release zip composed at synth, or the "
                          "base image published in the account, composed at deploy)")
     if base_image:
-        return PublishedBaseImage(name=str(base_image))
+        return PublishedBaseImage(name=str(base_image), _option="base_image")
     if base_artifact:
         return release_artifact(str(base_artifact), base_artifact_sha256)
     return None

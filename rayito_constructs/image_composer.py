@@ -20,7 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional
 
 import aws_cdk as cdk
@@ -70,22 +70,23 @@ class PublishedBaseImage:
     name: Optional[str] = None
     version: Optional[str] = None
     artifact_bucket: Optional[s3.IBucket] = None
+    _option: str = field(default="rayd", repr=False, compare=False)  # what errors name (app.py: base_image)
 
     def resolve(self, project_base: str, project_pin: Optional[str]) -> tuple[str, Optional[str]]:
         """``(base image name, pinned version or None)`` for a project whose ``[image] base`` is
         ``project_base`` and ``[deploy] base_image_version`` is ``project_pin``; one-line
         ``ValueError`` s for what the product would not compose on."""
         if self.name is not None and self.name != project_base:
-            raise ValueError(f"rayd: the base image {self.name!r} is not the project's base {project_base!r} "
+            raise ValueError(f"{self._option}: the base image {self.name!r} is not the project's base {project_base!r} "
                              f"([image] base), which rayito agent deploy composes on; set [image] base = {self.name!r}")
         if not _NAME.match(project_base):
-            raise ValueError(f"rayd: the base {project_base!r} is not the name of an image of the account "
+            raise ValueError(f"{self._option}: the base {project_base!r} is not the name of an image of the account "
                              "(1 to 64 letters, digits, '-' or '_')")
         version = self.version if self.version is not None else project_pin
         if version in (None, "latest"):
             return project_base, None
         if cdk.Token.is_unresolved(version) or not _VERSION.match(str(version)):
-            raise ValueError(f"rayd: the base version {version!r} is not a version such as '3' or '3.0' (none: "
+            raise ValueError(f"{self._option}: the base version {version!r} is not a version such as '3' or '3.0' (none: "
                              "the newest ACTIVE one when the composer runs)")
         return project_base, str(version)
 
