@@ -27,7 +27,7 @@ from aws_cdk import aws_scheduler_targets as scheduler_targets
 from aws_cdk import aws_sqs as sqs
 from constructs import Construct
 
-from ._function import library_function
+from ._function import lazy_string, library_function
 from ._lambdas.reconciler.core import lifetimes
 from ._nag import acknowledge_wildcard_resources
 from .control_plane_budget import ControlPlaneBudget
@@ -184,15 +184,6 @@ POWERTOOLS_ACCOUNT = "017000801446"
 OPERATIONS = ("RunMicrovm", "ListMicrovms", "GetMicrovm", "SuspendMicrovm", "ResumeMicrovm", "TerminateMicrovm")
 #: Operations the shared control-plane budget has a bucket for (lambdas/reconciler/budget.py).
 BUDGET_OPERATIONS = (*OPERATIONS, "CreateMicrovmAuthToken")
-
-
-@jsii.implements(cdk.IStableStringProducer)
-class _LazyString:
-    def __init__(self, produce: Callable[[], str]) -> None:
-        self._produce = produce
-
-    def produce(self) -> str:
-        return self._produce()
 
 
 @jsii.implements(cdk.IStableListProducer)
@@ -401,8 +392,8 @@ class FleetReconciler(Construct):
             environment["EXECUTION_ROLE_ARN"] = execution_role_arn
         if share_image:
             # Lazy: a fleet added later to the app on the same image is a sibling too.
-            environment["SHARED_WITH"] = cdk.Lazy.string(_LazyString(
-                lambda: json.dumps(sorted(s.fleet_name for s in self.siblings), separators=(",", ":"))))
+            environment["SHARED_WITH"] = lazy_string(
+                lambda: json.dumps(sorted(s.fleet_name for s in self.siblings), separators=(",", ":")))
         if terminate_strays:
             environment["TERMINATE_STRAYS"] = "1"
             environment["STRAY_GRACE_SECONDS"] = str(stray_grace_seconds)

@@ -40,6 +40,29 @@ def example_assembly(tmp_path_factory):
     return outdir, synth_example(outdir)
 
 
+@pytest.fixture(scope="module")
+def stores():
+    """moto in server mode for the module, and a proxy in front of it that counts requests and
+    answers chosen operations with AWS's errors: ``(moto's endpoint, the proxy)``."""
+    from .moto_server import moto_server
+    from .recipe_writer_helpers import FaultProxy
+
+    with moto_server() as endpoint:
+        proxy = FaultProxy(int(endpoint.rsplit(":", 1)[1]))
+        yield endpoint, proxy
+        proxy.close()
+
+
+@pytest.fixture(scope="module")
+def cfn(tmp_path_factory):
+    """CloudFormation's pre-signed response endpoint over TLS, for the module."""
+    from .recipe_writer_helpers import CloudFormationEndpoint
+
+    endpoint = CloudFormationEndpoint(tmp_path_factory.mktemp("cfn"))
+    yield endpoint
+    endpoint.close()
+
+
 @pytest.fixture
 def snapshot_json(snapshot):
     """syrupy JSON snapshots with asset hashes neutralized."""

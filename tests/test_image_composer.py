@@ -19,20 +19,11 @@ from rayito_constructs import AgentFleet, AgentImage, AgentProject, PublishedBas
 from rayito_constructs.image_composition import build_context
 from rayito_constructs.permissions import BASE_IMAGE_ACTIONS
 
-from .cdk_helpers import lint_template, nag, new_app, new_stack
+from .cdk_helpers import PRODUCT_HOOKS, lint_template, nag, new_app, new_stack
 from .conftest import EXAMPLE
 
 ACCOUNT = "123456789012"
 ASSETS = f"cdk-hnb659fds-assets-{ACCOUNT}-us-east-1"
-#: The product's hooks of rayito-base (_images_publish_domain.IMAGE_HOOKS), in CloudFormation's names.
-PRODUCT_HOOKS = {
-    "Port": 9000,
-    "MicrovmHooks": {"Run": "ENABLED", "RunTimeoutInSeconds": 30, "Resume": "ENABLED", "ResumeTimeoutInSeconds": 30,
-                     "Suspend": "ENABLED", "SuspendTimeoutInSeconds": 30, "Terminate": "ENABLED",
-                     "TerminateTimeoutInSeconds": 10},
-    "MicrovmImageHooks": {"Ready": "ENABLED", "ReadyTimeoutInSeconds": 600, "Validate": "ENABLED",
-                          "ValidateTimeoutInSeconds": 600},
-}
 
 
 def synth(project: Any = None, **props: Any) -> tuple[Any, AgentImage, Template]:

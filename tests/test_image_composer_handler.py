@@ -35,7 +35,6 @@ from . import contract_support as cs
 from .cdk_helpers import new_app, stack_props
 from .conftest import EXAMPLE, ROOT
 from .lifecycle_harness import resolve
-from .moto_server import moto_server
 from .recipe_writer_helpers import CFN_HOST, CloudFormationEndpoint, FaultProxy
 
 ACCOUNT = "123456789012"
@@ -81,21 +80,6 @@ class Synthesized:
 @pytest.fixture(scope="module")
 def synthesized() -> Synthesized:
     return Synthesized()
-
-
-@pytest.fixture(scope="module")
-def stores() -> Iterator[tuple[str, FaultProxy]]:
-    with moto_server() as endpoint:
-        proxy = FaultProxy(int(endpoint.rsplit(":", 1)[1]))
-        yield endpoint, proxy
-        proxy.close()
-
-
-@pytest.fixture(scope="module")
-def cfn(tmp_path_factory) -> Iterator[CloudFormationEndpoint]:
-    endpoint = CloudFormationEndpoint(tmp_path_factory.mktemp("cfn"))
-    yield endpoint
-    endpoint.close()
 
 
 class Context:

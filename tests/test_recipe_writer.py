@@ -26,7 +26,6 @@ from rayito_constructs.product import canonical_json, decode
 from rayito_constructs.recipe import plan_recipe
 
 from .cdk_helpers import new_app, stack_props
-from .moto_server import moto_server
 from .projects import write_project
 from .recipe_writer_helpers import CFN_HOST, CloudFormationEndpoint, FaultProxy
 
@@ -115,21 +114,6 @@ class Synthesized:
 @pytest.fixture(scope="module")
 def synthesized() -> Synthesized:
     return Synthesized()
-
-
-@pytest.fixture(scope="module")
-def stores() -> Iterator[tuple[str, FaultProxy]]:
-    with moto_server() as endpoint:
-        proxy = FaultProxy(int(endpoint.rsplit(":", 1)[1]))
-        yield endpoint, proxy
-        proxy.close()
-
-
-@pytest.fixture(scope="module")
-def cfn(tmp_path_factory) -> Iterator[CloudFormationEndpoint]:
-    endpoint = CloudFormationEndpoint(tmp_path_factory.mktemp("cfn"))
-    yield endpoint
-    endpoint.close()
 
 
 @pytest.fixture(scope="module")
