@@ -17,6 +17,7 @@
     npx cdk synth -c retain_vms_on_delete=true      # cdk destroy leaves the VMs running (docs/teardown.md)
     npx cdk synth -c base_artifact=rayito-image.zip -c base_artifact_sha256=HEX
                                                     # build the product's agent image over that rayd zip
+    npx cdk synth -c base_image=rayito-base-caps    # ... over the base published in the account (composed at deploy)
     npx cdk synth -c build_image=false              # as rayito agent deploy --no-build (docs/image.md)
 
 Every flag of ``rayito agent deploy`` that ``rayito-constructs plan`` takes is accepted as context
@@ -105,12 +106,12 @@ def main(app: "Optional[object]" = None) -> int:
 
 def rayd_of(options: dict) -> "object":
     """``-c base_artifact=PATH [-c base_artifact_sha256=HEX]`` (or ``[stack]``): the product's
-    release zip, checked by the product's ``MicrovmImageArtifact.from_file``; None without it."""
-    if not options.get("base_artifact"):
-        return None
-    from rayito_constructs.agent_image import release_artifact
+    release zip, checked by the product's ``MicrovmImageArtifact.from_file``; ``-c base_image=NAME``:
+    the base published in the account, composed at deploy; None without either."""
+    from rayito_constructs.agent_image import rayd_of as rayd_from_switches
 
-    return release_artifact(options["base_artifact"], options.get("base_artifact_sha256"))
+    return rayd_from_switches(options.get("base_artifact"), options.get("base_artifact_sha256"),
+                              options.get("base_image"))
 
 
 def stack_options(project: "object") -> dict:

@@ -41,6 +41,8 @@ _CONSTRUCTS = {
     "ControlPlaneBudget": "control_plane_budget",
     "FleetLedger": "fleet_ledger",
     "AgentImage": "agent_image",
+    "ImageComposer": "image_composer",
+    "PublishedBaseImage": "image_composer",
     "EgressBudget": "egress_budget",
     "FleetDashboard": "dashboard",
     "FleetQueries": "queries",

@@ -1,8 +1,11 @@
-"""Where the Lambda code of this library lives, installed or in a checkout."""
+"""Where the Lambda code of this library lives, installed or in a checkout, and where synth puts the
+files it makes for assets."""
 
 from __future__ import annotations
 
 import importlib.util
+import os
+import tempfile
 from pathlib import Path
 
 
@@ -16,3 +19,16 @@ def lambda_code_dir(name: str) -> Path:
         if (folder / "index.py").is_file():
             return folder
     raise FileNotFoundError(f"the code of the {name} function is missing from this installation")
+
+
+def content_file(data: bytes, name: str) -> Path:
+    """``data`` at a path named by ``name`` (its content: same bytes, same path, same asset hash),
+    written once, atomically, so that parallel synths share it."""
+    folder = Path(tempfile.gettempdir()) / "rayito-constructs-images"
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / name
+    if not path.is_file() or path.read_bytes() != data:
+        partial = path.with_suffix(f".{os.getpid()}.part")
+        partial.write_bytes(data)
+        os.replace(partial, path)
+    return path

@@ -24,9 +24,10 @@ existing function onto this helper keeps its logical ids.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable, Mapping, Optional, Sequence
+from typing import Callable, Iterable, Mapping, Optional, Sequence
 
 import aws_cdk as cdk
+import jsii
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_logs as logs
@@ -132,3 +133,18 @@ def library_function(
         **function_props,
     )
     return LibraryFunction(function=function, role=role, log_group=log_group)
+
+
+def lazy_string(produce: Callable[[], str]) -> str:
+    """A string token whose value ``produce()`` gives when the template is written (a resource
+    map that names logical ids, known only once the tree is complete)."""
+    return cdk.Lazy.string(_StringProducer(produce))
+
+
+@jsii.implements(cdk.IStableStringProducer)
+class _StringProducer:
+    def __init__(self, produce: Callable[[], str]) -> None:
+        self._produce = produce
+
+    def produce(self) -> str:
+        return self._produce()

@@ -12,9 +12,7 @@ product ignores it.
 from __future__ import annotations
 
 import hashlib
-import os
 import re
-import tempfile
 import zipfile
 from pathlib import Path
 from typing import Any, Mapping, Optional
@@ -34,7 +32,9 @@ from rayito.cdk._image_properties import camel_case, cfn_image_properties
 from rayito.cdk._microvm_image import RESERVED_IMAGE_NAME_PREFIX
 from rayito.cli._artifact import marker_has_efs, marker_variant
 
+from ._assets import content_file
 from ._nag import acknowledge_statements
+from .image_composer import ImageComposer, PublishedBaseImage
 from .image_composition import (
     HOOKS_PORT,
     MEMORY_CLASSES_MIB,
@@ -43,12 +43,14 @@ from .image_composition import (
     CompositionError,
     agent_configuration,
     agent_template,
+    build_context,
     caps_base_configuration,
     compose_artifact,
+    declared_inheritance,
 )
 from .image_pruner import ImagePruner, check_keep, properties_digest
 from .names import claim
-from .permissions import LAMBDA_SERVICE, Statement, image_arn_for, source_arn_condition
+from .permissions import LAMBDA_SERVICE, STAR_REASONS, Statement, image_arn_for, source_arn_condition
 
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}\Z")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,255}\Z")
@@ -123,8 +125,12 @@ class AgentImage(Construct):
     :param rayd: where ``rayd`` comes from: the product's release zip
         (``rayito.cdk.MicrovmImageArtifact.from_file(path, sha256=...)``), or a
         ``rayito.cdk.RayitoMicrovmImage`` of the same app (its zip composed at synth, its
-        configuration inherited, the image built after it).
-    :param base_image_version: the managed base's major version for a release zip. Default: ``"1"``.
+        configuration inherited, the image built after it), or a base image already published in
+        the account (:class:`~rayito_constructs.image_composer.PublishedBaseImage`: composed at
+        deploy by an :class:`~rayito_constructs.image_composer.ImageComposer`, its managed base
+        inherited).
+    :param base_image_version: the managed base's major version for a release zip (a published
+        base's is inherited). Default: ``"1"``.
     :param template_env: variables ``rayd`` hands to every process (the product's ``set_envs``);
         values must be known at synth. Default: none.
     :param own_log_group: create ``/rayito/<image name>`` in the stack, before the image.
@@ -165,22 +171,7 @@ class AgentImage(Construct):
         check_template_env(env)
         if keep_image_versions is not None:
             check_keep(keep_image_versions)
-        if isinstance(rayd, RayitoMicrovmImage):
-            base_zip_path = _staged_artifact(rayd)
-        elif isinstance(rayd, MicrovmImageArtifact):
-            _check_release(rayd)
-            base_zip_path = rayd.path
-            if cdk.Token.is_unresolved(base_image_version) or not _MAJOR_VERSION.match(base_image_version or ""):
-                raise ValueError(
-                    f"base_image_version: {base_image_version!r} is not a major version number such as '1' "
-                    "(CreateMicrovmImage rejects '1.0' and 'latest' would read AWS at synth)")
-        else:
-            raise ValueError(f"rayd: {type(rayd).__name__} is not a rayito.cdk.MicrovmImageArtifact or "
-                             "rayito.cdk.RayitoMicrovmImage")
-        try:
-            artifact = compose_artifact(product, Path(base_zip_path).read_bytes(), template_env=env)
-        except CompositionError as exc:
-            raise ValueError(str(exc)) from None
+        published, base_name, base_pin, context, artifact = _composition(product, rayd, base_image_version, env)
         super().__init__(scope, id)
         claim(self, "image", image_name)  # one MicrovmImage of a name per account and region
         stack = cdk.Stack.of(self)
@@ -191,14 +182,30 @@ class AgentImage(Construct):
                 "(rayito agent deploy ignores it too)")
         self.image_name = image_name
         """The image's name (the product's ``[image] template``, else the project's name)."""
-        self.artifact_sha256 = hashlib.sha256(artifact).hexdigest()
-        """The sha256 of the composed zip (the product's content-addressed key is made from it)."""
         self.template_env = env
         """The variables rayd hands to every process."""
-        self.code = s3_assets.Asset(self, "Code", path=str(_write_artifact(artifact, self.artifact_sha256)))
-        """The composed zip, as a file asset."""
-        code = self.code
-        self.code_object_arns = (code.bucket.arn_for_objects(code.s3_object_key),)
+        self.composer: Optional[ImageComposer] = None
+        """Composes the zip at deploy, over a published base (``rayd=PublishedBaseImage()``)."""
+        self.code: Optional[s3_assets.Asset] = None
+        """The zip composed at synth, as a file asset (None when composed at deploy)."""
+        if artifact is not None:
+            self.artifact_sha256: str = hashlib.sha256(artifact).hexdigest()
+            """The sha256 of the composed zip (the product's content-addressed key is made from it)."""
+            self.code = s3_assets.Asset(self, "Code", path=str(content_file(artifact, f"{self.artifact_sha256}.zip")))
+            self.code_object_arns: tuple[str, ...] = (self.code.bucket.arn_for_objects(self.code.s3_object_key),)
+            artifact_uri = f"s3://{self.code.s3_bucket_name}/{self.code.s3_object_key}"
+        else:
+            assert published is not None and context is not None
+            # What rayito setup declares for the base, checked by the composer against the version it finds.
+            declared = declared_inheritance(caps_base_configuration(
+                region=stack.region, base_image_version=DEFAULT_BASE_IMAGE_VERSION, artifact_uri="", build_role_arn="",
+                base_name=base_name))
+            self.composer = ImageComposer(self, "Composer", image_name=image_name, build_context=context,
+                                          base_image_name=base_name, base_image_version=base_pin, declared=declared,
+                                          base_artifact_bucket=published.artifact_bucket)
+            self.artifact_sha256 = self.composer.artifact_sha256
+            self.code_object_arns = self.composer.artifact_object_arns
+            artifact_uri = self.composer.artifact_uri
         log_group = log_group_for(image_name)
         self.build_log_group_name = log_group
         """The image's own log group, ``/rayito/<name>``, as the product names it."""
@@ -212,34 +219,17 @@ class AgentImage(Construct):
         """The VMs' ``/aws/lambda-microvms/<name>`` group is the fleet's, not the image's (None)."""
         self.egress_network_connectors: tuple[str, ...] = ()
         if build_role is None:
-            role = iam.Role(
-                self,
-                "BuildRole",
-                assumed_by=iam.SessionTagsPrincipal(
-                    iam.PrincipalWithConditions(
-                        iam.ServicePrincipal(LAMBDA_SERVICE),
-                        source_arn_condition(stack, image_arn_for(stack, image_name)),
-                    )
-                ),
-                description=f"Rayito: builds the MicroVM image {image_name}",
-            )
-            group_arn = stack.format_arn(service="logs", resource="log-group", resource_name=f"{log_group}:*",
-                                         arn_format=cdk.ArnFormat.COLON_RESOURCE_NAME)
-            log_actions = ("logs:CreateLogStream", "logs:PutLogEvents")
-            statements = [
-                Statement("ReadCode", ("s3:GetObject",), self.code_object_arns),
-                Statement("BuildLogs", log_actions if self.build_log_group else ("logs:CreateLogGroup", *log_actions),
-                          (group_arn,)),
-            ]
-            for statement in statements:
-                role.add_to_policy(statement.to_policy_statement())
-            acknowledge_statements(role, statements, {"BuildLogs": "the log streams of this image's own log group"})
-            build_role = role
+            build_role = self._own_build_role(image_name, log_group)
         self.build_role = build_role
         """The role the build runs as."""
-        artifact_uri = f"s3://{code.s3_bucket_name}/{code.s3_object_key}"
         if isinstance(rayd, RayitoMicrovmImage):
             base = _inherited_from(rayd)
+        elif self.composer is not None:
+            # The managed base is the one the base's version declares, as the product's build inherits it.
+            base = caps_base_configuration(region=stack.region, base_image_version=self.composer.managed_base_image_version,
+                                           artifact_uri=artifact_uri, build_role_arn=build_role.role_arn,
+                                           base_name=self.composer.base_image_name)
+            base["baseImageArn"] = self.composer.managed_base_image_arn
         else:
             base = caps_base_configuration(region=stack.region, base_image_version=base_image_version,
                                            artifact_uri=artifact_uri, build_role_arn=build_role.role_arn)
@@ -280,13 +270,44 @@ class AgentImage(Construct):
         """Deletes old versions (``keep_image_versions``), unless that is None."""
         if keep_image_versions is not None:
             self.pruner = ImagePruner(self, "Pruner", image_name=image_name, keep_image_versions=keep_image_versions,
-                                      digest=properties_digest(self, self.resource), prune_every=prune_every,
+                                      # composed at deploy: the composer's inputs change what is built too
+                                      digest=properties_digest(self, self.resource, *(
+                                          [self.composer.resource.node.default_child] if self.composer else [])),
+                                      prune_every=prune_every,
                                       reserved_concurrency=pruner_reserved_concurrency)
             self.resource.node.add_dependency(self.pruner.resource)
         self.image_arn: str = self.resource.attr_image_arn
         """The image's ARN."""
         self.latest_active_image_version: Optional[str] = self.resource.attr_latest_active_image_version
         """The version new MicroVMs run (changes when a deploy builds a new one)."""
+
+    def _own_build_role(self, image_name: str, log_group: str) -> iam.IRole:
+        """The role the build runs as: it reads the composed zip and writes the image's log group."""
+        stack = cdk.Stack.of(self)
+        role = iam.Role(
+            self,
+            "BuildRole",
+            assumed_by=iam.SessionTagsPrincipal(
+                iam.PrincipalWithConditions(
+                    iam.ServicePrincipal(LAMBDA_SERVICE),
+                    source_arn_condition(stack, image_arn_for(stack, image_name)),
+                )
+            ),
+            description=f"Rayito: builds the MicroVM image {image_name}",
+        )
+        group_arn = stack.format_arn(service="logs", resource="log-group", resource_name=f"{log_group}:*",
+                                     arn_format=cdk.ArnFormat.COLON_RESOURCE_NAME)
+        log_actions = ("logs:CreateLogStream", "logs:PutLogEvents")
+        statements = [
+            Statement("ReadCode", ("s3:GetObject",), self.code_object_arns),
+            Statement("BuildLogs", log_actions if self.build_log_group else ("logs:CreateLogGroup", *log_actions),
+                      (group_arn,)),
+        ]
+        for statement in statements:
+            role.add_to_policy(statement.to_policy_statement())
+        acknowledge_statements(role, statements, {"BuildLogs": "the log streams of this image's own log group",
+                                                  "ReadCode": STAR_REASONS["ReadCode"]})
+        return role
 
     @property
     def owns_log_group(self) -> bool:
@@ -297,6 +318,39 @@ class AgentImage(Construct):
     def from_image_arn(scope: Construct, id: str, image_arn: str) -> ImportedAgentImage:
         """An image published elsewhere."""
         return ImportedAgentImage(scope, id, image_arn=image_arn)
+
+
+
+def _composition(product: Any, rayd: Any, base_image_version: str, env: dict[str, str]) -> tuple[
+        Optional["PublishedBaseImage"], Optional[str], Optional[str], Optional[bytes], Optional[bytes]]:
+    """Where ``rayd`` comes from, and what is composed now: ``(published, base name, base pin,
+    build context, artifact)``: the whole zip at synth over a local base, or only the project's
+    side (the build context) when the base is published in the account (composed at deploy)."""
+    published = rayd if isinstance(rayd, PublishedBaseImage) else None
+    base_name = base_pin = None
+    if isinstance(rayd, RayitoMicrovmImage):
+        base_zip_path = _staged_artifact(rayd)
+    elif isinstance(rayd, MicrovmImageArtifact):
+        _check_release(rayd)
+        base_zip_path = rayd.path
+        if cdk.Token.is_unresolved(base_image_version) or not _MAJOR_VERSION.match(base_image_version or ""):
+            raise ValueError(
+                f"base_image_version: {base_image_version!r} is not a major version number such as '1' "
+                "(CreateMicrovmImage rejects '1.0' and 'latest' would read AWS at synth)")
+    elif published is not None:
+        base_name, base_pin = published.resolve(str(product.base), product.base_image_version)
+    else:
+        raise ValueError(f"rayd: {type(rayd).__name__} is not a rayito.cdk.MicrovmImageArtifact, a "
+                         "rayito.cdk.RayitoMicrovmImage or a rayito_constructs.PublishedBaseImage")
+    try:
+        if published is not None:
+            # The base's zip is only in S3: the project's side travels, the rest is done at deploy.
+            context, artifact = build_context(product, template_env=env, base_version=base_pin), None
+        else:
+            context, artifact = None, compose_artifact(product, Path(base_zip_path).read_bytes(), template_env=env)
+    except CompositionError as exc:
+        raise ValueError(str(exc)) from None
+    return published, base_name, base_pin, context, artifact
 
 
 def check_image_project(product: Any, image_name: str) -> None:
@@ -364,14 +418,28 @@ def release_artifact(path: str, sha256: Optional[str]) -> MicrovmImageArtifact:
         raise ValueError(f"base_artifact: {_one_line(exc)}") from None
 
 
-def rayd_from_context(scope: Construct) -> Optional[MicrovmImageArtifact]:
-    """The release zip the app's context names (``-c base_artifact=PATH``, with
-    ``-c base_artifact_sha256=HEX``), as ``rayito agent deploy --base-artifact`` takes it; None
-    without one."""
+def rayd_from_context(scope: Construct) -> Optional[Any]:
+    """Where the app's context says ``rayd`` comes from: the release zip ``-c base_artifact=PATH``
+    (with ``-c base_artifact_sha256=HEX``), as ``rayito agent deploy --base-artifact`` takes it, or
+    the base image ``-c base_image=NAME`` already published in the account (composed at deploy);
+    None without either."""
     path = scope.node.try_get_context("base_artifact")
-    if not path:
-        return None
-    return release_artifact(str(path), scope.node.try_get_context("base_artifact_sha256"))
+    base = scope.node.try_get_context("base_image")
+    return rayd_of(path, scope.node.try_get_context("base_artifact_sha256"), base)
+
+
+def rayd_of(base_artifact: Optional[str], base_artifact_sha256: Optional[str],
+            base_image: Optional[str]) -> Optional[Any]:
+    """``rayd`` from the switches of ``app.py`` (``-c`` or ``[stack]``): a release zip
+    (``base_artifact``) or a published base (``base_image``), never both; None without either."""
+    if base_artifact and base_image:
+        raise ValueError("base_artifact, base_image: give one of them (a release zip composed at synth, or the "
+                         "base image published in the account, composed at deploy)")
+    if base_image:
+        return PublishedBaseImage(name=str(base_image), _option="base_image")
+    if base_artifact:
+        return release_artifact(str(base_artifact), base_artifact_sha256)
+    return None
 
 
 def _one_line(exc: BaseException) -> str:
@@ -412,15 +480,3 @@ def _inherited_from(image: RayitoMicrovmImage) -> dict[str, Any]:
 def _camel(value: Any) -> Any:
     """A resolved CloudFormation value (PascalCase keys) back in the API's camelCase."""
     return camel_case(value) if value is not None else None
-
-
-def _write_artifact(artifact: bytes, digest: str) -> Path:
-    """The composed zip at a path named by its content (same bytes, same path, same asset hash)."""
-    folder = Path(tempfile.gettempdir()) / "rayito-constructs-images"
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"{digest}.zip"
-    if not path.is_file() or path.read_bytes() != artifact:
-        partial = path.with_suffix(f".{os.getpid()}.part")
-        partial.write_bytes(artifact)
-        os.replace(partial, path)
-    return path

@@ -248,9 +248,11 @@ class AgentFleet(_FleetGrants):
         ``rayd`` is. Default: True.
     :param rayd: where the image's ``rayd`` comes from (see :class:`AgentImage`): the product's
         release zip (``rayito.cdk.MicrovmImageArtifact.from_file(path, sha256=...)``) or a
-        ``rayito.cdk.RayitoMicrovmImage`` of the app. Default: the release zip the app's context
-        names (``-c base_artifact=PATH -c base_artifact_sha256=HEX``); without one the fleet
-        builds no image and runs the one ``rayito agent deploy`` published under its name
+        ``rayito.cdk.RayitoMicrovmImage`` of the app, both composed at synth, or a base image
+        already published in the account (:class:`~rayito_constructs.image_composer.PublishedBaseImage`,
+        composed at deploy). Default: what the app's context names (``-c base_artifact=PATH
+        -c base_artifact_sha256=HEX``, or ``-c base_image=rayito-base-caps``); without either the
+        fleet builds no image and runs the one ``rayito agent deploy`` published under its name
         (docs/image.md).
     :param base_image_version: the managed base's major version for a release zip. Default: ``"1"``.
     :param base_rollout: how base VMs move to a new image version: ``on_expiry`` (default) or

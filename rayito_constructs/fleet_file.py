@@ -54,6 +54,7 @@ class StackOptions(_Options):
     image_arn: Optional[str] = None
     base_artifact: Optional[str] = None
     base_artifact_sha256: Optional[str] = Field(None, pattern=r"^[0-9a-fA-F]{64}$")
+    base_image: Optional[str] = Field(None, pattern=r"^[A-Za-z0-9_-]{1,64}$")
     base_image_version: Optional[str] = None
     build_image: bool = True
 

@@ -16,14 +16,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Any, Iterable, Optional
+from typing import Iterable, Optional
 
 import aws_cdk as cdk
-import jsii
 from aws_cdk import aws_kms as kms
 from constructs import Construct, IDependable
 
-from ._function import library_function
+from ._function import lazy_string, library_function
 from .monitoring import METRICS_ENV, Operations, metrics_value
 from .permissions import FleetAccess, Statement, microvm_statements, table_key_statement, wildcard_reasons
 from .reconciler import FleetReconciler
@@ -34,14 +33,6 @@ FAILURE_MODES = ("warn", "fail")
 MAX_TIMEOUT_SECONDS = 900
 SCHEDULER_SERVICE = "scheduler.amazonaws.com"
 
-
-@jsii.implements(cdk.IStableStringProducer)
-class _Producer:
-    def __init__(self, produce: Any) -> None:
-        self._produce = produce
-
-    def produce(self) -> str:
-        return self._produce()
 
 
 #: What ending VMs takes, besides ListMicrovms and RunMicrovm (with its PassRole and
@@ -147,7 +138,7 @@ class FleetTeardown(Construct):
                 "SCHEDULE_NAME": reconciler.schedule.schedule_name,
                 "SCHEDULE_GROUP": "default",
                 "STACK_ID": cdk.Aws.STACK_ID,
-                "RESOURCES": cdk.Lazy.string(_Producer(self._resource_map)),
+                "RESOURCES": lazy_string(self._resource_map),
                 "TERMINATE_RATE": f"{float(terminate_rate):g}",
                 METRICS_ENV: metrics_value(Operations.of(scope).metrics),
             },

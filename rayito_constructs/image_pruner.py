@@ -19,16 +19,15 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Callable, Optional
+from typing import Any, Optional
 
 import aws_cdk as cdk
-import jsii
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_scheduler as scheduler
 from aws_cdk import aws_scheduler_targets as scheduler_targets
 from constructs import Construct
 
-from ._function import library_function
+from ._function import lazy_string, library_function
 from .monitoring import METRICS_ENV, Operations, metrics_value
 from ._nag import acknowledge_wildcard_resources
 from .names import fleet_name_problem
@@ -44,14 +43,6 @@ PRUNE_ACTIONS = (
     "lambda:DeleteMicrovmImageVersion",
 )
 
-
-@jsii.implements(cdk.IStableStringProducer)
-class _Producer:
-    def __init__(self, produce: Callable[[], str]) -> None:
-        self._produce = produce
-
-    def produce(self) -> str:
-        return self._produce()
 
 
 def check_keep(keep: object) -> int:
@@ -134,7 +125,7 @@ class ImagePruner(Construct):
                 "IMAGE_NAME": image_name,
                 "KEEP_VERSIONS": str(keep),
                 "STACK_ID": cdk.Aws.STACK_ID,
-                "RESOURCES": cdk.Lazy.string(_Producer(self._resource_map)),
+                "RESOURCES": lazy_string(self._resource_map),
                 "DEPLOY_BUDGET_SECONDS": f"{deploy_budget.to_seconds():g}",
                 METRICS_ENV: metrics_value(Operations.of(scope).metrics),
             },
@@ -187,13 +178,16 @@ class ImagePruner(Construct):
         return json.dumps({stack.resolve(stack.get_logical_id(cfn)): self.image_name}, separators=(",", ":"))
 
 
-def properties_digest(scope: Construct, resource: cdk.CfnResource) -> str:
-    """A digest of ``resource``'s properties as synthesized (lazily: after every change to it)."""
+def properties_digest(scope: Construct, resource: cdk.CfnResource, *inputs: Any) -> str:
+    """A digest of ``resource``'s properties as synthesized (lazily: after every change to it),
+    and of the ``inputs`` resources' properties when what it builds depends on them too (an image
+    whose code a custom resource composes at deploy: its properties name only the answer)."""
     stack = cdk.Stack.of(scope)
 
     def produce() -> str:
         properties = stack.resolve(resource._cfn_properties)  # noqa: SLF001 - the L1's own view
+        if inputs:
+            properties = [properties, *(stack.resolve(other._cfn_properties) for other in inputs)]  # noqa: SLF001
         return hashlib.sha256(json.dumps(properties, sort_keys=True, default=str).encode()).hexdigest()
 
-    return cdk.Lazy.string(_Producer(produce))
-
+    return lazy_string(produce)

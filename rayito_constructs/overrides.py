@@ -136,6 +136,8 @@ APP_CONTEXT: dict[str, str] = {
     "keep_image_versions": "a whole number of image versions from 1 to 49 (5), or none",
     "base_artifact": "the path of the product's rayito-image.zip (as rayito agent deploy --base-artifact)",
     "base_artifact_sha256": "the sha256 of base_artifact, 64 hexadecimal digits",
+    "base_image": "the base image published in the account to compose on at deploy, the project's [image] base "
+                  "(rayito-base-caps)",
     "base_image_version": "the managed base image's major version, such as 1",
     "build_image": "true or false (false: as rayito agent deploy --no-build, the image is not built)",
 }
@@ -240,7 +242,10 @@ def _read_app_context(app: dict[str, Any], problems: list[Problem]) -> None:
         problems.append(Problem("base_artifact_sha256", "-c base_artifact_sha256: give -c base_artifact=PATH with it"))
     if "base_image_version" in app:
         app["base_image_version"] = str(app["base_image_version"])
-    for key in ("project", "image_arn", "base_artifact"):
+    if "base_image" in app and "base_artifact" in app:
+        problems.append(Problem("base_image", "-c base_image: give -c base_artifact or -c base_image, not both (a release "
+                                              "zip composed at synth, or the base published in the account, composed at deploy)"))
+    for key in ("project", "image_arn", "base_artifact", "base_image"):
         if key in app and (not isinstance(app[key], str) or not app[key].strip()):
             problems.append(Problem(key, f"-c {key}: {show(app[key])} is not {APP_CONTEXT[key]}"))
     if "alarm_actions" in app:

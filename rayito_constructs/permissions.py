@@ -178,6 +178,15 @@ STAR_REASONS = {
         "rayito/templates/* for rayito agent build): content-addressed zips whose names are known only at run time"
     ),
     "BuildLogs": "the build log group of the fleet's image (/rayito/<image>, the product's) and its streams",
+    "ReadBaseArtifacts": (
+        "the base images' zips in the artifact bucket (rayito/images/*, content-addressed by rayito image publish): "
+        "which one a base's version names is known only at deploy (ImageComposer)"
+    ),
+    "ComposedArtifacts": (
+        "one image's zips composed at deploy (rayito/templates/<image>/* of the asset bucket), named by their "
+        "sha256, known only at deploy (ImageComposer)"
+    ),
+    "ReadCode": "the agent image's zips composed at deploy (rayito/templates/<image>/*), named by their sha256",
     "AccessToken": "every fleet's access token (rayito/agents/*/access-token) in an account-wide policy",
     "GatewaySecrets": "every secret under the product's prefix rayito/ in an account-wide policy (webhook signing secrets denied)",
     "NeverWebhookSigningSecrets": "a Deny: the product's webhook signing secrets are never read by a session",

@@ -29,7 +29,6 @@ from pathlib import Path
 from typing import Any, Mapping, Optional, Union
 
 import aws_cdk as cdk
-import jsii
 from aws_cdk import aws_cloudwatch as cloudwatch
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
@@ -37,7 +36,7 @@ from aws_cdk import aws_logs as logs
 from aws_cdk import aws_s3_assets as s3_assets
 from constructs import Construct
 
-from ._function import library_function
+from ._function import lazy_string, library_function
 from .monitoring import Operations, create_alarm, longest, metrics_value, retention_days
 from .names import claim, fleet_name_problem
 from .permissions import recipe_parameter_arn, via
@@ -78,7 +77,7 @@ class RecipeWriter(Construct):
             layers=[ProductLayer.of(self).layer],  # the product encodes the recipe (lambdas/recipe_writer)
             environment={
                 "STACK_ID": cdk.Aws.STACK_ID,
-                "RECIPE_RESOURCES": cdk.Lazy.string(_Producer(self._resource_map)),
+                "RECIPE_RESOURCES": lazy_string(self._resource_map),
             },
         )
         self.log_group = made.log_group
@@ -146,14 +145,6 @@ class RecipeWriter(Construct):
             )
         return text
 
-
-@jsii.implements(cdk.IStableStringProducer)
-class _Producer:
-    def __init__(self, produce: Any) -> None:
-        self._produce = produce
-
-    def produce(self) -> str:
-        return self._produce()
 
 
 def _document_file(data: bytes, digest: str) -> Path:

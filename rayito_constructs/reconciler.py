@@ -27,7 +27,7 @@ from aws_cdk import aws_scheduler_targets as scheduler_targets
 from aws_cdk import aws_sqs as sqs
 from constructs import Construct
 
-from ._function import library_function
+from ._function import lazy_string, library_function
 from ._lambdas.reconciler.core import lifetimes
 from ._nag import acknowledge_wildcard_resources
 from .control_plane_budget import ControlPlaneBudget
@@ -214,15 +214,6 @@ def _check_ranges(
         _check_whole(option, value)
         if not least <= value <= 28_800:
             raise ValueError(f"{option}: {value} is not within {least} to 28800 (8 hours)")
-
-
-@jsii.implements(cdk.IStableStringProducer)
-class _LazyString:
-    def __init__(self, produce: Callable[[], str]) -> None:
-        self._produce = produce
-
-    def produce(self) -> str:
-        return self._produce()
 
 
 @jsii.implements(cdk.IStableListProducer)
@@ -513,8 +504,8 @@ class FleetReconciler(Construct):
             environment["EXECUTION_ROLE_ARN"] = execution_role_arn
         if share_image:
             # Lazy: a fleet added later to the app on the same image is a sibling too.
-            environment["SHARED_WITH"] = cdk.Lazy.string(_LazyString(
-                lambda: json.dumps(sorted(s.fleet_name for s in self.siblings), separators=(",", ":"))))
+            environment["SHARED_WITH"] = lazy_string(
+                lambda: json.dumps(sorted(s.fleet_name for s in self.siblings), separators=(",", ":")))
         if terminate_strays:
             environment["TERMINATE_STRAYS"] = "1"
             environment["STRAY_GRACE_SECONDS"] = str(stray_grace_seconds)

@@ -17,6 +17,15 @@ FLAGS: dict[str, Any] = json.loads((ROOT / "cdk.json").read_text())["context"]
 ENV = cdk.Environment(account="123456789012", region="us-east-1")
 ASSET_HASH = re.compile(r"^[0-9a-f]{64}(\.zip)?$")
 HASH_INSIDE = re.compile(r"[0-9a-f]{64}")
+#: The product's hooks of rayito-base (_images_publish_domain.IMAGE_HOOKS), in CloudFormation's names.
+PRODUCT_HOOKS = {
+    "Port": 9000,
+    "MicrovmHooks": {"Run": "ENABLED", "RunTimeoutInSeconds": 30, "Resume": "ENABLED", "ResumeTimeoutInSeconds": 30,
+                     "Suspend": "ENABLED", "SuspendTimeoutInSeconds": 30, "Terminate": "ENABLED",
+                     "TerminateTimeoutInSeconds": 10},
+    "MicrovmImageHooks": {"Ready": "ENABLED", "ReadyTimeoutInSeconds": 600, "Validate": "ENABLED",
+                          "ValidateTimeoutInSeconds": 600},
+}
 
 
 def stand_in_rayd() -> str:

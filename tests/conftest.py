@@ -54,6 +54,19 @@ def aws() -> Iterator[str]:
 
 
 @pytest.fixture(scope="module")
+def stores():
+    """moto in server mode for the module, and a proxy in front of it that counts requests and
+    answers chosen operations with AWS's errors: ``(moto's endpoint, the proxy)``."""
+    from .moto_server import moto_server
+    from .recipe_writer_helpers import FaultProxy
+
+    with moto_server() as endpoint:
+        proxy = FaultProxy(int(endpoint.rsplit(":", 1)[1]))
+        yield endpoint, proxy
+        proxy.close()
+
+
+@pytest.fixture(scope="module")
 def cfn(tmp_path_factory) -> Iterator[CloudFormationEndpoint]:
     """CloudFormation's response endpoint for custom resources (recipe_writer_helpers), one per
     test module."""

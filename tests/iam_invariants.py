@@ -83,6 +83,14 @@ ALLOWED_WILDCARDS: tuple[tuple[re.Pattern[str], frozenset[str], frozenset[str] |
     # the product's artifact keys in the artifact bucket (rayito/images/*, rayito/templates/*)
     (re.compile(_arn(r"^arn:{P}:s3:::[^/*]+/rayito/(images|templates)/\*$")),
      frozenset({"s3:PutObject", "s3:GetObject"}), frozenset({"UploadArtifacts"})),
+    # the image composer reads the base images' zips, and reads and writes one image's composed zips,
+    # which that image's build role reads (ImageComposer, AgentImage over a published base)
+    (re.compile(_arn(r"^arn:{P}:s3:::[^/*]+/rayito/images/\*$")), frozenset({"s3:GetObject"}),
+     frozenset({"ReadBaseArtifacts"})),
+    (re.compile(_arn(r"^arn:{P}:s3:::[^/*]+/rayito/templates/[A-Za-z0-9_-]+/\*$")),
+     frozenset({"s3:PutObject", "s3:GetObject"}), frozenset({"ComposedArtifacts"})),
+    (re.compile(_arn(r"^arn:{P}:s3:::[^/*]+/rayito/templates/[A-Za-z0-9_-]+/\*$")), frozenset({"s3:GetObject"}),
+     frozenset({"ReadCode"})),
     # the fleet image's build log group (/rayito/<image>, the product's) and its streams
     (re.compile(_arn(r"^arn:{P}:logs:{R}:{A}:log-group:/rayito/[^*]+:\*$")),
      frozenset({"logs:DescribeLogStreams", "logs:GetLogEvents"}), frozenset({"BuildLogs"})),

@@ -189,6 +189,7 @@ ERRORS = {
     "InvalidKeyId": (400, "InvalidKeyId", "Invalid keyId alias/does-not-exist"),
     "AccessDeniedException": (400, "AccessDeniedException", "User is not authorized to perform: ssm:PutParameter"),
     "InternalServerError": (500, "InternalServerError", "internal error"),
+    "AccessDenied": (403, "AccessDenied", "Access Denied"),
 }
 
 
@@ -215,9 +216,11 @@ class _Forward(BaseHTTPRequestHandler):
                 server.faults[operation] = (remaining[0], remaining[1] - 1)  # type: ignore[attr-defined]
         if fault:
             status, code, message = ERRORS[fault]
-            payload = json.dumps({"__type": code, "message": message}).encode()
+            s3 = operation.startswith("s3:")  # S3 answers in XML, SSM in JSON
+            payload = (f"<Error><Code>{code}</Code><Message>{message}</Message></Error>".encode() if s3
+                       else json.dumps({"__type": code, "message": message}).encode())
             self.send_response(status)
-            self.send_header("Content-Type", "application/x-amz-json-1.1")
+            self.send_header("Content-Type", "application/xml" if s3 else "application/x-amz-json-1.1")
             self.send_header("Content-Length", str(len(payload)))
             self.end_headers()
             self.wfile.write(payload)

@@ -28,19 +28,10 @@ from rayito_constructs.image_composition import (
     template_env_of,
 )
 
-from .cdk_helpers import lint_template, nag, new_app, new_stack
+from .cdk_helpers import PRODUCT_HOOKS, lint_template, nag, new_app, new_stack
 from .conftest import EXAMPLE
 
 BASE_DOCKERFILE = 'FROM scratch\nCOPY rayd /usr/local/bin/rayd\nENTRYPOINT ["/usr/local/bin/rayd"]\n'
-#: The product's hooks of rayito-base (_images_publish_domain.IMAGE_HOOKS), in CloudFormation's names.
-PRODUCT_HOOKS = {
-    "Port": 9000,
-    "MicrovmHooks": {"Run": "ENABLED", "RunTimeoutInSeconds": 30, "Resume": "ENABLED", "ResumeTimeoutInSeconds": 30,
-                     "Suspend": "ENABLED", "SuspendTimeoutInSeconds": 30, "Terminate": "ENABLED",
-                     "TerminateTimeoutInSeconds": 10},
-    "MicrovmImageHooks": {"Ready": "ENABLED", "ReadyTimeoutInSeconds": 600, "Validate": "ENABLED",
-                          "ValidateTimeoutInSeconds": 600},
-}
 
 
 def base_zip(*, rayd: bool = True, variant: str | None = None) -> bytes:

@@ -69,9 +69,15 @@ def test_names_plan_accepts_synthesize(monkeypatch, tmp_path, capsys, agent, fol
         ({"keep_image_versions": "٣"}, None),
         ({"keep_image_versions": "2.5"}, None),
         ({"memory": "3072"}, None),
+        ({"base_image": "rayito-base-caps"}, [  # synth() gives base_artifact too
+            "-c base_image: give -c base_artifact or -c base_image, not both (a release zip composed at synth, "
+            "or the base published in the account, composed at deploy)"]),
+        ({"base_image": "rayito-base", "base_artifact": None}, [
+            "-c base_image: the base image 'rayito-base' is not the project's base 'rayito-base-caps' ([image] base), "
+            "which rayito agent deploy composes on; set [image] base = 'rayito-base'"]),
     ],
     ids=["unknown-key", "idle", "flag-and-limit", "project", "image-arn", "env-secret",
-         "lifecycle", "versions-unicode-digit", "versions-fraction", "memory"],
+         "lifecycle", "versions-unicode-digit", "versions-fraction", "memory", "two-rayds", "not-the-base"],
 )
 def test_mistakes_are_one_line_each_and_exit_2(monkeypatch, tmp_path, capsys, context, lines) -> None:
     code, err, outdir = synth(monkeypatch, tmp_path, capsys, **context)
@@ -181,3 +187,16 @@ def test_no_save_recipe_synthesizes_a_fleet_the_stack_does_not_keep(monkeypatch,
     (template,) = [json.loads(p.read_text()) for p in outdir.glob("*.template.json")]
     assert not any("Reconciler" in logical for logical in template["Resources"])
     assert any(r["Type"] == "Custom::RayitoRecipe" for r in template["Resources"].values())
+
+
+def test_a_published_base_composes_the_image_at_deploy(monkeypatch, tmp_path, capsys, agent) -> None:
+    """``-c base_image=rayito-base-caps`` (or ``[stack] base_image``): no zip at synth, an image composer."""
+    folder = agent("published", stack={"base_image": "rayito-base-caps"})
+    code, err, outdir = synth(monkeypatch, tmp_path, capsys, project=str(folder), base_artifact=None)
+    assert code == 0, err
+    (template,) = stacks(outdir).values()
+    record_template("app.py base_image", template)
+    (composer,) = [r for r in template["Resources"].values() if r["Type"] == "Custom::RayitoImageComposer"]
+    (image,) = [r for r in template["Resources"].values() if r["Type"] == "AWS::Lambda::MicrovmImage"]
+    assert composer["Properties"]["BaseImageName"] == "rayito-base-caps"
+    assert "Fn::GetAtt" in image["Properties"]["CodeArtifact"]["Uri"]

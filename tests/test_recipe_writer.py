@@ -22,8 +22,7 @@ from rayito_constructs import AgentProject
 from rayito_constructs.product import canonical_json, decode
 from rayito_constructs.recipe import plan_recipe
 
-from .moto_server import moto_server
-from .recipe_writer_helpers import CFN_HOST, FaultProxy
+from .recipe_writer_helpers import CFN_HOST
 from .recipe_writer_world import BUILT_VERSION, FUNCTION_ARN, NAME, STACK_ID, Aws, Context, Synthesized, project, run
 
 
@@ -44,14 +43,6 @@ def decode_recipe(value: str) -> Any:
 @pytest.fixture(scope="module")
 def synthesized() -> Synthesized:
     return Synthesized()
-
-
-@pytest.fixture(scope="module")
-def stores() -> Iterator[tuple[str, FaultProxy]]:
-    with moto_server() as endpoint:
-        proxy = FaultProxy(int(endpoint.rsplit(":", 1)[1]))
-        yield endpoint, proxy
-        proxy.close()
 
 
 @pytest.fixture(scope="module")
