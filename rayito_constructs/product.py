@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.metadata
+import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +40,7 @@ from rayito._agent._deploy_plan import deploy_scaling, project_for
 from rayito._agent._detect_report import DetectionReport
 from rayito._agent._fleet_base import fleet_settings_of
 from rayito._agent._fleet_recipe import (
+    RECIPE_ENCODING_GZIP,
     FleetRecipe,
     RecipeWarning,
     canonical_json,
@@ -61,7 +63,7 @@ from .errors import Problem, ProjectError, show
 
 __all__ = [
     "PRODUCT_VERSION", "DeployFlags", "FleetRecipe", "Loaded", "ProductProject", "RecipeWarning",
-    "ScalingOptions", "canonical_json", "decode", "encode", "load", "recipe", "recipe_parameter_name",
+    "ScalingOptions", "canonical_json", "decode", "encode", "encoding_of", "load", "recipe", "recipe_parameter_name",
 ]
 
 #: The product's version this library runs (the recipe's ``savedBy`` is ``python/<it>``).
@@ -367,6 +369,21 @@ def encode(fleet_recipe: FleetRecipe) -> tuple[dict[str, object], Optional[str]]
 def with_version(document: Mapping[str, object], image_version: Optional[str]) -> FleetRecipe:
     """A recipe document (as :func:`encode` made it) with the image version known at deploy."""
     return dataclasses.replace(recipe_from_document(document), image_version=image_version)
+
+
+def encoding_of(value: str) -> Optional[str]:
+    """How a stored recipe value is encoded, by the product's own envelope: ``gzip+base64`` for
+    its ``{"schema", "encoding", "data"}`` envelope, ``json`` for a plain recipe document, ``None``
+    for a value that is neither (not a JSON object, or an envelope of another encoding)."""
+    try:
+        document = json.loads(value)
+    except ValueError:
+        return None
+    if not isinstance(document, dict):
+        return None
+    if "encoding" not in document:  # the product's decode_recipe reads such a value as the document
+        return "json"
+    return RECIPE_ENCODING_GZIP if document.get("encoding") == RECIPE_ENCODING_GZIP else None
 
 
 def decode(value: str) -> tuple[FleetRecipe, ProductProject]:

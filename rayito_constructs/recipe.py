@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, Optional
 
 from .errors import FleetWarning
-from .product import PRODUCT_VERSION, canonical_json, encode, recipe, recipe_parameter_name, with_version
+from .product import PRODUCT_VERSION, canonical_json, encode, encoding_of, recipe, recipe_parameter_name, with_version
 from .project import AgentProject
 
 STANDARD_PARAMETER_BYTES = 4096
@@ -49,7 +49,7 @@ def encoded(document: dict[str, object], value: Optional[str]) -> Optional[Encod
     if value is None:
         return None
     json_bytes = len(canonical_json(document).encode())
-    encoding: Encoding = "gzip+base64" if value.startswith('{"data":') and '"encoding":"gzip+base64"' in value else "json"
+    encoding: Encoding = "gzip+base64" if encoding_of(value) == "gzip+base64" else "json"
     return EncodedRecipe(value=value, encoding=encoding, bytes=len(value.encode()), json_bytes=json_bytes)
 
 

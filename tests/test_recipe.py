@@ -20,7 +20,7 @@ import pytest
 
 from lambdas.recipe_writer import index as writer
 from rayito_constructs import AgentProject, ProjectError
-from rayito_constructs.product import decode
+from rayito_constructs.product import decode, encoding_of
 from rayito_constructs.recipe import VERSION_STAND_IN, plan_recipe
 from rayito_constructs.testing import MicrovmsEmulator
 
@@ -192,6 +192,22 @@ def test_a_deploy_time_version_must_still_fit(tmp_path) -> None:
         assert plan.document["image"] == {"name": "s"}  # the stack ships it without a version
         if plan.encoded is not None:
             assert encode_recipe(plan.document) is not None
+
+
+def test_the_encoding_is_read_from_the_products_envelope(tmp_path) -> None:
+    """``encoding_of`` names what the product stored: its JSON, its ``gzip+base64`` envelope, or
+    nothing it reads (this library's old ``rz1:`` values, another envelope)."""
+    from rayito._agent._fleet_recipe import decode_recipe
+
+    small = plan_recipe(AgentProject.load(EXAMPLE)).encoded
+    big = plan_recipe(AgentProject.load(big_project(tmp_path))).encoded
+    assert small is not None and big is not None
+    assert (encoding_of(small.value), small.encoding) == ("json", "json")
+    assert (encoding_of(big.value), big.encoding) == ("gzip+base64", "gzip+base64")
+    decode_recipe(big.value)  # the product reads what was named an envelope
+    other = json.dumps({"schema": "rayito.agent-recipe/1", "encoding": "zstd", "data": ""})
+    for value in ("rz1:eJzLSM3JyVcozy/KSQEAGgQEXQ==", "[1]", "", other):
+        assert encoding_of(value) is None, value
 
 
 def test_save_recipe_off_and_the_plan_says_why(tmp_path) -> None:
