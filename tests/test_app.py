@@ -128,7 +128,7 @@ def test_the_real_command_prints_no_traceback_and_no_banner(tmp_path) -> None:
     result = subprocess.run([sys.executable, "app.py"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 2 and result.stdout == ""
     (line,) = result.stderr.splitlines()  # a rule the two flags broke together: both named, one line
-    assert line.startswith("-c min_vms: 3, -c max_vms: 1: ScalingOptions.min_vms"), line
+    assert line == "-c min_vms: 3, -c max_vms: 1: ScalingOptions.min_vms no puede superar a max_vms (max_vms is 1)", line
 
 
 @pytest.mark.parametrize(
