@@ -9,6 +9,9 @@
     npx cdk synth -c metadata_index=true            # with the session index
     npx cdk synth -c reconciler=false               # no fleet kept by the stack (default: kept when a recipe is saved)
     npx cdk synth -c env.URL=https://a,b            # one env variable per key (or env=A=1,B=2, or JSON)
+    npx cdk synth -c egress.default_rate=120/minute -c egress.default_burst=10
+    npx cdk synth -c 'egress.budgets=[{"target": "https://api.example.com", "rate": "60/minute", "burst": 5}]'
+                                                    # [egress] of rayito-constructs.toml (budgets: JSON, replaces the file's)
     npx cdk synth -c metrics=true -c alarm_actions=arn:aws:sns:us-east-1:123456789012:ops
                                                     # custom metrics, alarms, a dashboard (docs/operations.md)
     npx cdk synth -c log_retention=30               # days the library's function logs are kept
@@ -23,7 +26,9 @@
 Every flag of ``rayito agent deploy`` that ``rayito-constructs plan`` takes is accepted as context
 under its name with ``_`` (``min_vms``, ``warm``, ``max_sessions``, ``memory``, ``idle``, ``env``,
 ``save_recipe=false``...), over the folder's ``rayito-agent.toml`` as the flags are; the stack's
-switches override ``[stack]`` of ``rayito-constructs.toml``. An unknown key is an error that names
+switches override ``[stack]`` of ``rayito-constructs.toml``, and ``egress.default_rate``,
+``egress.default_burst`` and ``egress.budgets`` (a JSON list of tables) its ``[egress]``, checked
+as the file's keys are. An unknown key is an error that names
 the nearest known one. The stack is
 ``RayitoFleet-<name>`` (made a valid stack name: ``my_agent`` gives ``RayitoFleet-my-agent-<hash>``,
 as ``plan`` shows). A mistake prints one line per problem, no traceback, and exits with status 2.
@@ -58,8 +63,9 @@ def main(app: "Optional[object]" = None) -> int:
     try:
         overrides, options, problems = read_context(app.node.get_all_context())
         folder = options.get("project", DEFAULT_PROJECT)
+        fleet_file = fleet_file_of(folder, options.pop("egress", None), problems)
         try:
-            project = AgentProject.load(folder, **overrides)
+            project = AgentProject.load(folder, fleet_file=fleet_file, **overrides)
         except ProjectError as exc:
             for problem in name_what_was_typed(exc.problems, set(overrides), context=True):
                 typed = "project" in options and problem.key == "folder"
@@ -102,6 +108,28 @@ def main(app: "Optional[object]" = None) -> int:
         print(f"-c {lines[0]}" if typed else lines[0], file=sys.stderr)
         return EXIT_INVALID
     return 0
+
+
+def fleet_file_of(folder: str, egress: "Optional[dict]", problems: list) -> "object":
+    """The folder's ``rayito-constructs.toml`` with the ``-c egress.<key>`` context over its
+    ``[egress]``; None (the folder's file, read by ``AgentProject.load``) without such context, or
+    when the file itself is wrong (``AgentProject.load`` reports that). Problems are appended."""
+    from pathlib import Path
+
+    from rayito_constructs import ProjectError
+    from rayito_constructs.fleet_file import FleetFile
+
+    if not egress:
+        return None
+    try:
+        settings = FleetFile.read(Path(folder))
+    except ProjectError:
+        return None
+    try:
+        return settings.with_egress(egress)
+    except ProjectError as exc:
+        problems.extend(exc.problems)
+        return None
 
 
 def rayd_of(options: dict) -> "object":

@@ -1,13 +1,31 @@
-"""Synth time and template size for 1, 10 and 50 fleets in one app, against a hand-written baseline.
+"""Synth time: the example as a whole process, first and warm, against the peer CDK libraries;
+then 1, 10 and 50 fleets in one app, against a hand-written baseline.
 
-    .venv/bin/python -m benchmarks.synth [--sizes 1 10 50] [--repeat 3] [--json]
+    .venv/bin/python -m benchmarks.synth [--repeat 3] [--sizes 1 10 50] [--json]
+        [--before FOLDER] [--peers-python PYTHON] [--no-fleets]
 
-"ours" builds each fleet with ``AgentFleet`` (project model, recipe encoding, policies, grants,
-cdk-nag acknowledgements). "baseline" writes the same CloudFormation resources by hand with L1
-constructs and literal policy documents: what the resources cost to synthesize with no library at
-all. Both run in this one process, after a warm-up, so jsii's start-up is not counted. Reported:
-the median wall time of ``app.synth()`` including construction, the template size, and the marginal
-cost per fleet (the slope between the smallest and the largest size).
+**Whole process** (what ``make synth`` waits for, without the CDK CLI's own Node start): ``python
+app.py`` in a process of its own, as ``npx cdk synth`` runs it (``CDK_OUTDIR``, and cdk.json's
+context as ``CDK_CONTEXT_JSON``), the example with the product (``rayito``) as a dependency.
+*First* is a fresh interpreter with a cold cache of this library's own asset builds (a new, empty
+``RAYITO_CONSTRUCTS_CACHE``: the product layer is built from the wheelhouse); *warm* is the next
+run with that cache. Each is repeated ``--repeat`` times (a new cache each time); the medians of
+wall time and of CPU time (the process and the children it waited for: jsii's Node) are reported.
+
+* ``--before FOLDER``: the same for another checkout's ``app.py`` (``git archive <commit> | tar -x
+  -C FOLDER``), with this interpreter: the synth time before a change.
+* ``--peers-python PYTHON``: an interpreter with the peer libraries installed (``lambda-microvm-cdk``,
+  ``cdk-github-microvm-runners``; docs/performance.md says how): their apps in
+  ``benchmarks/peer_apps/`` as whole processes, first and warm alike (they keep no cache of their own).
+
+**Fleets in one app** (one process, after a warm-up, so jsii's start is not counted): "ours" builds
+each fleet with ``AgentFleet(reconciler=False, build_image=False)`` (the product's loader, the
+recipe, policies, grants, cdk-nag acknowledgements); "ours full fleet" adds the reconciler;
+"baseline" writes the same CloudFormation resources as "ours" by hand with L1 constructs and literal
+policy documents. Each fleet is a copy of the example (made in a temporary folder, never in
+``examples/``) with its own ``name`` and no egress budgets, so the variants have the same resources.
+Reported: the median wall time of construction plus ``app.synth()``, the template size, and the
+marginal cost per fleet (the slope between the smallest and the largest size).
 """
 
 from __future__ import annotations
@@ -15,12 +33,16 @@ from __future__ import annotations
 import argparse
 import atexit
 import json
+import os
+import re
 import shutil
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable, Optional
 
 import aws_cdk as cdk
 from aws_cdk import aws_iam as iam
@@ -28,25 +50,128 @@ from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_logs as logs
 
 from rayito_constructs import AgentFleet, AgentProject
+from rayito_constructs.fleet_file import FLEET_FILE
+from rayito_constructs.project import PROJECT_FILE
 from rayito_constructs.recipe import plan_recipe
 
 ROOT = Path(__file__).resolve().parent.parent
 SOURCE = ROOT / "examples" / "mi-agente"
+PEER_APPS = Path(__file__).resolve().parent / "peer_apps"
+ENV = cdk.Environment(account="123456789012", region="us-east-1")
+_SCRATCH = Path(tempfile.mkdtemp(prefix="rayito-bench-"))
+atexit.register(shutil.rmtree, _SCRATCH, True)
 
 
-def _example_without_budgets() -> Path:
-    """The example agent without its egress budgets, so every variant has the same resources as
-    the baseline (the budgets' table and alarms are not part of it)."""
-    folder = Path(tempfile.mkdtemp(prefix="rayito-bench-")) / "mi-agente"
-    atexit.register(shutil.rmtree, folder.parent, True)
-    shutil.copytree(SOURCE, folder)
-    text = (folder / "rayito-agent.toml").read_text()
-    (folder / "rayito-agent.toml").write_text(text.split("[[egress.budgets]]")[0])
+# ------------------------------------------------------------------ whole processes
+
+
+def _context(root: Path) -> str:
+    """cdk.json's context of a checkout, as ``npx cdk synth`` hands it to the app."""
+    return json.dumps(json.loads((root / "cdk.json").read_text())["context"])
+
+
+def run_once(command: list[str], cwd: Path, env: dict[str, str]) -> dict[str, float]:
+    """One synth process: its wall time and CPU time (its own and its waited children's), and
+    the template bytes it wrote. Fails loudly when the synth fails."""
+    outdir = Path(tempfile.mkdtemp(dir=_SCRATCH, prefix="out-"))
+    start = time.perf_counter()
+    process = subprocess.Popen(command, cwd=cwd, env={**env, "CDK_OUTDIR": str(outdir)},
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    output = process.stdout.read() if process.stdout else b""
+    _, status, usage = os.wait4(process.pid, 0)
+    wall = time.perf_counter() - start
+    process.returncode = os.waitstatus_to_exitcode(status)
+    if process.returncode != 0:
+        raise SystemExit(f"synth failed ({' '.join(command)}):\n{output.decode(errors='replace')[-3000:]}")
+    templates = list(outdir.glob("*.template.json"))
+    size = sum(t.stat().st_size for t in templates)
+    resources = sum(len(json.loads(t.read_text()).get("Resources", {})) for t in templates)
+    shutil.rmtree(outdir, ignore_errors=True)
+    return {"seconds": wall, "cpu_seconds": usage.ru_utime + usage.ru_stime, "template_bytes": size,
+            "resources": resources}
+
+
+def whole_process(command: list[str], cwd: Path, env: dict[str, str], repeat: int, *,
+                  own_cache: bool) -> dict[str, Any]:
+    """First (cold cache of this library's asset builds) and warm runs, ``repeat`` times each."""
+    first, warm = [], []
+    for _ in range(repeat):
+        run_env = dict(env)
+        if own_cache:
+            run_env["RAYITO_CONSTRUCTS_CACHE"] = tempfile.mkdtemp(dir=_SCRATCH, prefix="cache-")
+        first.append(run_once(command, cwd, run_env))
+        warm.append(run_once(command, cwd, run_env))
+
+    def summary(runs: list[dict[str, float]]) -> dict[str, Any]:
+        return {"seconds": round(statistics.median(r["seconds"] for r in runs), 2),
+                "cpu_seconds": round(statistics.median(r["cpu_seconds"] for r in runs), 2),
+                "all_seconds": [round(r["seconds"], 2) for r in runs],
+                "template_bytes": runs[-1]["template_bytes"], "resources": runs[-1]["resources"]}
+
+    return {"first": summary(first), "warm": summary(warm)}
+
+
+def _base_env() -> dict[str, str]:
+    """The environment ``make synth`` gives the app (Makefile): no bytecode written, Node 20's
+    banner off, the product layer's wheelhouse; the account and region of ``cdk synth``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CDK_")}
+    env.update(PYTHONDONTWRITEBYTECODE="1", JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION="20",
+               CDK_DEFAULT_ACCOUNT="123456789012", CDK_DEFAULT_REGION="us-east-1")
+    env.setdefault("RAYITO_CONSTRUCTS_WHEELHOUSE", str(ROOT / ".make" / "wheels"))
+    return env
+
+
+def peer_source() -> Path:
+    """The example's files with a Dockerfile: what ``lambda-microvm-cdk`` zips as its image source."""
+    folder = _SCRATCH / "peer-source"
+    if not folder.exists():
+        shutil.copytree(SOURCE, folder)
+        (folder / "Dockerfile").write_text("FROM scratch\nCOPY . /app\n")
     return folder
 
 
-EXAMPLE = _example_without_budgets()
-ENV = cdk.Environment(account="123456789012", region="us-east-1")
+PEERS: dict[str, tuple[str, str, Callable[[], list[str]]]] = {
+    "lambda-microvm-cdk": ("lambda_microvm_cdk", "lambda_microvm_cdk_app.py", lambda: [str(peer_source())]),
+    "cdk-github-microvm-runners": ("cdk_github_microvm_runners", "github_microvm_runners_app.py", lambda: []),
+}
+
+
+def processes(repeat: int, before: Optional[Path], peers_python: Optional[str]) -> dict[str, Any]:
+    env = _base_env()
+    report: dict[str, Any] = {}
+    ours_env = {**env, "CDK_CONTEXT_JSON": _context(ROOT)}
+    report["ours (example, app.py)"] = whole_process([sys.executable, "app.py"], ROOT, ours_env, repeat, own_cache=True)
+    if before is not None:
+        before_env = {**env, "CDK_CONTEXT_JSON": _context(before)}
+        report[f"before ({before.name}, app.py)"] = whole_process([sys.executable, "app.py"], before, before_env,
+                                                                  repeat, own_cache=True)
+    for peer, (module, app, args) in PEERS.items():
+        if peers_python is None:
+            report[peer] = {"not_measured": "no --peers-python given"}
+            continue
+        found = subprocess.run([peers_python, "-c", f"import {module}"], capture_output=True, env=env)
+        if found.returncode != 0:
+            report[peer] = {"not_measured": f"{peers_python} cannot import {module}"}
+            continue
+        report[peer] = whole_process([peers_python, str(PEER_APPS / app), *args()], _SCRATCH,
+                                     {**env, "CDK_CONTEXT_JSON": _context(ROOT)}, repeat, own_cache=False)
+    return report
+
+
+# ------------------------------------------------------------------ fleets in one app
+
+
+def fleet_folder(index: int) -> Path:
+    """A copy of the example named ``agente-<index>``, without its egress budgets (the baseline has
+    no budget table), in a temporary folder: the product's ``name`` is in rayito-agent.toml."""
+    name = f"agente-{index}"
+    folder = _SCRATCH / "fleets" / name
+    if not folder.exists():
+        shutil.copytree(SOURCE, folder)
+        text = (folder / PROJECT_FILE).read_text()
+        (folder / PROJECT_FILE).write_text(re.sub(r'(?m)^name = "mi-agente"$', f'name = "{name}"', text, count=1))
+        (folder / FLEET_FILE).unlink(missing_ok=True)
+    return folder
 
 
 def _stack(outdir: str) -> tuple[cdk.App, cdk.Stack]:
@@ -61,13 +186,14 @@ def ours(count: int, outdir: str, full: bool = False) -> cdk.App:
     """The fleet stack of the baseline's resources (recipe, policies, execution role)."""
     app, stack = _stack(outdir)
     for i in range(count):
-        AgentFleet(stack, f"Fleet{i}", project=AgentProject.load(EXAMPLE, name=f"agente-{i}"),
-                   reconciler=full, build_image=full)
+        AgentFleet(stack, f"Fleet{i}", project=AgentProject.load(fleet_folder(i)),
+                   reconciler=full, build_image=False)
     return app
 
 
 def ours_full(count: int, outdir: str) -> cdk.App:
-    """The whole fleet: its image and the reconciler (function, schedule, dead letters, alarms)."""
+    """The fleet as app.py makes it without a rayd: with its reconciler (function, schedule, dead
+    letters, alarms), no image built."""
     return ours(count, outdir, full=True)
 
 
@@ -88,7 +214,8 @@ def baseline(count: int, outdir: str) -> cdk.App:
         logging_config=lambda_.CfnFunction.LoggingConfigProperty(log_format="JSON", log_group=log_group.ref),
     )
     writer_statements = [{"Effect": "Allow", "Action": ["logs:CreateLogStream", "logs:PutLogEvents"], "Resource": log_group.attr_arn}]
-    value = plan_recipe(AgentProject.load(EXAMPLE)).encoded.value
+    encoded = plan_recipe(AgentProject.load(fleet_folder(0))).encoded
+    value = encoded.value if encoded is not None else ""
     for i in range(count):
         name = f"agente-{i}"
         recipe_arn = arn.format(svc="ssm", rest=f"parameter/rayito/agents/{name}/recipe")
@@ -128,7 +255,7 @@ def baseline(count: int, outdir: str) -> cdk.App:
 
 
 def measure(build: Callable[[int, str], cdk.App], count: int, repeat: int) -> dict[str, float]:
-    times, size = [], 0
+    times, size, resources = [], 0, 0
     for _ in range(repeat):
         with tempfile.TemporaryDirectory() as outdir:
             start = time.perf_counter()
@@ -141,19 +268,14 @@ def measure(build: Callable[[int, str], cdk.App], count: int, repeat: int) -> di
             "resources": resources}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--sizes", type=int, nargs="+", default=[1, 10, 50])
-    parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--json", action="store_true")
-    args = parser.parse_args()
+def fleets(sizes: list[int], repeat: int) -> dict[str, Any]:
     measure(ours, 1, 1)  # warm up jsii and the imports
     measure(baseline, 1, 1)
     report = {}
     for name, build in (("ours", ours), ("ours full fleet", ours_full), ("baseline", baseline)):
-        # A whole fleet is 23 resources: CloudFormation's 500 per stack allow 21.
-        sizes = [min(n, 21) for n in args.sizes] if build is ours_full else args.sizes
-        rows = [measure(build, n, args.repeat) for n in sizes]
+        # A fleet with its reconciler is 31 resources: CloudFormation's 500 per stack allow 15.
+        counts = [min(n, 15) for n in sizes] if build is ours_full else sizes
+        rows = [measure(build, n, repeat) for n in counts]
         first, last = rows[0], rows[-1]
         span = last["fleets"] - first["fleets"] or 1
         report[name] = {
@@ -161,15 +283,62 @@ def main() -> None:
             "marginal_seconds_per_fleet": round((last["seconds"] - first["seconds"]) / span, 4),
             "marginal_bytes_per_fleet": round((last["template_bytes"] - first["template_bytes"]) / span),
         }
+    return report
+
+
+# ------------------------------------------------------------------ report
+
+
+def _print(report: dict[str, Any]) -> None:
+    print(f"{'whole process':36}{'first s':>9}{'cpu s':>8}{'warm s':>9}{'cpu s':>8}{'template bytes':>16}{'resources':>11}")
+    for name, data in report["processes"].items():
+        if "not_measured" in data:
+            print(f"{name:36}not measured: {data['not_measured']}")
+            continue
+        first, warm = data["first"], data["warm"]
+        print(f"{name:36}{first['seconds']:>9.2f}{first['cpu_seconds']:>8.2f}{warm['seconds']:>9.2f}"
+              f"{warm['cpu_seconds']:>8.2f}{warm['template_bytes']:>16,}{warm['resources']:>11}")
+    for name, ratio in report.get("ratios", {}).items():
+        print(f"  {name}: {ratio}")
+    if "fleets" not in report:
+        return
+    print(f"\n{'fleets in one app':18}{'fleets':>7}{'seconds':>10}{'template bytes':>16}{'resources':>11}")
+    for name, data in report["fleets"].items():
+        for row in data["rows"]:
+            print(f"{name:18}{row['fleets']:>7}{row['seconds']:>10.3f}{row['template_bytes']:>16,}{row['resources']:>11}")
+        print(f"{name:18} marginal per fleet: {data['marginal_seconds_per_fleet'] * 1000:.1f} ms, "
+              f"{data['marginal_bytes_per_fleet']:,} bytes")
+
+
+def ratios(measured: dict[str, Any]) -> dict[str, float]:
+    """Ours over each other row, first and warm (the goal: at most 1.1)."""
+    ours_row = measured["ours (example, app.py)"]
+    out = {}
+    for name, data in measured.items():
+        if data is ours_row or "not_measured" in data:
+            continue
+        for kind in ("first", "warm"):
+            out[f"ours / {name}, {kind}"] = round(ours_row[kind]["seconds"] / data[kind]["seconds"], 2)
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--sizes", type=int, nargs="+", default=[1, 10, 50])
+    parser.add_argument("--before", type=Path, help="another checkout whose app.py is measured the same way")
+    parser.add_argument("--peers-python", help="an interpreter with the peer libraries installed")
+    parser.add_argument("--no-fleets", action="store_true", help="only the whole processes")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    report: dict[str, Any] = {"processes": processes(args.repeat, args.before, args.peers_python)}
+    report["ratios"] = ratios(report["processes"])
+    if not args.no_fleets:
+        report["fleets"] = fleets(args.sizes, args.repeat)
     if args.json:
         print(json.dumps(report, indent=2))
-        return
-    print(f"{'':16}{'fleets':>7}{'seconds':>10}{'template bytes':>16}{'resources':>11}")
-    for name, data in report.items():
-        for row in data["rows"]:
-            print(f"{name:16}{row['fleets']:>7}{row['seconds']:>10.3f}{row['template_bytes']:>16,}{row['resources']:>11}")
-        print(f"{name:16} marginal per fleet: {data['marginal_seconds_per_fleet']*1000:.1f} ms, "
-              f"{data['marginal_bytes_per_fleet']:,} bytes")
+    else:
+        _print(report)
 
 
 if __name__ == "__main__":

@@ -25,11 +25,12 @@ from pathlib import Path
 from typing import Any, Optional, Sequence, TextIO
 
 from .cost import FLEET_PRICES_CHECKED, RECIPE_PRICES_CHECKED, REGION, estimate
-from .errors import Problem, ProjectError
+from .errors import FleetWarning, Problem, ProjectError
+from .fleet_file import FLEET_FILE
 from .overrides import name_what_was_typed, read_overrides
 from .product import PRODUCT_VERSION
 from .project import AgentProject
-from .recipe import plan_recipe
+from .recipe import RecipePlan, no_reconciler, plan_recipe, reconciler_needs_recipe
 from .verify.parser import add_parser as add_verify_parser
 
 EXIT_INVALID = 2
@@ -135,6 +136,7 @@ def plan_document(project: AgentProject) -> dict[str, Any]:
     # ``rayd=``); ``plan`` reads no app's context, so it plans for the default: the fleet runs
     # the image ``rayito agent deploy`` published (the product ignores a folder's Dockerfile).
     recipe = plan_recipe(project)
+    warnings = [*project.warnings, *recipe.warnings, *_reconciler_warnings(project, recipe)]
     cost = estimate(project, has_recipe=recipe.encoded is not None)
     serve = dataclasses.asdict(project.serve)
     serve["idle_seconds"] = serve.pop("idle")
@@ -158,9 +160,21 @@ def plan_document(project: AgentProject) -> dict[str, Any]:
         "gateways": list(project.gateways),
         "sources": dict(sorted(project.sources.items())),
         "recipe": recipe.to_dict(),
-        "warnings": [w.to_dict() for w in (*project.warnings, *recipe.warnings)],
+        "warnings": [w.to_dict() for w in warnings],
         "cost": cost.to_dict(),
     }
+
+
+def _reconciler_warnings(project: AgentProject, recipe: RecipePlan) -> list[FleetWarning]:
+    """What the synth says of the reconciler (``AgentFleet``): without a recipe it is off by
+    default (``no_reconciler``), and ``[stack] reconciler = true`` is refused."""
+    reconciler = project.fleet.stack.reconciler
+    if reconciler is None:
+        told = no_reconciler(recipe)
+        return [told] if told is not None else []
+    if reconciler and recipe.encoded is None:
+        raise ProjectError([Problem("reconciler", f"{FLEET_FILE}: stack.{reconciler_needs_recipe(recipe)}")])
+    return []
 
 
 def _render(doc: dict[str, Any], out: TextIO) -> None:

@@ -66,7 +66,7 @@ from .permissions import (
 from .policies import CallerPolicy, ImagePublisherPolicy, SandboxLauncherPolicy
 from .project import AgentProject
 from .queries import FleetQueries
-from .recipe import RecipePlan, parameter_name, plan_recipe
+from .recipe import RecipePlan, no_reconciler, parameter_name, plan_recipe, reconciler_needs_recipe
 from .recipe_parameter import RecipeParameter
 from .reconciler import FleetReconciler, _check_whole
 
@@ -624,19 +624,16 @@ class AgentFleet(_FleetGrants):
             cdk.Annotations.of(self).add_warning_v2(f"rayito:{warning.code}", f"{warning.code}: {warning.message}")
         if reconciler is None:
             reconciler = plan.encoded is not None
-            if not reconciler:
-                cdk.Annotations.of(self).add_warning_v2(
-                    "rayito:no_reconciler", f"no_reconciler: {plan.reason}, so the stack keeps no fleet (the reconciler "
-                    "starts VMs from the project the recipe holds); VMs start when a client connects")
+            told = no_reconciler(plan)
+            if told is not None:
+                cdk.Annotations.of(self).add_warning_v2(f"rayito:{told.code}", f"{told.code}: {told.message}")
                 if reconciler_alarms is True:
                     raise ValueError(f"reconciler_alarms=True: {plan.reason}, so there is no reconciler to watch; "
                                      "leave reconciler_alarms unset or save the recipe")
         if reconciler and plan.encoded is None:
             # The reconciler starts and serves every VM from the project the recipe embeds, and reads
             # the fleet's scaling from it, as the product's client does: without one it starts nothing.
-            raise ValueError(
-                f"reconciler: True needs the fleet's recipe, and {plan.reason}; the reconciler starts the fleet's "
-                "VMs from the project the recipe holds (pass reconciler=False for a fleet the stack does not keep)")
+            raise ValueError(reconciler_needs_recipe(plan))
         if recipe_failure == "fail" and plan.document is not None and plan.encoded is None:
             problems = "; ".join(f"{w.code}: {w.message}" for w in plan.warnings if w.code == "recipe_too_large")
             raise ValueError(f"recipe_failure='fail': the recipe cannot be saved ({problems})")

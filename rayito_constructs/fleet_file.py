@@ -20,13 +20,15 @@ of its own next to the project file (optional: props and ``-c`` context say the 
     keep_image_versions = 5
 
 Every key is checked like the product's: an unknown one is an error naming the nearest known key.
+``cdk synth`` takes ``[stack]``'s keys as context under their names, and ``[egress]``'s as
+``-c egress.<key>`` (``budgets`` as a JSON list of tables): :meth:`FleetFile.with_egress`.
 """
 
 from __future__ import annotations
 
 import tomllib
 from pathlib import Path
-from typing import Any, ClassVar, Optional
+from typing import Any, ClassVar, Mapping, Optional
 
 from pydantic import Field
 
@@ -66,6 +68,18 @@ class FleetFile(ValidatedModel):
 
     egress: EgressOptions = EgressOptions()
     stack: StackOptions = StackOptions()
+
+    def with_egress(self, values: Mapping[str, Any], *, typed: str = "-c ") -> "FleetFile":
+        """These settings with ``[egress]`` keys set from elsewhere (``-c egress.<key>`` context):
+        each key given replaces the file's (``budgets`` replaces every ``[[egress.budgets]]``), and
+        the whole ``[egress]`` is checked again as the file is; a problem names the key as typed
+        (``-c egress.default_burst: 0 is below the minimum of 1``)."""
+        merged = {**{key: getattr(self.egress, key) for key in self.egress.model_fields_set}, **values}
+        try:
+            egress = FleetFile.model_validate({"egress": merged}).egress
+        except ProjectError as exc:
+            raise ProjectError([Problem(p.key, f"{typed}{p.message}", p.related) for p in exc.problems]) from None
+        return FleetFile(egress=egress, stack=self.stack)
 
     @classmethod
     def read(cls, folder: Path) -> "FleetFile":

@@ -11,6 +11,10 @@ per ``--env`` flag; in context either
 ``-c env=A=1,B=2`` (a comma splits only where ``NAME=`` follows, so ``-c env=URL=https://a,b``
 is one variable), ``-c 'env={"URL": "https://a,b=c"}'`` (JSON, for any value) or one key per
 variable, ``-c env.URL=https://a,b``.
+
+``rayito-constructs.toml``'s ``[stack]`` keys are context keys under their names, its ``[egress]``
+keys ``-c egress.default_rate``, ``-c egress.default_burst`` and ``-c egress.budgets`` (a JSON
+list of tables, replacing the file's): :data:`EGRESS_CONTEXT`.
 """
 
 from __future__ import annotations
@@ -143,6 +147,26 @@ APP_CONTEXT: dict[str, str] = {
 }
 
 
+#: The keys of ``rayito-constructs.toml``'s ``[egress]`` that ``app.py`` takes as ``-c egress.<key>``,
+#: with what they take (checked as the file's keys are: :meth:`FleetFile.with_egress`).
+EGRESS_CONTEXT: dict[str, str] = {
+    "default_rate": "the envelope of a target no budget declares, such as 120/minute",
+    "default_burst": "its burst, a whole number of requests from 1 to 10000",
+    "budgets": 'a JSON list of [[egress.budgets]] tables ([{"target": "https://api.example.com", '
+               '"rate": "60/minute", "burst": 5}]); it replaces the file\'s',
+}
+
+
+def _egress_value(key: str, value: Any) -> Any:
+    """A ``-c egress.<key>`` value as the file would hold it (text from the CLI, or cdk.json's own
+    types). Raises ValueError for budgets that are not JSON."""
+    if key == "default_burst":
+        return _whole(value)
+    if key == "budgets" and isinstance(value, str):
+        return _json(value, list, f"{EGRESS_CONTEXT['budgets']}")
+    return value
+
+
 def read_overrides(raw: Mapping[str, Any]) -> dict[str, Any]:
     """Convert text overrides; unknown keys pass through for ``AgentProject.load`` to reject."""
     values: dict[str, Any] = {}
@@ -200,25 +224,41 @@ def _split_context(
     raw: dict[str, Any] = {}
     app: dict[str, Any] = {}
     per_name: dict[str, dict[str, Any]] = {}
-    known = [*READERS, *APP_CONTEXT]
+    egress: dict[str, Any] = {}
     for key, value in context.items():
         if not is_user_context_key(key):
             continue
         table, dot, variable = key.partition(".")
         if dot and table in ("env", "secret_env") and variable:
             per_name.setdefault(table, {})[variable] = value if isinstance(value, str) else json.dumps(value)
+        elif table == "egress" and variable in EGRESS_CONTEXT:
+            try:
+                egress[variable] = _egress_value(variable, value)
+            except ValueError as exc:
+                problems.append(Problem(key, f"-c {key}: {exc}"))
         elif key in READERS:
             raw[key] = value
         elif key in APP_CONTEXT:
             app[key] = value
         else:
-            hint = (
-                did_you_mean(key, known)
-                or (did_you_mean(variable, known) if dot and variable else "")  # -c scaling.max_vms=3
-                or ("; env.NAME and secret_env.NAME take one variable" if table in ("env", "secret_env") else "")
-            )
-            problems.append(Problem(key, f"-c {key}: unknown context key{hint}"))
+            problems.append(Problem(key, f"-c {key}: unknown context key{_unknown_hint(key)}"))
+    if egress:
+        app["egress"] = egress
     return raw, app, per_name
+
+
+def _unknown_hint(key: str) -> str:
+    """The nearest known key of an unknown ``-c key`` (an ``[egress]`` one among ``egress.*``)."""
+    known = [*READERS, *APP_CONTEXT, *(f"egress.{k}" for k in EGRESS_CONTEXT)]
+    table, dot, variable = key.partition(".")
+    egress_hint = (did_you_mean(variable, EGRESS_CONTEXT).replace("'", "'egress.", 1)
+                   or f"; [egress] takes {', '.join(f'egress.{k}' for k in EGRESS_CONTEXT)}")
+    return (
+        (egress_hint if table == "egress" and dot else "")
+        or did_you_mean(key, known)
+        or (did_you_mean(variable, known) if dot and variable else "")  # -c scaling.max_vms=3
+        or ("; env.NAME and secret_env.NAME take one variable" if table in ("env", "secret_env") else "")
+    )
 
 
 #: The switches of ``app.py`` read from context: each true or false.

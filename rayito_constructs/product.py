@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.metadata
+import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +40,7 @@ from rayito._agent._deploy_plan import deploy_scaling, project_for
 from rayito._agent._detect_report import DetectionReport
 from rayito._agent._fleet_base import fleet_settings_of
 from rayito._agent._fleet_recipe import (
+    RECIPE_ENCODING_GZIP,
     FleetRecipe,
     RecipeWarning,
     canonical_json,
@@ -61,7 +63,7 @@ from .errors import Problem, ProjectError, show
 
 __all__ = [
     "PRODUCT_VERSION", "DeployFlags", "FleetRecipe", "Loaded", "ProductProject", "RecipeWarning",
-    "ScalingOptions", "canonical_json", "decode", "encode", "load", "recipe", "recipe_parameter_name",
+    "ScalingOptions", "canonical_json", "decode", "encode", "encoding_of", "load", "recipe", "recipe_parameter_name",
 ]
 
 #: The product's version this library runs (the recipe's ``savedBy`` is ``python/<it>``).
@@ -232,10 +234,34 @@ def _scaling_flags(project: ProductProject, flags: DeployFlags) -> Optional[Scal
     except SandboxException as exc:
         given = [name for name in _SCALING_FLAGS if getattr(flags, name) is not None]
         raise _flag_error(exc, given, lambda name: scaling_of(
-            project, *[getattr(flags, n) if n == name else None for n in _SCALING_FLAGS]), flags) from None
+            project, *[getattr(flags, n) if n == name else None for n in _SCALING_FLAGS]), flags,
+            limit=_scaling_limit(_reason(exc), project, flags)) from None
 
 
-def _flag_error(exc: Exception, given: Sequence[str], alone: Callable[[str], object], flags: DeployFlags) -> ProjectError:
+#: The product's scaling refusals that name a limit without its value (``ScalingOptions``), and
+#: how to say that value from the scaling the flags would make (flags over the project's).
+_SCALING_LIMITS: tuple[tuple[str, Callable[[Mapping[str, int]], str]], ...] = (
+    ("ScalingOptions.min_vms no puede superar a max_vms", lambda s: f"max_vms is {s['max_vms']}"),
+    ("ScalingOptions.warm_vms no puede superar a max_vms - min_vms",
+     lambda s: f"max_vms - min_vms is {s['max_vms']} - {s['min_vms']} = {s['max_vms'] - s['min_vms']}"),
+)
+
+
+def _scaling_limit(reason: str, project: ProductProject, flags: DeployFlags) -> Optional[str]:
+    """The value of the limit a scaling refusal names (``max_vms is 2``), or None."""
+    say = next((say for start, say in _SCALING_LIMITS if reason.startswith(start)), None)
+    if say is None:
+        return None
+    current = fleet_settings_of(project, None).scaling  # what scaling_of puts under the flags
+    given = {"min_vms": flags.min_vms, "max_vms": flags.max_vms, "warm_vms": flags.warm}
+    return say({key: getattr(current, key) if value is None else value for key, value in given.items()})
+
+
+def _flag_error(exc: Exception, given: Sequence[str], alone: Callable[[str], object], flags: DeployFlags,
+                limit: Optional[str] = None) -> ProjectError:
+    """The product's refusal of the ``given`` flags, naming the one (or, when no one alone is
+    refused, all) with its value, then the product's reason and, when the reason names a limit
+    without its value (``no puede superar a max_vms``), that value: ``(max_vms is 2)``."""
     culprits = []
     for name in given:
         try:
@@ -244,7 +270,8 @@ def _flag_error(exc: Exception, given: Sequence[str], alone: Callable[[str], obj
             culprits.append(name)
     names = culprits if len(culprits) == 1 else list(given)
     typed = ", ".join(f"{FLAG_NAMES[name]}: {show_flag(getattr(flags, name), name)}" for name in names)
-    return ProjectError([Problem(names[0], f"{typed}: {_reason(exc)}", related=tuple(names))])
+    told = f" ({limit})" if limit else ""
+    return ProjectError([Problem(names[0], f"{typed}: {_reason(exc)}{told}", related=tuple(names))])
 
 
 #: Flags whose values may hold a secret by mistake: an error shows only the names before ``=``.
@@ -369,6 +396,21 @@ def encode(fleet_recipe: FleetRecipe) -> tuple[dict[str, object], Optional[str]]
 def with_version(document: Mapping[str, object], image_version: Optional[str]) -> FleetRecipe:
     """A recipe document (as :func:`encode` made it) with the image version known at deploy."""
     return dataclasses.replace(recipe_from_document(document), image_version=image_version)
+
+
+def encoding_of(value: str) -> Optional[str]:
+    """How a stored recipe value is encoded, by the product's own envelope: ``gzip+base64`` for
+    its ``{"schema", "encoding", "data"}`` envelope, ``json`` for a plain recipe document, ``None``
+    for a value that is neither (not a JSON object, or an envelope of another encoding)."""
+    try:
+        document = json.loads(value)
+    except ValueError:
+        return None
+    if not isinstance(document, dict):
+        return None
+    if "encoding" not in document:  # the product's decode_recipe reads such a value as the document
+        return "json"
+    return RECIPE_ENCODING_GZIP if document.get("encoding") == RECIPE_ENCODING_GZIP else None
 
 
 def decode(value: str) -> tuple[FleetRecipe, ProductProject]:

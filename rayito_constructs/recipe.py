@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, Optional
 
 from .errors import FleetWarning
-from .product import PRODUCT_VERSION, canonical_json, encode, recipe, recipe_parameter_name, with_version
+from .product import PRODUCT_VERSION, canonical_json, encode, encoding_of, recipe, recipe_parameter_name, with_version
 from .project import AgentProject
 
 STANDARD_PARAMETER_BYTES = 4096
@@ -49,7 +49,7 @@ def encoded(document: dict[str, object], value: Optional[str]) -> Optional[Encod
     if value is None:
         return None
     json_bytes = len(canonical_json(document).encode())
-    encoding: Encoding = "gzip+base64" if value.startswith('{"data":') and '"encoding":"gzip+base64"' in value else "json"
+    encoding: Encoding = "gzip+base64" if encoding_of(value) == "gzip+base64" else "json"
     return EncodedRecipe(value=value, encoding=encoding, bytes=len(value.encode()), json_bytes=json_bytes)
 
 
@@ -134,4 +134,20 @@ def plan_recipe(project: AgentProject, image_version: Optional[str] = None, *,
     return RecipePlan(name, stored, warnings, document, deploy_value or known, at_deploy)
 
 
-__all__ = ["PRODUCT_VERSION", "EncodedRecipe", "RecipePlan", "VERSION_STAND_IN", "parameter_name", "plan_recipe"]
+def no_reconciler(plan: RecipePlan) -> Optional[FleetWarning]:
+    """The warning ``no_reconciler`` of a fleet that saves no recipe and was not told whether to
+    run the reconciler (``plan`` and the synth say it alike); None when a recipe is saved."""
+    if plan.encoded is not None:
+        return None
+    return FleetWarning("no_reconciler", f"{plan.reason}, so the stack keeps no fleet (the reconciler starts VMs "
+                                         "from the project the recipe holds); VMs start when a client connects")
+
+
+def reconciler_needs_recipe(plan: RecipePlan) -> str:
+    """Why ``reconciler=True`` is refused for a fleet that saves no recipe."""
+    return (f"reconciler: True needs the fleet's recipe, and {plan.reason}; the reconciler starts the fleet's "
+            "VMs from the project the recipe holds (pass reconciler=False for a fleet the stack does not keep)")
+
+
+__all__ = ["PRODUCT_VERSION", "EncodedRecipe", "RecipePlan", "VERSION_STAND_IN", "no_reconciler", "parameter_name",
+           "plan_recipe", "reconciler_needs_recipe"]

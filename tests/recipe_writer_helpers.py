@@ -8,6 +8,8 @@
 * :class:`FaultProxy`: a plain HTTP proxy in front of moto that counts every request by operation
   (what the store saw, not what the writer says it did) and answers chosen operations with the
   error AWS would send (``ThrottlingException``, ``InvalidKeyId``...) for a number of times.
+* :func:`write_recipe`: the writer's entry point run as CloudFormation's Create of one fleet's
+  recipe resource, against moto's S3 and SSM and a :class:`CloudFormationEndpoint`.
 """
 
 from __future__ import annotations
@@ -278,3 +280,51 @@ class FaultProxy:
     def close(self) -> None:
         self.server.shutdown()
         self.server.server_close()
+
+
+# ------------------------------------------------------------------ one Create, as CloudFormation sends it
+
+
+WRITER_STACK_ID = "arn:aws:cloudformation:us-east-1:123456789012:stack/RayitoFleet/0d5c5a40-0000-11f0-9000-0a1b2c3d4e5f"
+WRITER_FUNCTION = "RayitoFleet-RayitoRecipeWriterFunction"
+WRITER_RESOURCE = "FleetRecipeResource0A1B2C3D"
+
+
+def write_recipe(document: dict[str, Any], *, image_version: Optional[str], moto: str, bucket: str,
+                 cfn: CloudFormationEndpoint, monkeypatch: Any) -> dict[str, Any]:
+    """Store ``document`` (``RecipePlan.document``, as the stack ships it) with the writer's own
+    entry point (``index.handler``): the document uploaded to moto's S3 as ``cdk deploy`` uploads
+    the asset, a Create event for the fleet's recipe resource with the ``image_version``
+    CloudFormation resolved, the environment the stack gives the function, real boto3 clients on
+    moto. Returns CloudFormation's answer (its body)."""
+    import hashlib
+    import json as json_
+
+    from lambdas.recipe_writer import index
+    from rayito_constructs.product import canonical_json
+
+    from .lambda_runner import LambdaContext
+    from .moto_server import client
+
+    ssm, s3 = client("ssm", moto), client("s3", moto)
+    data = canonical_json(document).encode()
+    digest = hashlib.sha256(data).hexdigest()
+    s3.put_object(Bucket=bucket, Key=f"{digest}.json", Body=data)  # type: ignore[attr-defined]
+    context = LambdaContext(WRITER_FUNCTION, timeout_seconds=150, memory_mb=256)
+    fleet = str(document["name"])
+    properties = {"ServiceToken": context.invoked_function_arn, "ParameterName": f"/rayito/agents/{fleet}/recipe",
+                  "DocumentBucket": bucket, "DocumentKey": f"{digest}.json", "DocumentSha256": digest,
+                  "KeepOnDelete": "false", "FailureMode": "fail"}
+    if image_version is not None:
+        properties["ImageVersion"] = image_version
+    event = {"RequestType": "Create", "ServiceToken": context.invoked_function_arn, "StackId": WRITER_STACK_ID,
+             "ResponseURL": cfn.url(f"create-{fleet}"), "RequestId": f"create-{fleet}",
+             "LogicalResourceId": WRITER_RESOURCE, "ResourceType": index.RESOURCE_TYPE,
+             "ResourceProperties": properties}
+    with monkeypatch.context() as patch:
+        for key, value in {**cfn.environ(), "AWS_REGION": "us-east-1", "STACK_ID": WRITER_STACK_ID,
+                           "RECIPE_RESOURCES": json_.dumps({WRITER_RESOURCE: fleet})}.items():
+            patch.setenv(key, value)
+        index.handler(event, context, clients_factory=lambda: index.Clients(ssm=ssm, s3=s3))
+    (answer,) = [r["body"] for r in cfn.received if r["body"]["RequestId"] == f"create-{fleet}"][-1:]
+    return answer

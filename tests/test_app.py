@@ -12,6 +12,7 @@ import pytest
 
 from .app_runner import stacks, synth
 from .conftest import ROOT, record_template
+from .contract_support import image_template_env
 
 BANNER = "end-of-life"
 
@@ -75,9 +76,24 @@ def test_names_plan_accepts_synthesize(monkeypatch, tmp_path, capsys, agent, fol
         ({"base_image": "rayito-base", "base_artifact": None}, [
             "-c base_image: the base image 'rayito-base' is not the project's base 'rayito-base-caps' ([image] base), "
             "which rayito agent deploy composes on; set [image] base = 'rayito-base'"]),
+        ({"egress.default_burst": "0", "egress.default_rate": "fast"}, [
+            "-c egress.default_rate: 'fast' is not a rate such as 60/minute or 10/second",
+            "-c egress.default_burst: 0 is below the minimum of 1",
+        ]),
+        ({"egress.budgets": "[{"}, [
+            "-c egress.budgets: '[{' is not valid JSON (Expecting property name enclosed in double quotes at character 2)",
+        ]),
+        ({"egress.budgets": '[{"target": "https://api.example.com", "rate": "fast"}]'}, [
+            "-c egress.budgets[0].rate: 'fast' is not a rate such as 60/minute or 10/second",
+        ]),
+        ({"egress.budgets": '{"target": "https://api.example.com"}'}, None),
+        ({"egress.default_burts": "3"}, ["-c egress.default_burts: unknown context key; did you mean 'egress.default_burst'?"]),
+        ({"egress.budgets": '[{"target": "ftp://x", "rate": "1/s"}]', "max_vms": "65"}, None),
     ],
     ids=["unknown-key", "idle", "flag-and-limit", "project", "image-arn", "env-secret",
-         "lifecycle", "versions-unicode-digit", "versions-fraction", "memory", "two-rayds", "not-the-base"],
+         "lifecycle", "versions-unicode-digit", "versions-fraction", "memory", "two-rayds", "not-the-base",
+         "egress-scalars", "egress-not-json", "egress-budget-rate", "egress-not-a-list", "egress-unknown",
+         "egress-and-a-flag"],
 )
 def test_mistakes_are_one_line_each_and_exit_2(monkeypatch, tmp_path, capsys, context, lines) -> None:
     code, err, outdir = synth(monkeypatch, tmp_path, capsys, **context)
@@ -98,13 +114,35 @@ def test_env_with_commas_reaches_the_recipe_not_the_image(monkeypatch, tmp_path,
     assert "URL" not in json.dumps(image["Properties"]["EnvironmentVariables"])
 
 
+def test_egress_context_sets_the_envelopes(monkeypatch, tmp_path, capsys, agent) -> None:
+    """``-c egress.<key>`` over a folder with no [egress] of its own: the budgets (JSON) and the
+    default envelope reach the fleet's budget table and the image's declaration of envelopes."""
+    budgets = [{"target": "https://api.example.com", "rate": "120/minute", "burst": 4}]
+    code, err, outdir = synth(monkeypatch, tmp_path, capsys, project=str(agent("metered")),
+                              **{"egress.budgets": json.dumps(budgets), "egress.default_rate": "30/minute",
+                                 "egress.default_burst": "3"})
+    assert code == 0, err
+    (template,) = stacks(outdir).values()
+    variables = image_template_env(outdir, template)  # what rayd hands to the agent's processes
+    assert json.loads(variables["RAYITO_EGRESS_ENVELOPES"]) == {
+        "budgets": [{"target": "https://api.example.com", "rate_per_second": 2.0, "burst": 4}],
+        "default": {"rate_per_second": 0.5, "burst": 3}}
+    # and over the example's file: an empty list declares no budget (no table), the rest is kept
+    code, err, outdir = synth(monkeypatch, tmp_path, capsys, **{"egress.budgets": "[]"})
+    assert code == 0, err
+    (template,) = stacks(outdir).values()
+    tables = [r for r in template["Resources"].values() if r["Type"] == "AWS::DynamoDB::Table"
+              and "egress" in json.dumps(r["Properties"].get("TableName", ""))]
+    assert tables == [] and "RAYITO_EGRESS_ENVELOPES" not in image_template_env(outdir, template)
+
+
 def test_the_real_command_prints_no_traceback_and_no_banner(tmp_path) -> None:
     env = {k: v for k, v in os.environ.items() if k != "JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION"}
     env.update(CDK_CONTEXT_JSON=json.dumps({"min_vms": "3", "max_vms": "1"}), CDK_OUTDIR=str(tmp_path / "out"))
     result = subprocess.run([sys.executable, "app.py"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 2 and result.stdout == ""
     (line,) = result.stderr.splitlines()  # a rule the two flags broke together: both named, one line
-    assert line.startswith("-c min_vms: 3, -c max_vms: 1: ScalingOptions.min_vms"), line
+    assert line == "-c min_vms: 3, -c max_vms: 1: ScalingOptions.min_vms no puede superar a max_vms (max_vms is 1)", line
 
 
 @pytest.mark.parametrize(

@@ -75,6 +75,49 @@ def test_flags_of_rayito_agent_deploy() -> None:
                              "reason": "save_recipe is off (--no-save-recipe): no recipe is saved"}
 
 
+def _noise(size: int) -> str:
+    """Text that gzip cannot shrink much: a recipe holding it is too large even as gzip+base64."""
+    import random
+
+    rng = random.Random(3)
+    return "".join(rng.choice("abcdefghijklmnopqrstuvwxyz0123456789") for _ in range(size))
+
+
+def test_a_recipe_too_large_is_planned_as_the_synth_says(capsys, agent_folder) -> None:
+    """With no recipe the reconciler is off by default (``no_reconciler``): plan said only
+    ``recipe_too_large`` while the synth went on to warn ``no_reconciler``; now plan prints the
+    synth's own warning, in --json and in its text, and refuses ``[stack] reconciler = true`` as
+    the synth does."""
+    from aws_cdk.assertions import Annotations, Match
+
+    from rayito_constructs import AgentFleet, AgentProject
+
+    from .cdk_helpers import new_app, new_stack
+
+    folder = agent_folder(name="big", agent={"instructions": _noise(9000)})
+    code, text = run("plan", str(folder), "--json")
+    assert code == 0
+    warnings = {w["code"]: w["message"] for w in json.loads(text)["warnings"]}
+    assert list(warnings) == ["recipe_too_large", "no_reconciler"]
+    stack = new_stack(new_app())
+    AgentFleet(stack, "Fleet", project=AgentProject.load(folder), build_image=False)
+    (synth,) = Annotations.from_stack(stack).find_warning("*", Match.string_like_regexp("^no_reconciler: "))
+    assert synth.entry.data == f"no_reconciler: {warnings['no_reconciler']} [ack: rayito:no_reconciler]"  # same words
+    code, text = run("plan", str(folder))
+    assert code == 0 and f"  no_reconciler: {warnings['no_reconciler']}\n" in text
+    code, text = run("plan", str(EXAMPLE), "--no-save-recipe", "--json")
+    assert [w["code"] for w in json.loads(text)["warnings"]] == ["no_reconciler"]
+    assert run("plan", str(EXAMPLE), "--json")[0] == 0 and "no_reconciler" not in run("plan", str(EXAMPLE))[1]
+    kept = agent_folder(name="kept", agent={"instructions": _noise(9000)}, stack={"reconciler": True})
+    capsys.readouterr()
+    code, text = run("plan", str(kept))
+    (line,) = capsys.readouterr().err.splitlines()
+    assert code == 2 and text == ""
+    assert line.startswith("rayito-constructs.toml: stack.reconciler: True needs the fleet's recipe, and the recipe is ")
+    off = agent_folder(name="off", agent={"instructions": _noise(9000)}, stack={"reconciler": False})
+    assert [w["code"] for w in json.loads(run("plan", str(off), "--json")[1])["warnings"]] == ["recipe_too_large"]
+
+
 def test_plan_for_a_person() -> None:
     code, text = run("plan", str(EXAMPLE))
     assert code == 0

@@ -16,7 +16,7 @@ from .import_graph import circles, imports
 #: The plain model: what ``plan``, ``app.py``'s context and the agents' egress package read
 #: without aws-cdk-lib (``import rayito_constructs`` loads the constructs on first use only).
 MODEL = (
-    "cloudwatch_limits", "cost", "egress_targets", "envrules", "errors", "fleet_file", "names", "options",
+    "cloudwatch_limits", "cost", "egress_targets", "errors", "fleet_file", "names", "options",
     "overrides", "policy_eval", "product", "project", "rates", "recipe",
 )
 

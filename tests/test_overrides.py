@@ -90,3 +90,24 @@ def test_whole_numbers_are_ascii() -> None:
 def test_a_table_prefix_in_context_points_to_the_flag() -> None:
     _, _, problems = read_context({"scaling.max_vms": "3"})
     assert [p.message for p in problems] == ["-c scaling.max_vms: unknown context key; did you mean 'max_vms'?"]
+
+
+@pytest.mark.parametrize(("context", "egress", "problems"), [
+    ({"egress.default_burst": "7", "egress.default_rate": "10/second"},
+     {"default_burst": 7, "default_rate": "10/second"}, []),
+    ({"egress.budgets": '[{"target": "https://a.example.com", "rate": "1/s"}]'},
+     {"budgets": [{"target": "https://a.example.com", "rate": "1/s"}]}, []),
+    ({"egress.budgets": [{"target": "https://a.example.com", "rate": 1}]},  # cdk.json's own types
+     {"budgets": [{"target": "https://a.example.com", "rate": 1}]}, []),
+    ({"egress.budgets": "{}"}, None, ["-c egress.budgets: '{}' is not a JSON list of [[egress.budgets]] tables"]),
+    ({"egress.default_burts": "3"}, None, ["-c egress.default_burts: unknown context key; did you mean "
+                                           "'egress.default_burst'?"]),
+    ({"egress.x": "1"}, None,
+     ["-c egress.x: unknown context key; [egress] takes egress.default_rate, egress.default_burst, egress.budgets"]),
+])
+def test_egress_keys_of_our_file_are_context(context, egress, problems) -> None:
+    """``-c egress.<key>``: the [egress] keys of rayito-constructs.toml (checked as the file's are,
+    when the app merges them over it: tests/test_app.py); an unknown one names the known ones."""
+    _, app, found = read_context(context)
+    assert app.get("egress") == egress
+    assert [p.message[:len(w)] for p, w in zip(found, problems)] == problems and len(found) == len(problems)

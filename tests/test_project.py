@@ -162,6 +162,13 @@ def test_credential_shaped_values_are_refused_as_the_product_refuses_them(tmp_pa
     ({"secret_env": ["X=sk-abc"]}, "--secret-env: X: "),
     ({"memory": 3072}, "--memory: 3072 is not a MicroVM size class"),
     ({"memory": 1024}, "--memory: 1024: "),
+    # the product's reason names the limit, not its value: the value follows it
+    ({"min_vms": 3, "max_vms": 2}, "--min-vms: 3: ScalingOptions.min_vms no puede superar a max_vms (max_vms is 2)"),
+    ({"min_vms": 2}, "--min-vms: 2: ScalingOptions.min_vms no puede superar a max_vms (max_vms is 1)"),
+    ({"warm": 5}, "--warm: 5: ScalingOptions.warm_vms no puede superar a max_vms - min_vms "
+                  "(max_vms - min_vms is 1 - 1 = 0)"),
+    ({"warm": 5, "max_vms": 4, "min_vms": 2}, "--min-vms: 2, --max-vms: 4, --warm: 5: ScalingOptions.warm_vms no puede "
+                                              "superar a max_vms - min_vms (max_vms - min_vms is 4 - 2 = 2)"),
 ])
 def test_flag_errors_name_the_flag_and_the_value(tmp_path, flags, start) -> None:
     folder = write_project(tmp_path / "fl", name="fl")

@@ -3,16 +3,16 @@
 Proof from the product's side, unmodified: its own CLI (`rayito agent deploy`, in a process of
 its own, against moto and the MicroVMs emulator over HTTP) saves the recipe of a project and its
 flags, and the value is compared with what this library plans for the same project and flags;
-the writer's code stores its value for the same project with a deploy-time version, and
-`rayito agent status` and `AgentFleet.connect` read it back: the deployed scaling, from the
-recipe. `--min-vms 0 --warm 0 --no-build` keep the product's deploy from starting a VM (it has
+the recipe writer's handler (its entry point, on moto's S3 and SSM, answering a local
+CloudFormation endpoint) stores its value for the same projects with a deploy-time version, and
+`AgentFleet.connect` (and, for two of them, `rayito agent status`) reads it back: the deployed
+scaling, from the recipe, and the folder's project after the flags. `--min-vms 0 --warm 0 --no-build` keep the product's deploy from starting a VM (it has
 no rayd to reach here); the recipe it saves is the one any deploy saves.
 """
 
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -20,7 +20,7 @@ import pytest
 
 from lambdas.recipe_writer import index as writer
 from rayito_constructs import AgentProject, ProjectError
-from rayito_constructs.product import decode
+from rayito_constructs.product import decode, encoding_of
 from rayito_constructs.recipe import VERSION_STAND_IN, plan_recipe
 from rayito_constructs.testing import MicrovmsEmulator
 
@@ -28,7 +28,10 @@ from .conftest import EXAMPLE
 from .moto_server import client, moto_server, put_secret
 from .product_cli import TOKEN, product_env, rayito, status_json
 from .projects import scaffold, write_project
+from .recipe_writer_helpers import CloudFormationEndpoint, write_recipe
 
+#: The stack's deployment bucket, where the recipe writer reads the document the stack ships.
+BUCKET = "cdk-hnb659fds-assets-123456789012-us-east-1"
 FLAGS = {"max_vms": 5, "sessions": "dedicated", "max_sessions": 1, "queue": 8, "queue_timeout": 12.5, "idle": 900,
          "timeout": 1800, "memory": 8192, "env": ["EXTRA=1"], "allow_out": ["c.example.com"],
          "secret_env": ["DB_URL=app/db#url"], "scale_in_after": 1200}
@@ -46,14 +49,18 @@ def cli_args(flags: dict[str, Any]) -> list[str]:
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory) -> Iterator[dict[str, Any]]:
-    """moto (SSM, STS, Secrets Manager) and the emulator, the secrets the projects name, and a
+    """moto (SSM, S3, STS, Secrets Manager) and the emulator, the secrets the projects name, the
+    stack's deployment bucket and CloudFormation's response endpoint (the recipe writer's), and a
     working folder outside every project (the product's CLI may write .rayito/ there)."""
+    cfn = CloudFormationEndpoint(tmp_path_factory.mktemp("cfn"))
     with moto_server() as moto, MicrovmsEmulator() as emulator:
         secrets = client("secretsmanager", moto)
         for name in ("rayito/provider-key", "app/db"):
             put_secret(secrets, name, '{"url": "postgres://db"}')
+        client("s3", moto).create_bucket(Bucket=BUCKET)
         yield {"moto": moto, "emulator": emulator, "ssm": client("ssm", moto), "cwd": tmp_path_factory.mktemp("shell"),
-               "env": product_env(moto, emulator.endpoint_url)}
+               "env": product_env(moto, emulator.endpoint_url), "cfn": cfn}
+    cfn.close()
 
 
 def product_deploy(world: dict[str, Any], folder: Path, flags: dict[str, Any]) -> str:
@@ -95,30 +102,58 @@ def test_the_recipe_is_what_the_product_deploy_saves(world, tmp_path, case) -> N
     assert plan.document["schema"] == "rayito.agent-recipe/1" and plan.document["savedBy"] == "python/0.17.1"
 
 
-def test_the_writers_value_is_read_by_the_product(world, tmp_path) -> None:
-    """Our writer's value, with a version known at deploy, read by the product's CLI and client."""
-    from rayito import AgentFleet
+#: What the recipe writer's tests deploy besides the case's own flags: a fleet whose scaling is
+#: none of the product's defaults (min 1, max 1, warm 0), so a client that fell back to them fails.
+DEPLOYED = {"min_vms": 2, "max_vms": 5, "warm": 1}
+#: Cases whose fleet the product's own CLI reads too (a process each: kept to two).
+CLI_CASES = ("example-with-flags", "gzip-envelope")
 
-    folder = shutil.copytree(EXAMPLE, tmp_path / "mi-agente")
-    project = AgentProject.load(folder, **FLAGS, min_vms=2, warm=1)
-    plan = plan_recipe(project, builds_image=True)
-    value, encoding, _ = writer.encode(plan.document, "7")
-    world["ssm"].put_parameter(Name=plan.parameter_name, Value=value, Type="SecureString", Overwrite=True)
-    status = status_json("mi-agente", world["env"], world["cwd"])  # the product's CLI
-    assert status["scalingSource"] == "recipe"
-    assert (status["minVms"], status["maxVms"], status["warmVms"]) == (2, 5, 1)
-    text = rayito(["agent", "status", "mi-agente"], world["env"], world["cwd"])
-    assert text.returncode == 0 and "(min 2, max 5)" in text.stdout
-    # the product's client in this process, through its recipe_store seam (SSM on moto)
-    fleet = AgentFleet.connect("mi-agente", access_token=TOKEN, recipe_store=_Ssm(world["ssm"]), directory=_NoVms())
-    assert fleet.status().scaling_source == "recipe"
-    assert (fleet.status().min_vms, fleet.status().max_vms, fleet.status().warm_vms) == (2, 5, 1)
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_the_writers_value_is_read_by_the_product(world, tmp_path, monkeypatch, case) -> None:
+    """For the example, each runtime and provider preset ``rayito agent init`` scaffolds, a
+    recipe that needs the gzip envelope and one with flags: the value the recipe writer's handler
+    stores at deploy (with the image version CloudFormation resolved) is read by the product's
+    client, ``AgentFleet.connect``: its scaling comes from the recipe, the deployed one, and the
+    project it rebuilds is the folder's after the flags. The product's CLI prints it too."""
+    from rayito import AgentFleet
+    from rayito import AgentProject as ProductLoader
     from rayito._agent._fleet_recipe_aws import load_recipe
 
-    _, rebuilt = load_recipe(_Ssm(world["ssm"]), "mi-agente")  # what connect rebuilds the project with
-    assert rebuilt.to_dict() == project.to_product_dict()  # ours, after the flags
-    assert fleet.scaling.sessions == "dedicated" and decode(value)[0].image_version == "7"
-    world["ssm"].delete_parameter(Name=plan.parameter_name)
+    make, flags = CASES[case]
+    folder = make(tmp_path)
+    project = AgentProject.load(folder, **{**DEPLOYED, **flags})
+    plan = plan_recipe(project, builds_image=True)  # the stack builds the image: its version comes at deploy
+    answer = write_recipe(plan.document, image_version="7", moto=world["moto"], bucket=BUCKET, cfn=world["cfn"],
+                          monkeypatch=monkeypatch)
+    assert answer["Status"] == "SUCCESS" and answer["Data"]["Outcome"] == "saved", answer
+    assert answer["Data"]["Encoding"] == ("gzip+base64" if case == "gzip-envelope" else "json")
+    value = world["ssm"].get_parameter(Name=plan.parameter_name, WithDecryption=True)["Parameter"]["Value"]
+    assert encoding_of(value) == answer["Data"]["Encoding"] and decode(value)[0].image_version == "7"
+    try:
+        # the product's client in this process, through its recipe_store seam (SSM on moto)
+        fleet = AgentFleet.connect(project.name, access_token=TOKEN, recipe_store=_Ssm(world["ssm"]), directory=_NoVms())
+        status = fleet.status()
+        expected = project.scaling
+        assert status.scaling_source == "recipe"
+        assert (status.min_vms, status.max_vms, status.warm_vms) == (expected.min_vms, expected.max_vms,
+                                                                     expected.warm_vms) == (2, 5, 1)
+        assert fleet.scaling.sessions == expected.sessions == flags.get("sessions", "shared")
+        _, rebuilt = load_recipe(_Ssm(world["ssm"]), project.name)  # what connect rebuilds the project with
+        assert rebuilt.to_dict() == project.to_product_dict()  # the folder's, after the flags
+        if not flags:  # unchanged: the product's own loader's project, with deploy's default excludes
+            theirs = ProductLoader.load(folder).to_dict()
+            ours = rebuilt.to_dict()
+            assert {k: v for k, v in ours.items() if k != "source"} == {k: v for k, v in theirs.items() if k != "source"}
+            assert set(theirs["source"]["exclude"]) <= set(ours["source"]["exclude"])
+        if case in CLI_CASES:
+            status_doc = status_json(project.name, world["env"], world["cwd"])  # the product's CLI
+            assert status_doc["scalingSource"] == "recipe"
+            assert (status_doc["minVms"], status_doc["maxVms"], status_doc["warmVms"]) == (2, 5, 1)
+            text = rayito(["agent", "status", project.name], world["env"], world["cwd"])
+            assert text.returncode == 0 and "(min 2, max 5)" in text.stdout, text.stdout + text.stderr
+    finally:
+        world["ssm"].delete_parameter(Name=plan.parameter_name)
 
 
 class _Ssm:
@@ -192,6 +227,22 @@ def test_a_deploy_time_version_must_still_fit(tmp_path) -> None:
         assert plan.document["image"] == {"name": "s"}  # the stack ships it without a version
         if plan.encoded is not None:
             assert encode_recipe(plan.document) is not None
+
+
+def test_the_encoding_is_read_from_the_products_envelope(tmp_path) -> None:
+    """``encoding_of`` names what the product stored: its JSON, its ``gzip+base64`` envelope, or
+    nothing it reads (this library's old ``rz1:`` values, another envelope)."""
+    from rayito._agent._fleet_recipe import decode_recipe
+
+    small = plan_recipe(AgentProject.load(EXAMPLE)).encoded
+    big = plan_recipe(AgentProject.load(big_project(tmp_path))).encoded
+    assert small is not None and big is not None
+    assert (encoding_of(small.value), small.encoding) == ("json", "json")
+    assert (encoding_of(big.value), big.encoding) == ("gzip+base64", "gzip+base64")
+    decode_recipe(big.value)  # the product reads what was named an envelope
+    other = json.dumps({"schema": "rayito.agent-recipe/1", "encoding": "zstd", "data": ""})
+    for value in ("rz1:eJzLSM3JyVcozy/KSQEAGgQEXQ==", "[1]", "", other):
+        assert encoding_of(value) is None, value
 
 
 def test_save_recipe_off_and_the_plan_says_why(tmp_path) -> None:

@@ -383,6 +383,29 @@ def test_an_unreadable_recipe(deployed: vw.World) -> None:
     assert recipe.status is Status.FAIL and "recipe_unreadable" in recipe.summary
 
 
+def test_the_recipe_finding_names_the_products_encoding(deployed: vw.World) -> None:
+    """The stored value's encoding as the product's envelope says it: ``json``, or ``gzip+base64``
+    for the ``{"schema", "encoding", "data"}`` envelope (verify said "json" for an envelope before:
+    it looked for this library's old ``rz1:`` prefix)."""
+    import base64
+    import gzip
+
+    from rayito_constructs.product import canonical_json
+
+    name, original = _parameter(deployed)
+    assert "decodes (json, " in finding(deployed.verify(FLEET), "recipe").summary
+    data = base64.b64encode(gzip.compress(original.encode(), compresslevel=9, mtime=0)).decode()
+    envelope = canonical_json({"schema": "rayito.agent-recipe/1", "encoding": "gzip+base64", "data": data})
+    ssm = deployed.moto("ssm")
+    ssm.put_parameter(Name=name, Value=envelope, Type="SecureString", Overwrite=True)
+    try:
+        report = deployed.verify(FLEET)
+    finally:
+        ssm.put_parameter(Name=name, Value=original, Type="SecureString", Overwrite=True)
+    recipe = finding(report, "recipe")
+    assert f"decodes (gzip+base64, {len(envelope)} bytes)" in recipe.summary, recipe.summary
+
+
 def test_a_recipe_with_the_wrong_key(deployed: vw.World) -> None:
     name, original = _parameter(deployed)
     ssm = deployed.moto("ssm")

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from ..errors import ProjectError
-from ..product import canonical_json
+from ..product import canonical_json, encoding_of
 from ..project import AgentProject
 from ..recipe import plan_recipe
 from .aws import AwsError, unable
@@ -185,7 +185,7 @@ def _content(ctx: Context, read: RecipeRead) -> Finding:
         props, data["template_error"] = None, error.code
     expected, source = expected_hash(ctx, props)
     data["expected_from"] = source
-    encoding = "compressed" if (read.value or "").startswith("rz1:") else "json"
+    encoding = encoding_of(read.value or "") or "unknown encoding"  # it decoded: json or gzip+base64
     what = f"{read.name} decodes ({encoding}, {len(read.value or '')} bytes)"
     version = (props or {}).get("ImageVersion")
     stored_version = (read.doc.get("image") or {}).get("version")
