@@ -95,6 +95,13 @@ def _verify_json_of_usage_error(argv: Sequence[str], line: str, out: TextIO) -> 
     json_of_bad_input(target, region, line, out)
 
 
+def _is_json_flag(arg: str) -> bool:
+    """``--json`` as argparse takes it: whole, abbreviated (``--js``), or given a value (a usage
+    error of its own, still asking for JSON)."""
+    flag = arg.split("=", 1)[0]
+    return len(flag) >= 3 and "--json".startswith(flag)
+
+
 #: verify's flags that take a value (the value is not the target).
 _VERIFY_VALUED = {"--region", "--launch-role", "--launch-timeout", "--project", "--fleet"}
 
@@ -357,7 +364,7 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None) -> int:
     try:
         args = _parser().parse_args(given)
     except _UsageError as exc:
-        if given[:1] == ["verify"] and "--json" in given:
+        if given[:1] == ["verify"] and any(_is_json_flag(a) for a in given[1:]):
             _verify_json_of_usage_error(given, exc.line, out)
         raise
     try:

@@ -326,8 +326,9 @@ class SessionSecrets:
     ``rayito/``: ``rayito/<secret>``), read after a VM is ready (``GatewaySection.fill``) and
     described by ``rayito agent deploy``'s preflight (``ensure_model_secrets``); ``renewed``: the
     ``bedrock`` gateways' secrets ``--renew-gateway-keys`` describes and writes
-    (``renewable_gateways``); ``secret_env``: the ids of ``[secret_env]`` as written (a full name
-    or ARN: ``secret_reader_for`` reads them with no prefix)."""
+    (``renewable_gateways``); ``secret_env``: the ids of ``[secret_env]`` and of
+    ``[[secret_env_from]]`` as written (a full name or ARN: ``secret_reader_for`` reads them with
+    no prefix), the product's ``secret_ids``."""
 
     gateways: tuple[str, ...] = ()
     renewed: tuple[str, ...] = ()
@@ -338,6 +339,7 @@ def session_secrets(project: Any) -> SessionSecrets:
     """The secrets of ``project`` (an :class:`~rayito_constructs.project.AgentProject`), by the
     product's own functions."""
     from rayito._agent._gateway_keys import renewable_gateways
+    from rayito._agent._secret_env_domain import secret_ids
     from rayito._secrets import DEFAULT_SECRET_PREFIX, WEBHOOK_SECRET_PREFIX, resolve_secret_id
     from rayito.exceptions import InvalidArgumentException
 
@@ -346,7 +348,7 @@ def session_secrets(project: Any) -> SessionSecrets:
     for name, gateway in sorted(product.gateways.items()):
         for reference in gateway.headers.values():
             secret_id = resolve_secret_id(getattr(reference, "name", reference), DEFAULT_SECRET_PREFIX)
-            if secret_id.startswith(WEBHOOK_SECRET_PREFIX):
+            if secret_id.startswith(WEBHOOK_SECRET_PREFIX) or f":secret:{WEBHOOK_SECRET_PREFIX}" in secret_id:
                 # The product refuses them too (SecretStore.read_value): a session that held a
                 # webhook signing secret could forge deliveries.
                 raise ValueError(f"gateways.{name}: {secret_id!r} is under {WEBHOOK_SECRET_PREFIX}, the product's "
@@ -356,8 +358,9 @@ def session_secrets(project: Any) -> SessionSecrets:
         renewed = tuple(g.secret_id for g in renewable_gateways(product))
     except InvalidArgumentException:
         renewed = ()  # no bedrock gateway: --renew-gateway-keys has nothing to renew
+    # [secret_env] by variable, then [[secret_env_from]]'s secrets, as the product reads them.
     return SessionSecrets(gateways=tuple(dict.fromkeys(gateways)), renewed=tuple(dict.fromkeys(renewed)),
-                          secret_env=tuple(dict.fromkeys(project.secret_env.values())))
+                          secret_env=secret_ids(product.secret_env, product.secret_env_from))
 
 
 def product_base_image(project: Any) -> str:

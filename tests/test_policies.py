@@ -558,3 +558,50 @@ def test_invariants_accept_what_the_library_makes() -> None:
         {"Effect": "Deny", "Action": "*", "Resource": "*"},
     ]
     assert iam_violations(_hostile(*ok)) == []
+
+
+def test_every_secret_a_session_reads_is_granted_as_the_product_reads_it() -> None:
+    """``[secret_env]`` with a JSON key and ``[[secret_env_from]]``: the launcher's ``SecretEnv``
+    names each secret the product's ``secret_ids`` lists (a session reads them all with the
+    caller's credentials); one from another account is refused at synth."""
+    from rayito_constructs.permissions import session_secrets
+
+    project = _toml_project("secretos", """
+        [secret_env]
+        DB = {secret = "app/json", key = "password"}
+        PLAIN = "app/plain"
+
+        [[secret_env_from]]
+        secret = "app/bundle"
+        prefix = "APP_"
+    """)
+    assert session_secrets(project).secret_env == ("app/json", "app/plain", "app/bundle")
+    stack = new_stack(new_app())
+    policy = SandboxLauncherPolicy(stack, "Launcher", project=project)
+    document = stack.resolve(policy.document.to_json())
+    (statement,) = [s for s in document["Statement"] if s.get("Sid") == "SecretEnv"]
+    names = json.dumps(statement["Resource"])
+    assert all(f"{name}-??????" in names for name in ("app/json", "app/plain", "app/bundle")), names
+    far = _toml_project("lejos-from", """
+        [[secret_env_from]]
+        secret = "arn:aws:secretsmanager:us-east-1:999999999999:secret:app/bundle-AbCdEf"
+    """)
+    with pytest.raises(ValueError, match="^secret_env: .*account 999999999999"):
+        SandboxLauncherPolicy(new_stack(new_app()), "Far", project=far)
+
+
+def test_a_gateway_secret_under_the_webhook_prefix_is_refused_by_name_or_arn() -> None:
+    for secret in ("webhooks/sig", "arn:aws:secretsmanager:us-east-1:123456789012:secret:rayito/webhooks/sig-AbCdEf"):
+        project = project_with("ganchos", tables={"gateways": {"model": {"secret": secret}}})
+        with pytest.raises(ValueError, match="rayito/webhooks/"):
+            SandboxLauncherPolicy(new_stack(new_app()), "Hooks", project=project)
+
+
+def _toml_project(name: str, toml: str) -> AgentProject:
+    """A product project with ``toml`` (text) over the base: tables of arrays as written."""
+    import tempfile
+    from pathlib import Path
+
+    from .projects import write_project
+
+    return AgentProject.load(write_project(Path(tempfile.mkdtemp(prefix="secrets-")) / name, name=name, toml=toml))

@@ -423,3 +423,34 @@ def test_the_probes_follow_the_bucket_and_base_image_the_fleet_was_deployed_with
     assert "arn:aws:s3:::my-own-artifacts/rayito/images/rayd-probe.zip" in resources
     assert not any("rayito-artifacts-" in x or "rayito-base-caps" in x for x in resources)
     assert with_deployed_places(r, None) == r  # no document: the defaults
+
+
+def test_the_session_secrets_come_from_the_recipes_project_keys_and_bundles_too(tmp_path) -> None:
+    """verify reads the secrets a session reads from the project the recipe holds, as the product
+    does: a ``[secret_env]`` entry with a JSON key (an object, not a string) and a
+    ``[[secret_env_from]]`` bundle are probed like a plain name (it crashed the iam check)."""
+    from types import SimpleNamespace
+
+    from rayito_constructs import AgentProject
+    from rayito_constructs.product import encode, recipe
+    from rayito_constructs.verify.context import RecipeRead
+    from rayito_constructs.verify.iam import Refs, _session_secrets, launcher_probes
+
+    from .projects import write_project
+
+    folder = write_project(tmp_path / "secretos", name="secretos", toml="""
+        [secret_env]
+        DB = {secret = "app/json", key = "password"}
+
+        [[secret_env_from]]
+        secret = "arn:aws:secretsmanager:us-east-1:123456789012:secret:app/bundle-AbCdEf"
+    """)
+    project = AgentProject.load(folder)
+    _, value = encode(recipe(project.product, project.product_scaling, renew_gateway_keys=False, image_version="1"))
+    ctx = SimpleNamespace(recipe=lambda: RecipeRead("/rayito/agents/secretos/recipe", value, "SecureString", {}, None))
+    secrets = _session_secrets(ctx)  # type: ignore[arg-type]
+    assert secrets.secret_env == ("app/json", "arn:aws:secretsmanager:us-east-1:123456789012:secret:app/bundle-AbCdEf")
+    r = Refs("secretos", "arn:aws:lambda:us-east-1:123456789012:microvm-image:secretos", (), "recipe", "other", ("c",),
+             secret_env=("arn:aws:secretsmanager:us-east-1:123456789012:secret:app/json-AbCdEf", secrets.secret_env[1]))
+    probed = {p.resource for p in launcher_probes(r) if p.path == "a session with gateways and secret_env"}
+    assert probed == set(r.secret_env)

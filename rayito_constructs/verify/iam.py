@@ -122,7 +122,7 @@ def _session_secrets(ctx: Context) -> Any:
         if read is None or not read.value or read.doc is None:
             return SessionSecrets()
         _, project = decode(read.value)
-        return session_secrets(SimpleNamespace(product=project, secret_env=dict(project.secret_env or {})))
+        return session_secrets(SimpleNamespace(product=project))
     except (AwsError, ValueError):
         return SessionSecrets()
 
@@ -296,7 +296,7 @@ def publisher_probes(r: Refs) -> list[Probe]:
     ])
     probes += _on("agent build", [
         Probe("s3:PutObject", f"{r.artifact_bucket}/rayito/templates/probe.zip", True, "upload the agent's artifact"),
-        *[Probe(a, r.base_image, True, "read the base image's versions (rayito-base-caps)")
+        *[Probe(a, r.base_image, True, "read the versions of the base image agent build builds on")
           for a in ("lambda:ListMicrovmImageVersions", "lambda:GetMicrovmImageVersion")],
     ])
     probes += _on("image prune", [
