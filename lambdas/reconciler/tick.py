@@ -326,13 +326,10 @@ class Reconciler:
         waiting = self._wait_for_tokens(state, now)
         if waiting is not None:
             return waiting
+        quiet = self._watch(state, now)
+        if quiet is not None:
+            return quiet
         admission, looks = state.admission, state.looks
-        if state.woken_for_watch and state.parked:
-            watched = looks.watch(state.parked, now)
-            if not watched:  # every parked VM still parked (or the watch could not answer now)
-                return self._watch_next(self._carry(state, now, None), state)
-            state.watched = watched
-            looks.listed_at = None  # a client took one: a fresh list before the plan refills it
         admission.demand.clear()
         state.short_at_start = False  # a plan from here on: its waits say what is short
         owed = looks.owed(now)
@@ -349,11 +346,7 @@ class Reconciler:
             return self._carry(state, now, choice.deferral.retry_after_seconds, Reason.LIST if refused else Reason.BUDGET)
         if choice.fresh:
             owed = None
-        observed = looks.for_plan(looks.confirm(slots, choice.observed, now), slots, now)
-        if state.watched:  # the watch's reads are newer than a list that may lag them
-            seen = {o.microvm_id: o for o in state.watched}
-            observed = [seen.pop(o.microvm_id, o) for o in observed] + list(seen.values())
-            state.watched = []
+        observed = _with_watched(state, looks.for_plan(looks.confirm(slots, choice.observed, now), slots, now))
         others = self.ledger.load_vm_ids(self.siblings) if self.siblings else set()
         fingerprint = self.spec.fingerprint()
         no_room = admission.no_room_until > now
@@ -389,6 +382,19 @@ class Reconciler:
         state.parked = sorted(s.microvm_id for s in step.slots.values()
                               if s.role == core.WARM and s.phase == core.PARKED and s.microvm_id)
         return self._watch_next(result, state)
+
+    def _watch(self, state: TickState, now: float) -> Optional[StepResult]:
+        """A step woken only to watch the parked slots' VMs: their GetMicrovm; nothing changed (or
+        no answer now), the step ends there and the next watch is due; a take makes it list
+        afresh and plan (None)."""
+        if not (state.woken_for_watch and state.parked):
+            return None
+        watched = state.looks.watch(state.parked, now)
+        if not watched:
+            return self._watch_next(self._carry(state, now, None), state)
+        state.watched = watched
+        state.looks.listed_at = None  # a client took one: a fresh list before the plan refills it
+        return None
 
     def _watch_next(self, result: StepResult, state: TickState) -> StepResult:
         """The next look at the parked slots' VMs (``watch_seconds``), while the tick lives."""
@@ -496,3 +502,12 @@ class Reconciler:
 
 
 __all__ = ["CALL_MARGIN_SECONDS", "Reconciler", "TickState"]
+
+
+def _with_watched(state: TickState, observed: list[Observed]) -> list[Observed]:
+    """``observed`` with what the step's watch read (newer than a list that may lag it)."""
+    if not state.watched:
+        return observed
+    seen = {o.microvm_id: o for o in state.watched}
+    state.watched = []
+    return [seen.pop(o.microvm_id, o) for o in observed] + list(seen.values())
