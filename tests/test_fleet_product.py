@@ -73,6 +73,7 @@ def world(tmp_path_factory: Any) -> Iterator[dict[str, Any]]:
     stack = FleetStack(app, "MiAgente", project=project, **stack_props())
     template = Template.from_stack(stack).to_json()
     functions = _functions(template)
+    index._RECONCILER = None  # a new execution environment: nothing another test left in this process
     try:
         emulator = MicrovmsEmulator(host_vms=True, tls_front=True, consistency_seconds=0, terminating_seconds=1.0,
                                     app_exit_report_seconds=1.0)
