@@ -38,6 +38,7 @@ import itertools
 import json
 import os
 import threading
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping, Optional
@@ -110,6 +111,10 @@ class AwsCallRecorder:
         self._seq = itertools.count(1)
         self._original: Any = None
         self._sessions: list[Any] = []
+        # Its own name on a session's events, never reused: ``id(self)`` is, once an earlier
+        # recorder is gone, and a session that recorder marked (boto3's default one, which lives
+        # as long as the process) then took none of this one's handlers.
+        self._name = f"rayito-record-{uuid.uuid4().hex}"
 
     # ---------------------------------------------------------------- the events
 
@@ -153,10 +158,10 @@ class AwsCallRecorder:
     def register(self, session: Any) -> None:
         """Record the calls of one botocore (or boto3) session's clients made from now on."""
         events = getattr(session, "_session", session)
-        mark = f"_rayito_recorder_{id(self)}"
+        mark = f"_{self._name.replace('-', '_')}"
         if getattr(events, mark, False):
             return
-        uid = f"rayito-record-{id(self)}"
+        uid = self._name
         events.register("before-parameter-build", self._on_params, unique_id=f"{uid}-params")
         events.register("before-sign", self._on_sign, unique_id=f"{uid}-sign")
         events.register("after-call", self._on_after_call, unique_id=f"{uid}-after")

@@ -34,7 +34,10 @@ def test_every_call_of_every_new_session_is_recorded_and_mapped(moto_endpoint, m
     monkeypatch.setenv("AWS_ENDPOINT_URL_SECRETS_MANAGER", moto_endpoint)
     with MicrovmsEmulator(clock=VirtualClock(), seed=3, consistency_seconds=0) as emu, AwsCallRecorder() as recorder:
         image = emu.create_image("mi-agente", hooks=True)
-        client = microvms_client(emu.endpoint_url)  # a session made after install()
+        # A session made after install() (boto3.client() would use boto3's default session, which
+        # another test of the process may have made, and marked, before this recorder existed).
+        client = boto3.Session(region_name="us-east-1", aws_access_key_id="testing",
+                               aws_secret_access_key="testing").client("lambda-microvms", endpoint_url=emu.endpoint_url)
         vm = client.run_microvm(imageIdentifier=image, runHookPayload="{\"token\": \"x\"}")["microvmId"]
         client.get_microvm(microvmIdentifier=vm)
         secrets = boto3.Session(region_name="us-east-1", aws_access_key_id="testing",
