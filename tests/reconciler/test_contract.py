@@ -51,7 +51,8 @@ def deployed(example_assembly):
 class World:
     """One deploy of the example fleet: moto's tables and queue from the template, a new emulator."""
 
-    def __init__(self, deployed: dict[str, Any], emulator: MicrovmsEmulator, *, image_version: str = "1.0") -> None:
+    def __init__(self, deployed: dict[str, Any], emulator: MicrovmsEmulator, *, image_version: str = "1.0",
+                 watch: bool = False) -> None:
         self.d = deployed
         self.emulator = emulator
         self.ddb = aws_client("dynamodb", deployed["aws"])
@@ -78,6 +79,11 @@ class World:
         self.env = cs.lambda_environment(deployed["resource"], deployed["logical"], self.variables, {
             "DYNAMODB": deployed["aws"], "SQS": deployed["aws"], "LAMBDA_MICROVMS": emulator.endpoint_url,
             "SSM": deployed["aws"], "SECRETS_MANAGER": deployed["aws"], "LAMBDA": deployed["lambda"]})
+        if not watch:
+            # The parked-slot watch keeps a tick with a parked slot alive its whole TICK_SECONDS (50 s
+            # of real time here) to look at it every WATCH_SECONDS; the fault scenarios are about
+            # runs, so they tick without it. Normal operation keeps the synthesized value.
+            self.env["WATCH_SECONDS"] = "0"
         # What the deploy leaves: the fleet's recipe (the writer's, with the version it built) and
         # token; the server (its own contract: tests/test_fleet_product.py) as it answers in time.
         put_fleet_state(deployed["aws"], self.fleet, self.variables["ACCESS_TOKEN_SECRET"], image_version=image_version)
@@ -174,7 +180,7 @@ def test_the_template_names_what_the_handler_needs(deployed) -> None:
 
 def test_normal_operation_converges_and_tells_in_emf_with_units(deployed) -> None:
     with _emulator() as emulator:
-        world = World(deployed, emulator)
+        world = World(deployed, emulator, watch=True)
         first = world.invoke(deployed["event"], deployed["event"])  # a cold start, then the next minute warm
         assert first.errors == []
         world.assert_converged()
@@ -184,6 +190,9 @@ def test_normal_operation_converges_and_tells_in_emf_with_units(deployed) -> Non
         assert len({r.client_token for r in runs}) == want
         assert len(world.requests("SuspendMicrovm")) == int(world.variables["WARM_VMS"])
         assert world.dead_letters() == []
+        # the synthesized watch looked at each parked VM (GetMicrovm) while its tick lived
+        parked = {vm["microvmId"] for vm in world.live() if vm["state"] in ("SUSPENDING", "SUSPENDED")}
+        assert parked <= {r.microvm_id for r in world.requests("GetMicrovm") if r.status == 200}
         # EMF as CloudWatch reads it: namespace, the fleet dimension, and the unit of each metric
         units = first.units()
         for name, unit in UNITS.items():
