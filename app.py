@@ -56,7 +56,7 @@ def main(app: "Optional[object]" = None) -> int:
 
     from rayito_constructs import AgentProject, FleetStack, Problem, ProjectError
     from rayito_constructs.monitoring import retention_from_days
-    from rayito_constructs.overrides import name_what_was_typed, read_context
+    from rayito_constructs.model.overrides import name_what_was_typed, read_context
 
     app = app or cdk.App()
     options: dict = {}
@@ -117,7 +117,7 @@ def fleet_file_of(folder: str, egress: "Optional[dict]", problems: list) -> "obj
     from pathlib import Path
 
     from rayito_constructs import ProjectError
-    from rayito_constructs.fleet_file import FleetFile
+    from rayito_constructs.model.fleet_file import FleetFile
 
     if not egress:
         return None

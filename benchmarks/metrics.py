@@ -141,7 +141,7 @@ def egress(minutes: int, throttled_at: int = 600) -> dict[str, Any]:
     429 at second ``throttled_at`` (so its deferral reasons appear too)."""
     from rayito_constructs import AgentProject
     from rayito_constructs.egress import BudgetClient, EmfRecorder
-    from rayito_constructs.options import egress_declaration
+    from rayito_constructs.model.options import egress_declaration
     from tests.egress_support import Clock, counting_store, ddb, virtual_store_time
 
     recipe = {"name": "mi-agente", "egress": egress_declaration(AgentProject.load("examples/mi-agente").egress)}

@@ -625,7 +625,7 @@ class Recipes:
 
     def value(self, fleet: Fleet) -> str:
         from rayito_constructs import AgentProject
-        from rayito_constructs.product import encode, recipe
+        from rayito_constructs.model.product import encode, recipe
 
         spec = fleet.spec_at(self.side.sim.now() - self.side.start)
         key = (fleet.name, spec, fleet.version)

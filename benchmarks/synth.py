@@ -50,9 +50,9 @@ from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_logs as logs
 
 from rayito_constructs import AgentFleet, AgentProject
-from rayito_constructs.fleet_file import FLEET_FILE
-from rayito_constructs.project import PROJECT_FILE
-from rayito_constructs.recipe import plan_recipe
+from rayito_constructs.model.fleet_file import FLEET_FILE
+from rayito_constructs.model.project import PROJECT_FILE
+from rayito_constructs.model.recipe import plan_recipe
 
 ROOT = Path(__file__).resolve().parent.parent
 SOURCE = ROOT / "examples" / "mi-agente"

@@ -17,12 +17,12 @@ from typing import Any
 # nothing. Trade-offs in docs/getting-started.md ("The Node.js 20 banner").
 os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
 
-from .errors import FleetWarning, Problem, ProjectError
-from .fleet_file import FleetFile, StackOptions
-from .options import EgressBudgetOptions, EgressOptions
-from .product import DeployFlags
-from .project import AgentProject
-from .recipe import RecipePlan, plan_recipe
+from .model.errors import FleetWarning, Problem, ProjectError
+from .model.fleet_file import FleetFile, StackOptions
+from .model.options import EgressBudgetOptions, EgressOptions
+from .model.product import DeployFlags
+from .model.project import AgentProject
+from .model.recipe import RecipePlan, plan_recipe
 
 __version__ = "0.1.0"
 

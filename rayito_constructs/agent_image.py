@@ -49,7 +49,7 @@ from .image_composition import (
     declared_inheritance,
 )
 from .image_pruner import ImagePruner, check_keep, properties_digest
-from .names import claim
+from .model.names import claim
 from .permissions import LAMBDA_SERVICE, STAR_REASONS, Statement, image_arn_for, source_arn_condition
 
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}\Z")

@@ -24,13 +24,13 @@ import sys
 from pathlib import Path
 from typing import Any, Optional, Sequence, TextIO
 
-from .cost import FLEET_PRICES_CHECKED, RECIPE_PRICES_CHECKED, REGION, estimate
-from .errors import FleetWarning, Problem, ProjectError
-from .fleet_file import FLEET_FILE
-from .overrides import name_what_was_typed, read_overrides
-from .product import PRODUCT_VERSION
-from .project import AgentProject
-from .recipe import RecipePlan, no_reconciler, plan_recipe, reconciler_needs_recipe
+from .model.cost import FLEET_PRICES_CHECKED, RECIPE_PRICES_CHECKED, REGION, estimate
+from .model.errors import FleetWarning, Problem, ProjectError
+from .model.fleet_file import FLEET_FILE
+from .model.overrides import name_what_was_typed, read_overrides
+from .model.product import PRODUCT_VERSION
+from .model.project import AgentProject
+from .model.recipe import RecipePlan, no_reconciler, plan_recipe, reconciler_needs_recipe
 from .verify.parser import add_parser as add_verify_parser
 
 EXIT_INVALID = 2

@@ -21,9 +21,9 @@ from aws_cdk import aws_cloudwatch as cloudwatch
 from constructs import Construct
 
 from .egress.client import REASONS
-from .egress_targets import declared_target
+from .model.egress_targets import declared_target
 from .egress.telemetry import NAMESPACE as EGRESS_NAMESPACE
-from .names import fleet_name_problem
+from .model.names import fleet_name_problem
 
 if TYPE_CHECKING:  # pragma: no cover
     from .egress_budget import EgressBudget

@@ -16,9 +16,9 @@ from ._tables import state_table
 from .monitoring import Operations, create_alarm
 
 from .egress.client import BUDGET_EMPTY, LIMITER_UNAVAILABLE, REASONS
-from .egress_targets import declared_target
+from .model.egress_targets import declared_target
 from .egress.telemetry import NAMESPACE
-from .options import EgressBudgetOptions
+from .model.options import EgressBudgetOptions
 from .permissions import table_key_statement
 
 

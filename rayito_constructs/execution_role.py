@@ -18,7 +18,7 @@ from aws_cdk import aws_iam as iam
 from constructs import Construct
 
 from ._nag import acknowledge_statements
-from .names import fleet_name_problem
+from .model.names import fleet_name_problem
 from .permissions import LAMBDA_SERVICE, Statement, _check_image_arn, image_arn_for, source_arn_condition
 
 LOG_GROUP_PREFIX = "/aws/lambda-microvms/"

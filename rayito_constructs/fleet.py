@@ -50,8 +50,8 @@ from .monitoring import (
     metrics_value,
     retention_days,
 )
-from .names import claim
-from .options import egress_declaration
+from .model.names import claim
+from .model.options import egress_declaration
 from .permissions import (
     FleetAccess,
     Statement,
@@ -64,9 +64,9 @@ from .permissions import (
     recipe_parameter_arn,
 )
 from .policies import CallerPolicy, ImagePublisherPolicy, SandboxLauncherPolicy
-from .project import AgentProject
+from .model.project import AgentProject
 from .queries import FleetQueries
-from .recipe import RecipePlan, no_reconciler, parameter_name, plan_recipe, reconciler_needs_recipe
+from .model.recipe import RecipePlan, no_reconciler, parameter_name, plan_recipe, reconciler_needs_recipe
 from .recipe_parameter import RecipeParameter
 from .reconciler import FleetReconciler, _check_whole
 

@@ -30,7 +30,7 @@ from constructs import Construct
 from ._function import lazy_string, library_function
 from .monitoring import METRICS_ENV, Operations, metrics_value
 from ._nag import acknowledge_wildcard_resources
-from .names import fleet_name_problem
+from .model.names import fleet_name_problem
 from .permissions import LIST_ACTIONS, Statement, image_and_versions, wildcard_reasons
 
 RESOURCE_TYPE = "Custom::RayitoImagePruner"

@@ -37,7 +37,7 @@ from aws_cdk import aws_logs as logs
 from aws_cdk import aws_sns as sns
 from constructs import Construct, IConstruct
 
-from .cloudwatch_limits import MAX_ALARM_ACTIONS, RETENTION_DAYS, SNS_TOPIC_ARN
+from .model.cloudwatch_limits import MAX_ALARM_ACTIONS, RETENTION_DAYS, SNS_TOPIC_ARN
 
 #: The environment variable (and custom resource property) that carries the switch to code that
 #: runs in AWS: ``on`` or ``off``; anything else, or nothing, is off.

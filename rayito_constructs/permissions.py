@@ -50,7 +50,7 @@ import aws_cdk as cdk
 from aws_cdk import aws_iam as iam
 from constructs import IConstruct
 
-from .names import fleet_name_problem
+from .model.names import fleet_name_problem
 
 #: The MicroVM lifecycle actions besides RunMicrovm: inspect, park, resume, kill, connect.
 DRIVE_ACTIONS = (
@@ -336,7 +336,7 @@ class SessionSecrets:
 
 
 def session_secrets(project: Any) -> SessionSecrets:
-    """The secrets of ``project`` (an :class:`~rayito_constructs.project.AgentProject`), by the
+    """The secrets of ``project`` (an :class:`~rayito_constructs.model.project.AgentProject`), by the
     product's own functions."""
     from rayito._agent._gateway_keys import renewable_gateways
     from rayito._agent._secret_env_domain import secret_ids

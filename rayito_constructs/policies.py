@@ -74,7 +74,7 @@ class _FleetPolicy(iam.ManagedPolicy):
         :param build_network_connectors: customer connectors the image build uses
             (ImagePublisherPolicy's ``PassBuildNetworkConnectors``, besides ``INTERNET_EGRESS``).
             Default: none.
-        :param project: the fleet's :class:`~rayito_constructs.project.AgentProject`: names the
+        :param project: the fleet's :class:`~rayito_constructs.model.project.AgentProject`: names the
             fleet (unless ``fleet_name`` does), the secrets its sessions read (each gateway's
             ``rayito/<secret>``, each ``secret_env`` id) and the base image of ``rayito agent
             build``. Default: none (no gateway or ``secret_env`` secret is granted).

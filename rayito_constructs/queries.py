@@ -25,7 +25,7 @@ from typing import Optional, Sequence
 from aws_cdk import aws_logs as logs
 from constructs import Construct
 
-from .names import fleet_name_problem
+from .model.names import fleet_name_problem
 
 #: Admission events of the reconciler whose absence from a slot's history would be a problem.
 PROBLEM_EVENTS = (

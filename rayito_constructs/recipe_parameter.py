@@ -38,11 +38,11 @@ from constructs import Construct
 
 from ._function import lazy_string, library_function
 from .monitoring import Operations, create_alarm, longest, metrics_value, retention_days
-from .names import claim, fleet_name_problem
+from .model.names import claim, fleet_name_problem
 from .permissions import recipe_parameter_arn, via
-from .product import canonical_json, decode, recipe_document
+from .model.product import canonical_json, decode, recipe_document
 from .product_layer import ProductLayer
-from .recipe import EncodedRecipe
+from .model.recipe import EncodedRecipe
 
 RESOURCE_TYPE = "Custom::RayitoRecipe"
 NAMESPACE = "Rayito/Fleet"
@@ -165,7 +165,7 @@ class RecipeParameter(Construct):
 
     :param fleet_name: the fleet; the parameter is ``/rayito/agents/<fleet_name>/recipe``.
     :param recipe: the product's recipe document (``RecipePlan.document``), or a stored recipe
-        value (:class:`~rayito_constructs.recipe.EncodedRecipe`), which is decoded back to its document.
+        value (:class:`~rayito_constructs.model.recipe.EncodedRecipe`), which is decoded back to its document.
     :param image_version: the image version to record when it is only known at deploy (a token,
         such as ``AgentImage.latest_active_image_version``); the writer puts it into the
         document before encoding it, so it is there in every encoding. Default: the document's.

@@ -171,7 +171,7 @@ def _without_auth_token(statements: list[Statement]) -> list[Statement]:
                                   statement.resources, statement.conditions)
         out.append(statement)
     return out
-from .project import AgentProject
+from .model.project import AgentProject
 
 NAMESPACE = "Rayito/Fleet"
 #: Fleets per image, per app: ``{app root: {image key: [FleetReconciler, ...]}}``.

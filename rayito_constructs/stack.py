@@ -14,8 +14,8 @@ from .agent_image import DEFAULT_BASE_IMAGE_VERSION
 from .agent_image import DEFAULT_LOG_RETENTION as DEFAULT_MICROVM_LOG_RETENTION
 from .fleet import AgentFleet
 from .monitoring import DEFAULT_LOG_RETENTION, AlarmActionLike
-from .names import is_stack_name, safe_stack_name
-from .project import AgentProject
+from .model.names import is_stack_name, safe_stack_name
+from .model.project import AgentProject
 
 
 class FleetStack(cdk.Stack):

@@ -66,7 +66,7 @@ class Tally:
 
 def checked_folders(root: Path = ROOT) -> list[str]:
     """``lambdas/<each>`` with Python in it, and ``rayito_constructs/egress``. (The target rule the
-    egress package imports from the model, ``rayito_constructs/egress_targets.py``, is not
+    egress package imports from the model, ``rayito_constructs/model/egress_targets.py``, is not
     measured: coverage names a module outside a measured folder by its import name, which imports
     its package in every measured process; its tests are tests/test_egress_targets.py.)"""
     lambdas = sorted(f"lambdas/{p.name}" for p in (root / "lambdas").iterdir()

@@ -301,7 +301,7 @@ def write_recipe(document: dict[str, Any], *, image_version: Optional[str], moto
     import json as json_
 
     from lambdas.recipe_writer import index
-    from rayito_constructs.product import canonical_json
+    from rayito_constructs.model.product import canonical_json
 
     from .lambda_runner import LambdaContext
     from .moto_server import client

@@ -14,7 +14,7 @@ from aws_cdk.assertions import Template
 
 from lambdas.recipe_writer import index
 from rayito_constructs import AgentProject, FleetStack
-from rayito_constructs.product import canonical_json
+from rayito_constructs.model.product import canonical_json
 
 from .cdk_helpers import new_app, stack_props
 from .projects import write_project

@@ -115,7 +115,7 @@ def test_the_exhaustion_alarm_does_not_fire_on_a_target_used_at_one_percent_of_i
 
     from rayito_constructs.egress import EmfRecorder
     from rayito_constructs.egress_budget import EgressBudget
-    from rayito_constructs.options import EgressBudgetOptions
+    from rayito_constructs.model.options import EgressBudgetOptions
 
     from .cdk_helpers import new_app, new_stack
 
@@ -217,7 +217,7 @@ def test_the_deferral_rate_alarm_sees_half_the_requests_deferred_when_processes_
 
     from rayito_constructs.egress import EmfRecorder
     from rayito_constructs.egress_budget import EgressBudget
-    from rayito_constructs.options import EgressBudgetOptions
+    from rayito_constructs.model.options import EgressBudgetOptions
 
     from .cdk_helpers import new_app, new_stack
 

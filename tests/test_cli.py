@@ -111,7 +111,9 @@ def test_a_recipe_too_large_is_planned_as_the_synth_says(capsys, agent_folder) -
     kept = agent_folder(name="kept", agent={"instructions": _noise(9000)}, stack={"reconciler": True})
     capsys.readouterr()
     code, text = run("plan", str(kept))
-    (line,) = capsys.readouterr().err.splitlines()
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1, err
+    (line,) = err
     assert code == 2 and text == ""
     assert line.startswith("rayito-constructs.toml: stack.reconciler: True needs the fleet's recipe, and the recipe is ")
     off = agent_folder(name="off", agent={"instructions": _noise(9000)}, stack={"reconciler": False})

@@ -26,8 +26,8 @@ from typing import Any, Iterator
 import pytest
 
 from rayito_constructs import AgentProject
-from rayito_constructs.product import decode
-from rayito_constructs.recipe import plan_recipe
+from rayito_constructs.model.product import decode
+from rayito_constructs.model.recipe import plan_recipe
 
 from . import contract_support as cs
 from .conftest import EXAMPLE, ROOT

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from rayito_constructs import AgentProject
 from rayito_constructs.cli import _render_cost
-from rayito_constructs.cost import base_vm_seconds, estimate
+from rayito_constructs.model.cost import base_vm_seconds, estimate
 
 from .projects import project_with
 

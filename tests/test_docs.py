@@ -5,8 +5,8 @@ from __future__ import annotations
 import re
 
 from rayito_constructs.cli import FLAGS, REPEATED_FLAGS
-from rayito_constructs.fleet_file import StackOptions
-from rayito_constructs.options import EgressBudgetOptions, EgressOptions
+from rayito_constructs.model.fleet_file import StackOptions
+from rayito_constructs.model.options import EgressBudgetOptions, EgressOptions
 
 from .conftest import ROOT
 
@@ -54,7 +54,7 @@ def _anchor(heading: str) -> str:
 def test_every_cost_assumption_is_in_the_docs_next_to_the_estimate() -> None:
     from rayito_constructs import AgentProject
     from rayito_constructs.cli import _render_cost
-    from rayito_constructs.cost import (
+    from rayito_constructs.model.cost import (
         DAYS_PER_MONTH, KMS_USD_PER_10K, SUSPENDED_DAY_USD, VM_HOUR_USD, estimate,
     )
     import io

@@ -8,9 +8,9 @@ import math
 import pytest
 
 from rayito_constructs.egress import Envelope, RateError, parse_rate
-from rayito_constructs.errors import ProjectError
-from rayito_constructs.project import AgentProject
-from rayito_constructs.rates import MAX_BURST, check_burst, check_cost, recipe_rate
+from rayito_constructs.model.errors import ProjectError
+from rayito_constructs.model.project import AgentProject
+from rayito_constructs.model.rates import MAX_BURST, check_burst, check_cost, recipe_rate
 
 
 @pytest.mark.parametrize(

@@ -16,7 +16,7 @@ import pytest
 from aws_cdk.assertions import Template
 
 from rayito_constructs import AgentFleet, AgentProject
-from rayito_constructs.options import egress_declaration
+from rayito_constructs.model.options import egress_declaration
 from rayito_constructs.egress import BudgetClient, Deferral, EmfRecorder, Granted
 
 from .cdk_helpers import new_app, new_stack

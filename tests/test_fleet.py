@@ -16,8 +16,8 @@ from aws_cdk import aws_sqs as sqs
 from aws_cdk.assertions import Annotations, Match, Template
 
 from rayito_constructs import AgentFleet, AgentProject, FleetStack, ProjectError
-from rayito_constructs.product import canonical_json
-from rayito_constructs.recipe import plan_recipe
+from rayito_constructs.model.product import canonical_json
+from rayito_constructs.model.recipe import plan_recipe
 
 from .cdk_helpers import lint_template, nag, new_app, new_stack, stack_props
 from .conftest import EXAMPLE

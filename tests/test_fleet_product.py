@@ -31,7 +31,7 @@ import pytest
 from lambdas.recipe_writer import index as writer
 from lambdas.reconciler import index
 from rayito_constructs import AgentProject, FleetStack
-from rayito_constructs.recipe import plan_recipe
+from rayito_constructs.model.recipe import plan_recipe
 from rayito_constructs.testing import MicrovmsEmulator
 
 from .cdk_helpers import new_app, stack_props

@@ -321,7 +321,7 @@ def _egress_traffic(store_endpoint: str, recipe: dict[str, Any], out: io.StringI
 @pytest.fixture(scope="module")
 def recipe() -> dict[str, Any]:
     """The example's egress declaration, as the fleet puts it in the image (``egress``)."""
-    from rayito_constructs.options import egress_declaration
+    from rayito_constructs.model.options import egress_declaration
 
     return {"egress": egress_declaration(AgentProject.load(EXAMPLE).egress)}
 

@@ -11,8 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rayito_constructs import AgentFleet, AgentImage, AgentProject, FleetStack, RecipeParameter
-from rayito_constructs.names import is_fleet_name, safe_stack_name, stack_name_for
-from rayito_constructs.recipe import plan_recipe
+from rayito_constructs.model.names import is_fleet_name, safe_stack_name, stack_name_for
+from rayito_constructs.model.recipe import plan_recipe
 
 from rayito_constructs.agent_image import release_artifact
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from rayito_constructs.overrides import read_context, read_overrides
+from rayito_constructs.model.overrides import read_context, read_overrides
 
 
 def test_env_commas_inside_values() -> None:

@@ -1,4 +1,4 @@
-"""The offline IAM evaluator (``rayito_constructs.policy_eval``) on its own: one row per rule it
+"""The offline IAM evaluator (``rayito_constructs.model.policy_eval``) on its own: one row per rule it
 claims, each with the decision IAM's documentation gives. The first 22 rows are the cases every
 candidate library was run against (``shared/research/product-iam.md`` 5.1); the rest cover what
 the proof and verify rely on besides."""
@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from rayito_constructs.policy_eval import PolicyError, action_matches, evaluate, glob_match
+from rayito_constructs.model.policy_eval import PolicyError, action_matches, evaluate, glob_match
 
 A = "arn:aws:lambda:us-east-1:123456789012"
 ROLE = "arn:aws:iam::123456789012:role/rayito-m0-build-us-east-1"

@@ -5,7 +5,7 @@ fleet, and nothing else the policy holds goes unused.
 ``tests/product_paths.py`` runs the paths (the CLI and the client's classes, unmodified) against
 moto and the MicroVMs emulator with the stand-in rayd, recording every call; each call becomes the
 IAM requests it is authorized as (``rayito_constructs.testing.aws_calls``), and each request is
-decided against the three synthesized policy documents by ``rayito_constructs.policy_eval``. The
+decided against the three synthesized policy documents by ``rayito_constructs.model.policy_eval``. The
 path x policy table of docs/iam.md is written from here (``RAYITO_WRITE_DOCS=1``) and a stale one
 fails. What could not be recorded here is said in :data:`TRACED` and in the doc.
 """
@@ -19,7 +19,7 @@ from typing import Any, Iterator
 import pytest
 
 from rayito_constructs import AgentProject, FleetStack
-from rayito_constructs.policy_eval import evaluate
+from rayito_constructs.model.policy_eval import evaluate
 from rayito_constructs.testing import MicrovmsEmulator
 from rayito_constructs.testing.aws_calls import AwsCallRecorder, IamRequest
 

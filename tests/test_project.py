@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from rayito_constructs import AgentProject, ProjectError
-from rayito_constructs.fleet_file import FLEET_FILE
+from rayito_constructs.model.fleet_file import FLEET_FILE
 
 from .conftest import EXAMPLE
 from .projects import scaffold, write_project

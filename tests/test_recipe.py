@@ -20,8 +20,8 @@ import pytest
 
 from lambdas.recipe_writer import index as writer
 from rayito_constructs import AgentProject, ProjectError
-from rayito_constructs.product import decode, encoding_of
-from rayito_constructs.recipe import VERSION_STAND_IN, plan_recipe
+from rayito_constructs.model.product import decode, encoding_of
+from rayito_constructs.model.recipe import VERSION_STAND_IN, plan_recipe
 from rayito_constructs.testing import MicrovmsEmulator
 
 from .conftest import EXAMPLE

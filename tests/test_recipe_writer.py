@@ -19,8 +19,8 @@ import pytest
 
 from lambdas.recipe_writer import index
 from rayito_constructs import AgentProject
-from rayito_constructs.product import canonical_json, decode
-from rayito_constructs.recipe import plan_recipe
+from rayito_constructs.model.product import canonical_json, decode
+from rayito_constructs.model.recipe import plan_recipe
 
 from .recipe_writer_helpers import CFN_HOST
 from .recipe_writer_world import BUILT_VERSION, FUNCTION_ARN, NAME, STACK_ID, Aws, Context, Synthesized, project, run

@@ -234,7 +234,7 @@ def test_one_target_declared_twice_is_refused(agent_folder, first: str, second: 
 
 def test_egress_budget_construct_refuses_a_target_twice() -> None:
     from rayito_constructs import EgressBudget
-    from rayito_constructs.options import EgressBudgetOptions
+    from rayito_constructs.model.options import EgressBudgetOptions
 
     app = new_app()
     stack = new_stack(app)
@@ -297,7 +297,7 @@ def test_verify_looks_for_app_stack_of_a_fleet_named_with_an_underscore(name: st
     the hint asks the other regions for these same candidates). Checked end to end against moto in
     eu-west-1 during the audit (16 s, not kept here: tests/test_verify_scenarios.py runs that path
     for a hyphenated name)."""
-    from rayito_constructs.names import stack_name_for
+    from rayito_constructs.model.names import stack_name_for
     from rayito_constructs.verify.deployed import candidates
 
     assert candidates(name) == [stack_name_for(name)]
@@ -380,7 +380,7 @@ def test_a_stray_is_reported_counted_toward_max_vms_and_never_touched() -> None:
 def test_a_context_key_in_capitals_gets_its_suggestion(typed: str, meant: str) -> None:
     """``-c MAX_VMS=5`` said "unknown context key" with no suggestion (difflib compares case);
     the issue asks for the nearest key for every mistyped one."""
-    from rayito_constructs.overrides import read_context
+    from rayito_constructs.model.overrides import read_context
 
     _, _, problems = read_context({typed: "5"})
     (problem,) = problems

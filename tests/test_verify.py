@@ -390,7 +390,7 @@ def test_the_recipe_finding_names_the_products_encoding(deployed: vw.World) -> N
     import base64
     import gzip
 
-    from rayito_constructs.product import canonical_json
+    from rayito_constructs.model.product import canonical_json
 
     name, original = _parameter(deployed)
     assert "decodes (json, " in finding(deployed.verify(FLEET), "recipe").summary

@@ -14,7 +14,7 @@ from botocore.exceptions import ClientError, EndpointConnectionError, NoCredenti
 
 from rayito_constructs.verify import basics, iam, image, quotas, recipe, reconciler
 from rayito_constructs.verify.aws import classify
-from rayito_constructs.names import stack_name_for
+from rayito_constructs.model.names import stack_name_for
 from rayito_constructs.verify.deployed import DeployedStack, StackResource, candidates, fleets_of
 from rayito_constructs.verify.policy import granting_statement
 from rayito_constructs.verify.report import Finding, Report, Status, fail, ok, render_json, render_table, warn
@@ -432,7 +432,7 @@ def test_the_session_secrets_come_from_the_recipes_project_keys_and_bundles_too(
     from types import SimpleNamespace
 
     from rayito_constructs import AgentProject
-    from rayito_constructs.product import encode, recipe
+    from rayito_constructs.model.product import encode, recipe
     from rayito_constructs.verify.context import RecipeRead
     from rayito_constructs.verify.iam import Refs, _session_secrets, launcher_probes
 

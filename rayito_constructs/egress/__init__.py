@@ -2,7 +2,7 @@
 at the egress chokepoint (docs/egress-budgets.md). Plain Python and boto3: an agent imports it
 without aws-cdk-lib."""
 
-from ..rates import RateError, parse_rate
+from ..model.rates import RateError, parse_rate
 from .adapters import (
     AsyncBudgetTransport,
     BudgetAdapter,
@@ -20,7 +20,7 @@ from .client import (
     StoreTime,
     store_client,
 )
-from ..egress_targets import TargetError, canonical_host, declared_target, normalize, origin
+from ..model.egress_targets import TargetError, canonical_host, declared_target, normalize, origin
 from .telemetry import EmfRecorder
 
 __all__ = [

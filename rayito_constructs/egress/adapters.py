@@ -23,7 +23,7 @@ from email.utils import parsedate_to_datetime
 from typing import Any, Callable, Optional, Union
 
 from .client import BACKOFF, INVALID_TARGET_KEY, BudgetClient, Deferral
-from ..egress_targets import TargetError, Url, from_parts
+from ..model.egress_targets import TargetError, Url, from_parts
 
 StepSource = Union[None, str, Callable[[], Optional[str]]]
 BACKOFF_STATUSES = (429, 503)

@@ -39,9 +39,9 @@ from decimal import Decimal
 from email.utils import parsedate_to_datetime
 from typing import Any, Callable, Iterable, Mapping, Optional, Sequence, Union
 
-from ..egress_targets import (Bucket, Declared, TargetError, Url, declared, envelope_of, parse, redact, redacted_error,
+from ..model.egress_targets import (Bucket, Declared, TargetError, Url, declared, envelope_of, parse, redact, redacted_error,
                       route)
-from ..rates import RateError, check_burst, check_cost, parse_rate
+from ..model.rates import RateError, check_burst, check_cost, parse_rate
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +69,7 @@ STORE_READ_TIMEOUT = 1.0
 STORE_MAX_ATTEMPTS = 1
 
 # ``parse_rate`` is imported here for code that imported it from this module; parsing a rate is
-# an option's concern and lives in rayito_constructs.rates.
+# an option's concern and lives in rayito_constructs.model.rates.
 
 
 def store_client(*, endpoint_url: Optional[str] = None, region_name: Optional[str] = None,
@@ -89,7 +89,7 @@ def store_client(*, endpoint_url: Optional[str] = None, region_name: Optional[st
 @dataclass(frozen=True)
 class Envelope:
     """A rate envelope: ``rate_per_second`` sustained, ``burst`` at once. Validated: a finite rate
-    above 0 (:func:`rayito_constructs.rates.parse_rate`), a whole burst of at least 1."""
+    above 0 (:func:`rayito_constructs.model.rates.parse_rate`), a whole burst of at least 1."""
 
     target: str
     rate_per_second: float
@@ -611,7 +611,7 @@ class BudgetClient:
         keep the history; returns the version. Every process follows it on its next acquire, and
         a restart does not undo it (only a changed declaration in a recipe does).
 
-        Raises :class:`rayito_constructs.rates.RateError` for a rate or burst no envelope may have,
+        Raises :class:`rayito_constructs.model.rates.RateError` for a rate or burst no envelope may have,
         :class:`TargetError` for a target that is not an envelope, and the store's error when the
         write fails (an operator's call: it should know)."""
         rate = parse_rate(rate_per_second)

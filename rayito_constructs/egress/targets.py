@@ -1,10 +1,10 @@
 """Target identifiers, importable from the egress package as well: the rule itself is
-:mod:`rayito_constructs.egress_targets`, below both the project's options (which check every
+:mod:`rayito_constructs.model.egress_targets`, below both the project's options (which check every
 declared target with it) and this package."""
 
 from __future__ import annotations
 
-from ..egress_targets import (
+from ..model.egress_targets import (
     DEFAULT_PORTS,
     UNRESERVED,
     MAX_CLASS_VALUES,

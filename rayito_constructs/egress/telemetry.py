@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, TextIO
 
 from .client import BUDGET_EMPTY, BACKOFF, Decision, Deferral
-from ..egress_targets import envelope_of
+from ..model.egress_targets import envelope_of
 
 NAMESPACE = "Rayito/Egress"
 #: The switch the fleet sets in the image it builds: ``on`` (or true, 1, yes) writes metrics.

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from ..product import RecipeWarning, decode, recipe_document
+from ..model.product import RecipeWarning, decode, recipe_document
 from .aws import AwsError, Clients
 from .deployed import DeployedFleet
 from .template import Unresolved, resolve

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Optional
 
-from ..names import is_fleet_name, stack_name_for
+from ..model.names import is_fleet_name, stack_name_for
 from .aws import AwsError, Clients
 
 #: Regions that offer Lambda MicroVMs (shared/research/rayito-ground-truth.md section 8, from the

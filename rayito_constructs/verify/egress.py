@@ -8,8 +8,8 @@ import json
 from typing import Any, Optional
 
 from ..egress.client import ENVELOPES_ENV
-from ..egress_targets import TargetError, declared_target
-from ..project import AgentProject
+from ..model.egress_targets import TargetError, declared_target
+from ..model.project import AgentProject
 from .aws import AwsError, unable
 from .context import Context
 from .reconciler import alarms

@@ -115,7 +115,7 @@ def _session_secrets(ctx: Context) -> Any:
     from types import SimpleNamespace
 
     from ..permissions import SessionSecrets, session_secrets
-    from ..product import decode
+    from ..model.product import decode
 
     try:
         read = ctx.recipe()

@@ -16,10 +16,10 @@ import re
 from pathlib import Path
 from typing import Any, Optional
 
-from ..errors import ProjectError
-from ..product import canonical_json, encoding_of
-from ..project import AgentProject
-from ..recipe import plan_recipe
+from ..model.errors import ProjectError
+from ..model.product import canonical_json, encoding_of
+from ..model.project import AgentProject
+from ..model.recipe import plan_recipe
 from .aws import AwsError, unable
 from .context import Context, RecipeRead, recipe_properties
 from .iam import Probe, simulate

@@ -254,7 +254,7 @@ def put_fleet_state(aws: str, fleet: str, token_secret: str, *, image_version: O
     from rayito._payload import generate_access_token
 
     from rayito_constructs import AgentProject
-    from rayito_constructs.product import encode, recipe
+    from rayito_constructs.model.product import encode, recipe
 
     from ..conftest import EXAMPLE
     from ..moto_server import put_secret
@@ -283,7 +283,7 @@ def deploy_fleet_state(fleet: "Fleet", token: Optional[str] = None) -> None:
     from rayito._payload import generate_access_token
 
     from rayito_constructs import AgentProject
-    from rayito_constructs.product import encode, recipe
+    from rayito_constructs.model.product import encode, recipe
 
     from ..conftest import EXAMPLE
     from ..moto_server import put_secret

@@ -83,7 +83,7 @@ def test_slots_the_spec_asks_none_of_and_unstaggered_fleets() -> None:
 
 def test_the_construct_and_the_cost_estimate_use_the_same_rule() -> None:
     """rayito_constructs imports this module from the wheel (``rayito_constructs._lambdas``)."""
-    from rayito_constructs import cost
+    from rayito_constructs.model import cost
     from rayito_constructs import reconciler as construct
     from rayito_constructs._lambdas.reconciler.core import lifetimes as shipped
 

@@ -1,6 +1,6 @@
 """When a VM's successor starts and how long a slot's first VM lives: one rule for the reconciler,
 the construct's synth checks (``rayito_constructs.reconciler`` imports this module from the wheel,
-``rayito_constructs._lambdas``) and the cost estimate (``rayito_constructs.cost``).
+``rayito_constructs._lambdas``) and the cost estimate (``rayito_constructs.model.cost``).
 
 Plain numbers in, plain numbers out: this module imports nothing of the package, so the library
 can load it without the Lambda's dependencies.

@@ -1,10 +1,10 @@
 """The agent project: a Rayito agent folder as ``rayito agent deploy`` reads it, after its flags.
 
 ``AgentProject.load(folder, **flags)`` runs the product's own loader, detection and deploy flags
-(:mod:`rayito_constructs.product`): a folder the product deploys loads here unchanged, one it
+(:mod:`rayito_constructs.model.product`): a folder the product deploys loads here unchanged, one it
 refuses is refused with its reason, in one line that names the key or flag and the value. What
 this library adds to a fleet (per-target egress envelopes, the stack's switches) comes from
-``rayito-constructs.toml`` next to the project file (:mod:`rayito_constructs.fleet_file`), never
+``rayito-constructs.toml`` next to the project file (:mod:`rayito_constructs.model.fleet_file`), never
 from ``rayito-agent.toml``, whose loader refuses keys it does not know.
 
 The refusals this library adds to the product's, because a fleet it deploys would break
@@ -122,7 +122,7 @@ class AgentProject:
             ``idle``, ``timeout``, ``port``, ``memory``, ``env``, ``secret_env``,
             ``secret_env_from``, ``allow_out``, ``save_recipe``, ``renew_gateway_keys``, and
             detection's ``framework``, ``language``, ``entry``, ``protocol``...): see
-            :class:`~rayito_constructs.product.DeployFlags`.
+            :class:`~rayito_constructs.model.product.DeployFlags`.
         :param region: the region detection names a model gateway for (the product's
             ``--region``). Default: the file's ``[deploy] region``, else ``AWS_REGION``.
         :param fleet_file: this library's settings. Default: ``rayito-constructs.toml`` in the

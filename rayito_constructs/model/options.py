@@ -3,9 +3,9 @@
 ``rayito-agent.toml`` is the product's, and its loader refuses any key it does not know; what
 this library adds to a fleet (per-target egress envelopes, the stack's operations switches) lives
 in props, ``-c`` context and, when a file is wanted, ``rayito-constructs.toml`` next to it
-(:mod:`rayito_constructs.fleet_file`). The models are strict: a string where a number belongs is
+(:mod:`rayito_constructs.model.fleet_file`). The models are strict: a string where a number belongs is
 an error, not a guess, and a broken model raises
-:class:`~rayito_constructs.errors.ProjectError` (a ``ValueError``) whose ``problems`` are the
+:class:`~rayito_constructs.model.errors.ProjectError` (a ``ValueError``) whose ``problems`` are the
 one-line messages ``plan`` prints.
 """
 

@@ -18,7 +18,7 @@ and its loader reads its folder. So the project file, the detection, the flags o
 5. the fleet's scaling as the recipe records it (``fleet_settings_of``).
 
 Nothing here calls AWS, writes a file or opens a socket. The product's errors become
-:class:`~rayito_constructs.errors.Problem` lines that name the key or flag, the value and the
+:class:`~rayito_constructs.model.errors.Problem` lines that name the key or flag, the value and the
 product's own reason.
 """
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Optional
 
-from ._lambdas.reconciler.core import lifetimes
+from .._lambdas.reconciler.core import lifetimes
 from .options import MICROVM_MAX_LIFETIME_SECONDS
 
 if TYPE_CHECKING:
