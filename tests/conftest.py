@@ -161,31 +161,26 @@ def _share_botocore_data_files() -> None:
     loaders.Loader.list_available_services = loaders.instance_cache(list_available_services)
 
 
-#: The files that keep a worker longest (seconds on one worker in `make test`, 3 workers on 2
-#: cores: the contract tests 84, most of it waiting on real time: Lambda processes, a client's
-#: 15 s timeout, retries; test_verify.py 65; then 41-55 each). ``--dist loadfile`` with
+#: The files that keep a worker longest, longest first (seconds of one worker, `pytest -n 2
+#: --dist loadfile` on this 2-core machine under load, measured 2026-12-07: 110-170 s each for the
+#: first eight, mostly waiting on real time: Lambda processes, the product client's polls, a
+#: client's timeout, the CDK's Node process; 50-100 s for the next ones). ``--dist loadfile`` with
 #: ``--no-loadscope-reorder`` (the Makefile) hands files out in collection order, so these go first
-#: and the last file to start is a short one: started last (xdist's default order is by count of
-#: tests, and this file has few), the reconciler's contract tests ended the run 40 s after the other
-#: workers were done. A stale list only orders; it changes nothing a test sees (each file keeps
-#: its own order).
+#: and the last file to start is a short one (xdist's default order is by count of tests: a long
+#: file with few tests started last and ended the run alone). A stale list only orders; it changes
+#: nothing a test sees (each file keeps its own order).
 LONGEST_FILES = (
-    "tests/test_product_iam.py",  # 5-7 min: every path of the product with real VMs (measured 2026-12-02)
-    "tests/reconciler/test_contract.py", "tests/test_verify.py", "tests/reconciler/test_handler.py",
-    "tests/reconciler/test_room_for_successors.py", "tests/reconciler/test_overtime.py",
-    "tests/reconciler/test_short_lifetimes.py", "tests/reconciler/test_slow_calls.py",
-    "tests/test_monitoring.py", "tests/reconciler/test_reconcile.py", "tests/test_fleet_teardown_handler.py",
-    "tests/reconciler/test_budget_admission.py", "tests/test_policies.py", "tests/test_fleet.py",
-    "tests/test_lifecycle_requests.py", "tests/reconciler/test_faults.py", "tests/test_verify_scenarios.py",
-    "tests/reconciler/test_room.py", "tests/reconciler/test_letters_and_lists.py", "tests/reconciler/test_store_failures.py",
-    # 10-20 s each on their own: after the longer ones, before the rest
-    "tests/reconciler/test_overtime_bounds.py", "tests/reconciler/test_parking_assumed.py",
-    "tests/reconciler/test_overtime_replaces.py", "tests/reconciler/test_parking_looks.py",
-    "tests/reconciler/test_handler_paths.py", "tests/reconciler/test_lost_suspends.py",
-    "tests/reconciler/test_short_lifetimes_headroom.py", "tests/reconciler/test_ownership.py",
-    # the stand-in rayd's (20-30 s each on their own, measured 2026-12-02), mostly waiting on real
-    # processes and the product client's polls
-    "tests/testing/test_rayd_cli.py", "tests/testing/test_rayd.py", "tests/testing/test_rayd_fleet.py",
+    "tests/reconciler/test_room.py", "tests/reconciler/test_contract.py", "tests/reconciler/test_room_for_successors.py",
+    "tests/test_fleet_product.py", "tests/test_product_iam.py", "tests/test_monitoring.py",
+    "tests/test_verify_scenarios.py", "tests/benchmarks/test_synth_benchmark.py", "tests/reconciler/test_handler.py",
+    "tests/reconciler/test_ownership.py", "tests/reconciler/test_letters_and_lists.py", "tests/test_synth_refusals.py",
+    "tests/test_fleet.py", "tests/test_verify.py", "tests/reconciler/test_faults.py", "tests/test_egress_processes.py",
+    "tests/reconciler/test_overtime_replaces.py", "tests/reconciler/test_overtime.py",
+    "tests/test_contract_recipe_writer.py", "tests/test_fleet_teardown.py", "tests/test_fleet_teardown_handler.py",
+    "tests/test_monitoring_runtime.py", "tests/reconciler/test_short_lifetimes_headroom.py", "tests/test_names.py",
+    "tests/testing/test_rayd.py", "tests/testing/test_rayd_cli.py", "tests/test_app.py",
+    "tests/reconciler/test_short_lifetimes.py", "tests/reconciler/test_reconcile.py", "tests/test_policies.py",
+    "tests/test_layers.py", "tests/test_egress_targets.py",
 )
 
 
