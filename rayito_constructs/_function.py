@@ -31,10 +31,13 @@ import jsii
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_logs as logs
+from aws_cdk import aws_scheduler as scheduler
+from aws_cdk import aws_scheduler_targets as scheduler_targets
+from aws_cdk import aws_sqs as sqs
 from constructs import Construct
 
 from ._assets import lambda_code_dir
-from ._nag import acknowledge_statements
+from ._nag import acknowledge_statements, acknowledge_wildcard_resources
 from .monitoring import DEFAULT_LOG_RETENTION as DEFAULT_LOG_RETENTION  # re-exported
 from .monitoring import Operations
 from .permissions import Statement
@@ -148,3 +151,47 @@ class _StringProducer:
 
     def produce(self) -> str:
         return self._produce()
+
+
+def scheduled_invoke(
+    scope: Construct,
+    function: lambda_.IFunction,
+    *,
+    what: str,
+    kind: str,
+    description: str,
+    rate: cdk.Duration,
+    event: Mapping[str, str],
+    max_event_age: cdk.Duration,
+    dead_letter_queue: Optional[sqs.IQueue] = None,
+) -> tuple[scheduler.Schedule, iam.Role]:
+    """An EventBridge Scheduler schedule that invokes ``function`` every ``rate`` with ``event``,
+    once (no retry: the next one comes), and its role: trusted by the scheduler of this account
+    only, allowed to invoke this function (CDK grants its versions too, ``<ARN>:*``, vouched for
+    cdk-nag as ``the versions of this <kind> function only``). Construct ids ``ScheduleRole`` and
+    ``Schedule`` under ``scope``."""
+    role = iam.Role(
+        scope,
+        "ScheduleRole",
+        assumed_by=iam.PrincipalWithConditions(
+            iam.ServicePrincipal("scheduler.amazonaws.com"),
+            {"StringEquals": {"aws:SourceAccount": cdk.Stack.of(scope).account}},
+        ),
+        description=f"Rayito: EventBridge Scheduler invokes the {what}",
+    )
+    acknowledge_wildcard_resources(role, [f"{function.function_arn}:*"], f"the versions of this {kind} function only")
+    schedule = scheduler.Schedule(
+        scope,
+        "Schedule",
+        description=description,
+        schedule=scheduler.ScheduleExpression.rate(rate),
+        target=scheduler_targets.LambdaInvoke(
+            function,
+            retry_attempts=0,
+            max_event_age=max_event_age,
+            dead_letter_queue=dead_letter_queue,
+            input=scheduler.ScheduleTargetInput.from_object(dict(event)),
+            role=role,
+        ),
+    )
+    return schedule, role

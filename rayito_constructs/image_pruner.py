@@ -22,14 +22,10 @@ import json
 from typing import Any, Optional
 
 import aws_cdk as cdk
-from aws_cdk import aws_iam as iam
-from aws_cdk import aws_scheduler as scheduler
-from aws_cdk import aws_scheduler_targets as scheduler_targets
 from constructs import Construct
 
-from ._function import lazy_string, library_function
+from ._function import lazy_string, library_function, scheduled_invoke
 from .monitoring import METRICS_ENV, Operations, metrics_value
-from ._nag import acknowledge_wildcard_resources
 from .model.names import fleet_name_problem
 from .permissions import LIST_ACTIONS, Statement, image_and_versions, wildcard_reasons
 
@@ -146,31 +142,9 @@ class ImagePruner(Construct):
                                                      else timeout.to_seconds() + 60)),
         )
         self.resource.node.add_dependency(made.role)
-        schedule_role = iam.Role(
-            self,
-            "ScheduleRole",
-            assumed_by=iam.PrincipalWithConditions(
-                iam.ServicePrincipal("scheduler.amazonaws.com"),
-                {"StringEquals": {"aws:SourceAccount": stack.account}},
-            ),
-            description=f"Rayito: EventBridge Scheduler invokes the image pruner of {image_name}",
-        )
-        acknowledge_wildcard_resources(
-            schedule_role, [f"{self.function.function_arn}:*"], "the versions of this pruner function only"
-        )
-        self.schedule = scheduler.Schedule(
-            self,
-            "Schedule",
-            description=f"Rayito image pruner of {image_name}",
-            schedule=scheduler.ScheduleExpression.rate(prune_every),
-            target=scheduler_targets.LambdaInvoke(
-                self.function,
-                retry_attempts=0,
-                max_event_age=cdk.Duration.minutes(5),
-                input=scheduler.ScheduleTargetInput.from_object({"source": "schedule", "image": image_name}),
-                role=schedule_role,
-            ),
-        )
+        self.schedule, _ = scheduled_invoke(
+            self, self.function, what=f"image pruner of {image_name}", kind="pruner", description=f"Rayito image pruner of {image_name}",
+            rate=prune_every, event={"source": "schedule", "image": image_name}, max_event_age=cdk.Duration.minutes(5))
 
     def _resource_map(self) -> str:
         stack = cdk.Stack.of(self)

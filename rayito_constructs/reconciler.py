@@ -17,19 +17,15 @@ import jsii
 import aws_cdk as cdk
 from aws_cdk import aws_cloudwatch as cloudwatch
 from aws_cdk import aws_dynamodb as dynamodb
-from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
 from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_lambda_destinations as destinations
 from aws_cdk import aws_logs as logs
-from aws_cdk import aws_scheduler as scheduler
-from aws_cdk import aws_scheduler_targets as scheduler_targets
 from aws_cdk import aws_sqs as sqs
 from constructs import Construct
 
-from ._function import lazy_string, library_function
+from ._function import lazy_string, library_function, scheduled_invoke
 from ._lambdas.reconciler.core import lifetimes
-from ._nag import acknowledge_wildcard_resources
 from .control_plane_budget import ControlPlaneBudget
 from .fleet_ledger import FleetLedger
 from .fleet_server import FleetServer
@@ -393,34 +389,12 @@ class FleetReconciler(Construct):
         """The function's log group: the timeline of its decisions (docs/operations.md)."""
         self.function = made.function
         """The reconciler function (invoke it on demand; ``{"action": "redrive"}`` retries dead slots)."""
-        self.schedule_role = iam.Role(
-            self,
-            "ScheduleRole",
-            assumed_by=iam.PrincipalWithConditions(
-                iam.ServicePrincipal("scheduler.amazonaws.com"),
-                {"StringEquals": {"aws:SourceAccount": stack.account}},
-            ),
-            description=f"Rayito: EventBridge Scheduler invokes the reconciler of fleet {project.name}",
-        )
-        # CDK grants invoke on the function and its versions (<function ARN>:*): this function only.
-        acknowledge_wildcard_resources(
-            self.schedule_role, [f"{self.function.function_arn}:*"], "the versions of this reconciler function only"
-        )
-        self.schedule = scheduler.Schedule(
-            self,
-            "Schedule",
-            description=f"Rayito reconciler tick for fleet {project.name}",
-            schedule=scheduler.ScheduleExpression.rate(schedule),
-            target=scheduler_targets.LambdaInvoke(
-                self.function,
-                retry_attempts=0,
-                max_event_age=cdk.Duration.seconds(60),
-                dead_letter_queue=self.dead_letter_queue,
-                # The fleet's name: the teardown disables the schedule only while it ticks this fleet.
-                input=scheduler.ScheduleTargetInput.from_object({"source": "schedule", "fleet": project.name}),
-                role=self.schedule_role,
-            ),
-        )
+        # The fleet's name in the event: the teardown disables the schedule only while it ticks this fleet.
+        self.schedule, self.schedule_role = scheduled_invoke(
+            self, self.function, what=f"reconciler of fleet {project.name}", kind="reconciler",
+            description=f"Rayito reconciler tick for fleet {project.name}", rate=schedule,
+            event={"source": "schedule", "fleet": project.name}, max_event_age=cdk.Duration.seconds(60),
+            dead_letter_queue=self.dead_letter_queue)
 
     def _tell_lead_capped(self, lifetime: int, lead: int, period: float) -> None:
         """Told, not warned: the cap is what the reconciler does anyway (core.successor_lead)."""
