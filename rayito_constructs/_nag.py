@@ -6,10 +6,10 @@ id says nothing about the statement: once ``Resource::*`` is acknowledged on a p
 ``ListMicrovms``, an ``ssm:PutParameter`` on ``*`` added to the same policy later would pass
 silently. So the library never acknowledges a finding up front. It records, next to the policy or
 role, the exact statements it vouches for (Sid, actions, resources, reason) with
-:func:`acknowledge_statements`; an aspect (read-only priority, so after every mutating aspect)
-looks at each IAM policy as it is finally synthesized and acknowledges a finding only when
-**every** statement that produces it is one of those recorded. Any other statement with a
-wildcard keeps its finding.
+:func:`acknowledge_statements`; an aspect on that construct (read-only priority, so after every
+mutating aspect) looks at each IAM policy of its subtree as it is finally synthesized and
+acknowledges a finding only when **every** statement that produces it is one of those recorded.
+Any other statement with a wildcard keeps its finding.
 
 :func:`acknowledge_wildcard_resources` acknowledges one exact, specific ARN (``<function>:*``),
 which no unrelated statement shares; a bare ``*`` is refused there.
@@ -92,7 +92,7 @@ def acknowledge_statements(construct: IConstruct, statements: Iterable[Statement
         entries.append({"key": _key(statement.sid, statement.actions, resources), "reason": reasons[statement.sid]})
     if entries:
         construct.node.add_metadata(METADATA_TYPE, entries)
-        _ensure_aspect(stack)
+        _ensure_aspect(construct)
 
 
 def acknowledge_wildcard_resources(construct: IConstruct, resources: Iterable[str], reason: str) -> None:
@@ -152,7 +152,14 @@ class _AcknowledgeVouchedStatements:
                 cdk.Validations.of(node).acknowledge(cdk.Acknowledgment(id=f"{RULE}[{finding}]", reason=text))
 
 
-def _ensure_aspect(stack: cdk.Stack) -> None:
-    aspects = cdk.Aspects.of(stack)
-    if not any(isinstance(a, _AcknowledgeVouchedStatements) for a in aspects.all):
-        aspects.add(_AcknowledgeVouchedStatements(), priority=cdk.AspectPriority.READONLY)
+_ASPECT: list[_AcknowledgeVouchedStatements] = []
+
+
+def _ensure_aspect(construct: IConstruct) -> None:
+    """The aspect on ``construct``, whose statements were vouched for: only its subtree can hold a
+    policy that metadata covers, so the aspect visits (a jsii callback each) nothing else of the
+    stack. One instance for all: the CDK invokes an aspect once per node however many ancestors
+    hold it, and adds it once per construct."""
+    if not _ASPECT:
+        _ASPECT.append(_AcknowledgeVouchedStatements())
+    cdk.Aspects.of(construct).add(_ASPECT[0], priority=cdk.AspectPriority.READONLY)
