@@ -35,10 +35,12 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import contextlib
 import json
 import os
 import re
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -83,19 +85,32 @@ def _become_subreaper() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
 
 
-def _reap_orphans(deadline_seconds: float = 60.0) -> float:
-    """Wait for the adopted orphans of the last synth; their CPU seconds."""
-    total, deadline = 0.0, time.monotonic() + deadline_seconds
-    while time.monotonic() < deadline:
-        try:
-            pid, _, usage = os.wait4(-1, os.WNOHANG)
-        except ChildProcessError:
-            break
-        if pid == 0:
-            time.sleep(0.05)
-            continue
-        total += usage.ru_utime + usage.ru_stime
-    return total
+def _children() -> set[int]:
+    """This process's children (Linux; elsewhere none are seen)."""
+    found: set[int] = set()
+    with contextlib.suppress(OSError):
+        for task in Path(f"/proc/{os.getpid()}/task").iterdir():
+            found.update(int(c) for c in (task / "children").read_text().split())
+    return found
+
+
+def _reap_orphans(own: set[int], grace_seconds: float = 10.0) -> float:
+    """Reap the orphans the last synth left to this process (its children but ``own``: this
+    process's own jsii Node), killing those still alive after ``grace_seconds``; their CPU seconds."""
+    total, deadline = 0.0, time.monotonic() + grace_seconds
+    while True:
+        orphans = _children() - own
+        if not orphans:
+            return total
+        for pid in orphans:
+            with contextlib.suppress(ChildProcessError):
+                done, _, usage = os.wait4(pid, os.WNOHANG)
+                if done:
+                    total += usage.ru_utime + usage.ru_stime
+                elif time.monotonic() >= deadline:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
+        time.sleep(0.05)
 
 
 def run_once(command: list[str], cwd: Path, env: dict[str, str]) -> dict[str, float]:
@@ -103,6 +118,7 @@ def run_once(command: list[str], cwd: Path, env: dict[str, str]) -> dict[str, fl
     of the children it left behind: jsii's Node), and the template bytes it wrote. Fails loudly
     when the synth fails."""
     _become_subreaper()
+    own = _children()
     outdir = Path(tempfile.mkdtemp(dir=_SCRATCH, prefix="out-"))
     start = time.perf_counter()
     process = subprocess.Popen(command, cwd=cwd, env={**env, "CDK_OUTDIR": str(outdir)},
@@ -110,7 +126,7 @@ def run_once(command: list[str], cwd: Path, env: dict[str, str]) -> dict[str, fl
     output = process.stdout.read() if process.stdout else b""
     _, status, usage = os.wait4(process.pid, 0)
     wall = time.perf_counter() - start
-    orphans = _reap_orphans()
+    orphans = _reap_orphans(own)
     process.returncode = os.waitstatus_to_exitcode(status)
     if process.returncode != 0:
         raise SystemExit(f"synth failed ({' '.join(command)}):\n{output.decode(errors='replace')[-3000:]}")
