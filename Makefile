@@ -15,8 +15,8 @@ export PATH := $(CURDIR)/$(BIN):$(PATH)
 export PYTHONDONTWRITEBYTECODE := 1
 export CDK_DISABLE_VERSION_CHECK := 1
 # The product layer of the library's functions (rayito_constructs/wheels.py): its Linux wheels are
-# fetched when the environment is set up, so a synth reaches no package index; layers are cached
-# per clone.
+# fetched, and the layer built from them, when the environment is set up (fetch-wheels), so a synth
+# reaches no package index and even the first one builds nothing; other layers are cached per clone.
 export RAYITO_CONSTRUCTS_WHEELHOUSE := $(CURDIR)/$(STAMP)/wheels
 export RAYITO_CONSTRUCTS_CACHE := $(CURDIR)/$(STAMP)/cache
 

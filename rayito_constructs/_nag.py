@@ -6,10 +6,10 @@ id says nothing about the statement: once ``Resource::*`` is acknowledged on a p
 ``ListMicrovms``, an ``ssm:PutParameter`` on ``*`` added to the same policy later would pass
 silently. So the library never acknowledges a finding up front. It records, next to the policy or
 role, the exact statements it vouches for (Sid, actions, resources, reason) with
-:func:`acknowledge_statements`; an aspect (read-only priority, so after every mutating aspect)
-looks at each IAM policy as it is finally synthesized and acknowledges a finding only when
-**every** statement that produces it is one of those recorded. Any other statement with a
-wildcard keeps its finding.
+:func:`acknowledge_statements`; an aspect on that construct (read-only priority, so after every
+mutating aspect) looks at each IAM policy of its subtree as it is finally synthesized and
+acknowledges a finding only when **every** statement that produces it is one of those recorded.
+Any other statement with a wildcard keeps its finding.
 
 :func:`acknowledge_wildcard_resources` acknowledges one exact, specific ARN (``<function>:*``),
 which no unrelated statement shares; a bare ``*`` is refused there.
@@ -82,9 +82,11 @@ def acknowledge_statements(construct: IConstruct, statements: Iterable[Statement
     missing one is a synth error, so a new wildcard never passes silently.
     """
     stack = cdk.Stack.of(construct)
+    statements = list(statements)
     entries = []
-    for statement in statements:
-        resources = [flatten_cfn_reference(stack.resolve(r)) for r in statement.resources]
+    for statement, resolved in zip(statements, _resolve_all(stack, [list(s.resources) for s in statements]),
+                                   strict=True):
+        resources = [flatten_cfn_reference(r) for r in resolved]
         if not any("*" in r for r in resources) and not any("*" in a for a in statement.actions):
             continue
         if statement.sid not in reasons:
@@ -92,7 +94,18 @@ def acknowledge_statements(construct: IConstruct, statements: Iterable[Statement
         entries.append({"key": _key(statement.sid, statement.actions, resources), "reason": reasons[statement.sid]})
     if entries:
         construct.node.add_metadata(METADATA_TYPE, entries)
-        _ensure_aspect(stack)
+        aspect = _aspect_of(stack)
+        aspect.vouched.setdefault(construct.node.path, []).extend(entries)
+        cdk.Aspects.of(construct).add(aspect, priority=cdk.AspectPriority.READONLY)
+
+
+def _resolve_all(stack: cdk.Stack, values: list[list[Any]]) -> list[list[Any]]:
+    """``stack.resolve`` of each value of each list, in one jsii round trip."""
+    resolved = stack.resolve(values) if values else []
+    if not isinstance(resolved, list) or [len(v) for v in values] != [len(r) if isinstance(r, list) else -1
+                                                                       for r in resolved]:
+        return [[stack.resolve(v) for v in value] for value in values]  # a value resolved to a list: one by one
+    return resolved
 
 
 def acknowledge_wildcard_resources(construct: IConstruct, resources: Iterable[str], reason: str) -> None:
@@ -108,19 +121,6 @@ def acknowledge_wildcard_resources(construct: IConstruct, resources: Iterable[st
             cdk.Validations.of(construct).acknowledge(cdk.Acknowledgment(id=f"{RULE}[Resource::{flat}]", reason=reason))
 
 
-def _vouched(node: IConstruct) -> dict[str, str]:
-    """The statements vouched for on ``node`` and its ancestors, by key."""
-    vouched: dict[str, str] = {}
-    current: Any = node
-    while current is not None:
-        for entry in current.node.metadata:
-            if entry.type == METADATA_TYPE:
-                for item in entry.data:
-                    vouched[item["key"]] = item["reason"]
-        current = current.node.scope
-    return vouched
-
-
 def _documents(node: cdk.CfnResource) -> list[Any]:
     stack = cdk.Stack.of(node)
     if node.cfn_resource_type == "AWS::IAM::Role":
@@ -131,12 +131,31 @@ def _documents(node: cdk.CfnResource) -> list[Any]:
 
 @jsii.implements(cdk.IAspect)
 class _AcknowledgeVouchedStatements:
-    """Acknowledges an IAM5 finding of a policy when every statement behind it was vouched for."""
+    """Acknowledges an IAM5 finding of a policy when every statement behind it was vouched for.
+
+    One per stack, added to each construct that vouches for statements (only its subtree can hold
+    a policy they cover, so the aspect visits, a jsii callback each, nothing else of the stack; the
+    CDK invokes an aspect once per node however many ancestors hold it). It keeps what each
+    construct vouched for by path, as the construct's metadata also records it: reading that
+    metadata back through jsii cost a round trip per entry of every ancestor."""
+
+    def __init__(self) -> None:
+        self.vouched: dict[str, list[dict[str, str]]] = {}
+
+    def _vouched(self, path: str) -> dict[str, str]:
+        """The statements vouched for on the construct at ``path`` and its ancestors, by key (an
+        ancestor's reason wins, as the nearest construct's entries are read first)."""
+        vouched: dict[str, str] = {}
+        holders = [p for p in self.vouched if path == p or path.startswith(p + "/")]
+        for holder in sorted(holders, key=lambda p: p.count("/"), reverse=True):
+            for item in self.vouched[holder]:
+                vouched[item["key"]] = item["reason"]
+        return vouched
 
     def visit(self, node: IConstruct) -> None:
-        if not cdk.CfnResource.is_cfn_resource(node) or node.cfn_resource_type not in _IAM_TYPES:  # type: ignore[attr-defined]
+        if not isinstance(node, cdk.CfnResource) or node.cfn_resource_type not in _IAM_TYPES:
             return
-        vouched = _vouched(node)
+        vouched = self._vouched(node.node.path)
         if not vouched:
             return
         behind: dict[str, list[str | None]] = {}
@@ -152,7 +171,12 @@ class _AcknowledgeVouchedStatements:
                 cdk.Validations.of(node).acknowledge(cdk.Acknowledgment(id=f"{RULE}[{finding}]", reason=text))
 
 
-def _ensure_aspect(stack: cdk.Stack) -> None:
-    aspects = cdk.Aspects.of(stack)
-    if not any(isinstance(a, _AcknowledgeVouchedStatements) for a in aspects.all):
-        aspects.add(_AcknowledgeVouchedStatements(), priority=cdk.AspectPriority.READONLY)
+#: Each stack's aspect, by the stack's jsii reference.
+_ASPECTS: dict[str, _AcknowledgeVouchedStatements] = {}
+
+
+def _aspect_of(stack: cdk.Stack) -> _AcknowledgeVouchedStatements:
+    key = stack.__jsii_ref__.ref  # type: ignore[attr-defined]
+    if key not in _ASPECTS:
+        _ASPECTS[key] = _AcknowledgeVouchedStatements()
+    return _ASPECTS[key]

@@ -15,7 +15,7 @@ import hashlib
 import re
 import zipfile
 from pathlib import Path
-from typing import Any, Mapping, Optional
+from typing import TYPE_CHECKING, Any, Mapping, Optional
 
 import aws_cdk as cdk
 from aws_cdk import aws_iam as iam
@@ -27,9 +27,6 @@ from constructs import Construct
 
 from rayito._agent._project_base import template_name
 from rayito._images_publish_domain import log_group_for
-from rayito.cdk import MicrovmImageArtifact, RayitoCdkException, RayitoMicrovmImage
-from rayito.cdk._image_properties import camel_case, cfn_image_properties
-from rayito.cdk._microvm_image import RESERVED_IMAGE_NAME_PREFIX
 from rayito.cli._artifact import marker_has_efs, marker_variant
 
 from ._assets import content_file
@@ -51,6 +48,11 @@ from .image_composition import (
 from .image_pruner import ImagePruner, check_keep, properties_digest
 from .model.names import claim
 from .permissions import LAMBDA_SERVICE, STAR_REASONS, Statement, image_arn_for, source_arn_condition
+
+# The product's CDK module (rayito.cdk) defines constructs of its own, about 0.2 CPU-s to import: it
+# is imported where an image is made or a release zip read, never by a fleet without an image.
+if TYPE_CHECKING:
+    from rayito.cdk import MicrovmImageArtifact, RayitoMicrovmImage
 
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}\Z")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,255}\Z")
@@ -164,6 +166,9 @@ class AgentImage(Construct):
         prune_every: cdk.Duration = cdk.Duration.hours(1),
         pruner_reserved_concurrency: Optional[int] = 1,
     ) -> None:
+        from rayito.cdk import RayitoMicrovmImage
+        from rayito.cdk._image_properties import camel_case, cfn_image_properties
+
         product = getattr(project, "product", project)
         image_name = template_name(product)
         env = dict(template_env or {})
@@ -326,6 +331,8 @@ def _composition(product: Any, rayd: Any, base_image_version: str, env: dict[str
     """Where ``rayd`` comes from, and what is composed now: ``(published, base name, base pin,
     build context, artifact)``: the whole zip at synth over a local base, or only the project's
     side (the build context) when the base is published in the account (composed at deploy)."""
+    from rayito.cdk import MicrovmImageArtifact, RayitoMicrovmImage
+
     published = rayd if isinstance(rayd, PublishedBaseImage) else None
     base_name = base_pin = None
     if isinstance(rayd, RayitoMicrovmImage):
@@ -355,6 +362,8 @@ def _composition(product: Any, rayd: Any, base_image_version: str, env: dict[str
 
 def check_image_project(product: Any, image_name: str) -> None:
     """One line per problem the product's deploy would refuse to build or serve for the image."""
+    from rayito.cdk._microvm_image import RESERVED_IMAGE_NAME_PREFIX
+
     problems = []
     if image_name.startswith(RESERVED_IMAGE_NAME_PREFIX):
         problems.append(f"image name: {image_name!r} starts with {RESERVED_IMAGE_NAME_PREFIX!r}, reserved for the "
@@ -398,6 +407,8 @@ def check_template_env(env: Mapping[str, str]) -> None:
 def _check_release(artifact: MicrovmImageArtifact) -> None:
     """The product's own checks of a release zip: the ``full`` variant without EFS (what
     ``rayito-base-caps`` is made from), with the product's error codes."""
+    from rayito.cdk import RayitoCdkException
+
     try:
         found = marker_variant(artifact.path)
         if found != "full":
@@ -412,6 +423,8 @@ def _check_release(artifact: MicrovmImageArtifact) -> None:
 
 def release_artifact(path: str, sha256: Optional[str]) -> MicrovmImageArtifact:
     """``MicrovmImageArtifact.from_file`` with its errors (the product's codes) as one-line ``ValueError`` s."""
+    from rayito.cdk import MicrovmImageArtifact, RayitoCdkException
+
     try:
         return MicrovmImageArtifact.from_file(path, sha256=sha256)
     except RayitoCdkException as exc:
@@ -479,4 +492,6 @@ def _inherited_from(image: RayitoMicrovmImage) -> dict[str, Any]:
 
 def _camel(value: Any) -> Any:
     """A resolved CloudFormation value (PascalCase keys) back in the API's camelCase."""
+    from rayito.cdk._image_properties import camel_case
+
     return camel_case(value) if value is not None else None

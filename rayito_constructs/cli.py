@@ -126,7 +126,8 @@ def _parser() -> argparse.ArgumentParser:
     plan.add_argument("--renew-gateway-keys", dest="renew_gateway_keys", action="store_true", default=None,
                       help="the recipe asks connecting clients to renew the Bedrock gateway keys")
 
-    fetch = commands.add_parser("fetch-wheels", help="download the Lambda functions' product layer wheels (offline synths)")
+    fetch = commands.add_parser("fetch-wheels", help="download the Lambda functions' product layer wheels and build "
+                                "the layer from them (offline synths that build nothing)")
     fetch.add_argument("dest", help="the folder to download into (then: RAYITO_CONSTRUCTS_WHEELHOUSE=<it>)")
     fetch.add_argument("--host", action="store_true", help="also this machine's wheels (to run the functions in tests)")
 
@@ -353,7 +354,8 @@ def _fetch_wheels(args: argparse.Namespace, out: TextIO) -> int:
     except LayerBuildError as exc:
         sys.stderr.write(f"fetch-wheels: {exc}\n")
         return EXIT_INVALID
-    out.write(f"fetch-wheels: the product layer's wheels for {', '.join(p.tag for p in platforms)} are in {args.dest}\n")
+    out.write(f"fetch-wheels: the product layer's wheels for {', '.join(p.tag for p in platforms)} and the layer "
+              f"for {LAMBDA.tag} are in {args.dest}\n")
     return 0
 
 

@@ -16,6 +16,7 @@ about 6,300 characters when every ARN counted 200).
 from __future__ import annotations
 
 import json
+from collections import OrderedDict
 from typing import Any, Callable, Optional
 
 import aws_cdk as cdk
@@ -90,14 +91,58 @@ def _length(value: Any, bounds: Bounds = _no_bounds) -> int:
     return 2 + _UNKNOWN
 
 
+class _StackResources:
+    """The types of one stack's CfnResources by logical id, each resource looked at once.
+
+    A policy's size is checked as each policy is made, so walking the stack every time (one jsii
+    round trip per resource for its logical id and type) made a stack of N fleets cost N² round
+    trips. The walk now happens only when a policy names a logical id not seen yet, and only the
+    resources not seen before (by their jsii reference) are asked for theirs."""
+
+    def __init__(self) -> None:
+        self.seen: set[str] = set()
+        self.types: dict[str, str] = {}
+
+    def refresh(self, stack: cdk.Stack) -> None:
+        for construct in stack.node.find_all():
+            if not isinstance(construct, cdk.CfnResource):
+                continue
+            ref = construct.__jsii_ref__.ref  # type: ignore[attr-defined]
+            if ref in self.seen:
+                continue
+            self.seen.add(ref)
+            self.types[stack.resolve(construct.logical_id)] = construct.cfn_resource_type
+
+
+#: By the stack's jsii reference; the last few stacks only (an app rarely checks more at once).
+_RESOURCES: "OrderedDict[str, _StackResources]" = OrderedDict()
+_KEEP = 8
+
+
+def _resources_of(stack: cdk.Stack) -> _StackResources:
+    key = stack.__jsii_ref__.ref  # type: ignore[attr-defined]
+    found = _RESOURCES.get(key)
+    if found is None:
+        found = _RESOURCES[key] = _StackResources()
+        while len(_RESOURCES) > _KEEP:
+            _RESOURCES.popitem(last=False)
+    else:
+        _RESOURCES.move_to_end(key)
+    return found
+
+
 def _stack_bounds(stack: cdk.Stack) -> Bounds:
     """The ARN bounds of the resources ``stack`` defines, by logical id."""
-    types = {stack.resolve(c.logical_id): c.cfn_resource_type
-             for c in stack.node.find_all() if isinstance(c, cdk.CfnResource)}
+    resources = _resources_of(stack)
     stack_name = None if cdk.Token.is_unresolved(stack.stack_name) else stack.stack_name
+    refreshed = False
 
     def bound(logical_id: str, attribute: str) -> Optional[int]:
-        resource_type = types.get(logical_id)
+        nonlocal refreshed
+        if logical_id not in resources.types and not refreshed:
+            resources.refresh(stack)
+            refreshed = True
+        resource_type = resources.types.get(logical_id)
         return None if resource_type is None else _arn_bound(resource_type, attribute, logical_id, stack_name)
 
     return bound
