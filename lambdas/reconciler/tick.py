@@ -28,7 +28,7 @@ from .letters import Outbox
 from .looks import Looks
 from .ports import Budget, DeadLetters, FleetState, Ledger, MicrovmsApi, Server, Stats, Telemetry
 from .run_requests import RequestFor, RunRequests
-from .timing import MIN_WAIT_SECONDS, Deadline, StepResult, next_sleep, wakes
+from .timing import MIN_WAIT_SECONDS, STEP_RESERVE_SECONDS, Deadline, StepResult, next_sleep, wakes
 
 #: A tick waits for an overlapping one of its fleet only if this much of its own time is left.
 HOLDER_WAIT_SPARE_SECONDS = 1.0
@@ -212,7 +212,7 @@ class Reconciler:
                 wake = next_sleep(result, deadline, self.now())
                 if wake is None:
                     break
-                if wake.overtime:
+                if wake.overtime and any(w.reason.overtime and w.reason != Reason.WATCH for w in result.waits):
                     self.emit({"event": "tick_overtime", "reason": "a base slot is, or is about to be, without a VM",
                                "wake": round(wake.seconds, 3)})
                 pause(wake.seconds)
@@ -329,6 +329,8 @@ class Reconciler:
         quiet = self._watch(state, now)
         if quiet is not None:
             return quiet
+        if state.watched:
+            now = self.now()  # the watch may have waited for a token: the plan is made as of now
         admission, looks = state.admission, state.looks
         admission.demand.clear()
         state.short_at_start = False  # a plan from here on: its waits say what is short
@@ -375,7 +377,7 @@ class Reconciler:
         short = core.short_slot_due({k: v for k, v in step.slots.items() if k not in step.at_max | step.later}, now)
         if short is not None:
             result.add(short, Reason.SHORT)
-        state.dues = [w.at for w in result.waits if w.reason.overtime]
+        state.dues = [w.at for w in result.waits if w.reason.overtime and w.reason != Reason.WATCH]
         serve_waits = [w.at for w in result.waits if w.reason in (Reason.SERVE, Reason.SERVED)]
         state.answers_at = min(serve_waits) if serve_waits else None
         result.booked = bool(admission.booked())
@@ -389,7 +391,7 @@ class Reconciler:
         afresh and plan (None)."""
         if not (state.woken_for_watch and state.parked):
             return None
-        watched = state.looks.watch(state.parked, now)
+        watched = state.looks.watch(state.parked)
         if not watched:
             return self._watch_next(self._carry(state, now, None), state)
         state.watched = watched
@@ -397,9 +399,16 @@ class Reconciler:
         return None
 
     def _watch_next(self, result: StepResult, state: TickState) -> StepResult:
-        """The next look at the parked slots' VMs (``watch_seconds``), while the tick lives."""
+        """The next look at the parked slots' VMs (``watch_seconds``), while the tick lives: past
+        ``tick_seconds`` too, up to the last moment a take it sees can still be refilled in the
+        tick (its hard bound less a step's reserve), so that the next tick's list is not the first
+        to see a take in the rest of the schedule period (:func:`.core.next_watch`)."""
         if self.spec.watch_seconds > 0 and state.parked:
-            result.add(result.now + self.spec.watch_seconds, Reason.WATCH)
+            deadline = state.deadline
+            last = self.now() + max(deadline.soft, deadline.hard - STEP_RESERVE_SECONDS) - deadline.clock()
+            at = core.next_watch(result.now, self.spec.watch_seconds, last)
+            if at is not None:
+                result.add(at, Reason.WATCH)
         return result
 
     def _wait_for_tokens(self, state: TickState, now: float) -> Optional[StepResult]:
