@@ -1,0 +1,139 @@
+"""The parked-slot watch's pure decisions (``core.watch``) and its looks (``Looks.watch``) with a
+scripted budget and service: when the next look is due (past ``tick_seconds`` too, up to the last
+moment a take can still be acted on), which parked VM is looked at first, and what a watch keeps
+when the shared bucket runs dry half-way."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import pytest
+
+from lambdas.reconciler import core
+from lambdas.reconciler.budget import WATCH_OPERATION, Deferral, Granted
+from lambdas.reconciler.core.watch import MIN_WATCH_GAP_SECONDS
+from lambdas.reconciler.looks import Looks, Source
+
+
+@pytest.mark.parametrize(("now", "period", "last", "due"), [
+    (10.0, 5.0, 57.0, 15.0),  # within the tick: a period later
+    (52.0, 5.0, 57.0, 57.0),  # the period would pass the last moment: the last look there
+    (55.0, 5.0, 57.0, 57.0),
+    (56.5, 5.0, 57.0, None),  # closer than MIN_WATCH_GAP_SECONDS to it: no more looks
+    (57.0, 5.0, 57.0, None),
+    (10.0, 0.0, 57.0, None),  # no watch
+])
+def test_the_next_watch_is_a_period_later_or_the_last_moment_a_take_can_be_acted_on(now, period, last, due) -> None:
+    assert core.next_watch(now, period, last) == due
+    assert MIN_WATCH_GAP_SECONDS == 1.0
+
+
+def test_the_watch_looks_first_at_the_vm_read_longest_ago() -> None:
+    read = {"a": 30.0, "b": 10.0, "c": 20.0}
+    assert core.watch_order(["a", "b", "c", "d"], read) == ["d", "b", "c", "a"]  # never read: first
+    assert core.watch_order(["x", "y"], {}) == ["x", "y"]  # ties keep the order given
+
+
+# ------------------------------------------------------------------ Looks.watch, scripted
+
+
+@dataclass
+class _Spec:
+    fleet: str = "f"
+    image_arn: str = "arn:image"
+
+
+@dataclass
+class _Shell:
+    states: dict[str, str]
+    clock: float = 100.0
+    asked: list[str] = field(default_factory=list)
+    spec: _Spec = field(default_factory=_Spec)
+    api_calls: int = 0
+
+    def now(self) -> float:
+        return self.clock
+
+    def pause(self, seconds: float) -> None:
+        self.clock += seconds
+
+    def emit(self, event: dict[str, Any]) -> None:  # pragma: no cover - no error in these scripts
+        pass
+
+    def api(self, method: str, **kwargs: Any) -> Any:
+        assert method == "get_microvm"
+        vm = kwargs["microvmIdentifier"]
+        self.asked.append(vm)
+        return {"state": self.states[vm], "startedAt": 0}
+
+
+@dataclass
+class _Admission:
+    """Tokens of the watch's bucket as scripted: ``grants`` left now, then ``after`` (a Deferral)."""
+
+    grants: int
+    after: Optional[Deferral] = None
+    asks: int = 0
+
+    def admit(self, operation: str, now: float, want: int = 1) -> Any:
+        assert operation == WATCH_OPERATION
+        self.asks += 1
+        if self.grants > 0:
+            self.grants -= 1
+            return Granted(operation, 1)
+        deferral = self.after or Deferral(operation, 1.0, "budget_empty")
+        if deferral.reason == "reserved":
+            self.after = None  # the reserved token: granted once its time came
+            self.grants = 1
+        return deferral
+
+
+@dataclass
+class _Deadline:
+    left: float = 30.0
+
+    def reaches(self, seconds: float) -> bool:
+        return seconds < self.left
+
+
+def _looks(states: dict[str, str], admission: _Admission) -> tuple[Looks, _Shell]:
+    shell = _Shell(states)
+    return Looks(shell, admission, _Deadline(), set()), shell  # type: ignore[arg-type]
+
+
+def test_a_take_is_kept_when_the_bucket_runs_dry_after_it() -> None:
+    """The first VM looked at was taken: returned at once (the list that follows shows the others),
+    with no token spent on the rest."""
+    looks, shell = _looks({"a": "RUNNING", "b": "SUSPENDED"}, _Admission(grants=1))
+    (seen,) = looks.watch(["a", "b"])
+    assert seen.microvm_id == "a" and seen.state == "RUNNING" and shell.asked == ["a"]
+    assert looks.look("a", Source.PEEK) is not None
+
+
+def test_the_next_watch_starts_where_a_dry_bucket_stopped_this_one() -> None:
+    """Two parked VMs, one token: the first watch reads ``a``; the next starts with ``b`` (read
+    longest ago: never), and sees its take."""
+    admission = _Admission(grants=1)
+    looks, shell = _looks({"a": "SUSPENDED", "b": "SUSPENDED"}, admission)
+    assert looks.watch(["a", "b"]) == [] and shell.asked == ["a"]
+    shell.states["b"] = "RUNNING"
+    admission.grants = 1
+    shell.clock += 5
+    (seen,) = looks.watch(["a", "b"])
+    assert seen.microvm_id == "b" and shell.asked == ["a", "b"]
+
+
+def test_a_token_reserved_a_moment_ahead_is_waited_for() -> None:
+    """The bucket reserves the token 0.4 s ahead: the watch waits for it and looks."""
+    admission = _Admission(grants=0, after=Deferral(WATCH_OPERATION, 0.4, "reserved"))
+    looks, shell = _looks({"a": "RUNNING"}, admission)
+    (seen,) = looks.watch(["a"])
+    assert seen.microvm_id == "a" and shell.clock == pytest.approx(100.4)
+
+
+def test_a_token_reserved_past_the_ticks_bound_is_not_waited_for() -> None:
+    admission = _Admission(grants=0, after=Deferral(WATCH_OPERATION, 0.4, "reserved"))
+    looks, shell = _looks({"a": "RUNNING"}, admission)
+    looks.deadline = _Deadline(left=0.2)  # type: ignore[assignment]
+    assert looks.watch(["a"]) == [] and shell.asked == [] and shell.clock == 100.0
