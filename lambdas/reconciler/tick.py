@@ -65,6 +65,7 @@ class TickState:
     answers_at: Optional[float] = None  # when the last plan expects the server's next answer
     parked: list[str] = field(default_factory=list)  # the parked slots' VMs after the last plan (watched)
     woken_for_watch: bool = False  # this step woke only to watch them
+    watched_at: Optional[float] = None  # when a watch last read them (a fresh list reads them too)
     watched: list[Observed] = field(default_factory=list)  # ... and what the watch saw change
 
 
@@ -209,6 +210,8 @@ class Reconciler:
                     result.waits += [Wait(at, Reason.OWED) for at in self.state.dues]
                 steps += 1
                 result.listed = self.list_calls != lists
+                if self.state is not None:
+                    self._watch_next(result, self.state)
                 wake = next_sleep(result, deadline, self.now())
                 if wake is None:
                     break
@@ -323,10 +326,12 @@ class Reconciler:
         """Look, plan, act. Returns the step's waits (none: nothing more to do in this tick)."""
         state = self._state()
         now = self.now()
+        # A watch that is due is made even while the step waits for tokens (it would be put off
+        # again and again otherwise); a take it sees is planned on by the step the tokens wake.
+        quiet = self._watch(state, now)
         waiting = self._wait_for_tokens(state, now)
         if waiting is not None:
             return waiting
-        quiet = self._watch(state, now)
         if quiet is not None:
             return quiet
         if state.watched:
@@ -383,7 +388,7 @@ class Reconciler:
         result.booked = bool(admission.booked())
         state.parked = sorted(s.microvm_id for s in step.slots.values()
                               if s.role == core.WARM and s.phase == core.PARKED and s.microvm_id)
-        return self._watch_next(result, state)
+        return result
 
     def _watch(self, state: TickState, now: float) -> Optional[StepResult]:
         """A step woken only to watch the parked slots' VMs: their GetMicrovm; nothing changed (or
@@ -392,24 +397,30 @@ class Reconciler:
         if not (state.woken_for_watch and state.parked):
             return None
         watched = state.looks.watch(state.parked)
+        state.watched_at = now
         if not watched:
-            return self._watch_next(self._carry(state, now, None), state)
+            return self._carry(state, now, None)
         state.watched = watched
         state.looks.listed_at = None  # a client took one: a fresh list before the plan refills it
         return None
 
-    def _watch_next(self, result: StepResult, state: TickState) -> StepResult:
-        """The next look at the parked slots' VMs (``watch_seconds``), while the tick lives: past
-        ``tick_seconds`` too, up to the last moment a take it sees can still be refilled in the
-        tick (its hard bound less a step's reserve), so that the next tick's list is not the first
-        to see a take in the rest of the schedule period (:func:`.core.next_watch`)."""
-        if self.spec.watch_seconds > 0 and state.parked:
-            deadline = state.deadline
-            last = self.now() + max(deadline.soft, deadline.hard - STEP_RESERVE_SECONDS) - deadline.clock()
-            at = core.next_watch(result.now, self.spec.watch_seconds, last)
-            if at is not None:
-                result.add(at, Reason.WATCH)
-        return result
+    def _watch_next(self, result: StepResult, state: TickState) -> None:
+        """The next look at the parked slots' VMs, added to every step's waits while the tick
+        lives: ``watch_seconds`` after the last one that read them (a watch, or a fresh list; a
+        step that planned on an older list or only read the server's answers did not, and must
+        not put the watch off), past ``tick_seconds`` too, up to the last moment a take it sees
+        can still be refilled in the tick (its hard bound less a step's reserve), so that the next
+        tick's list is not the first to see a take in the rest of the schedule period
+        (:func:`.core.next_watch`)."""
+        if self.spec.watch_seconds <= 0 or not state.parked:
+            return
+        deadline = state.deadline
+        now = self.now()
+        last = now + max(deadline.soft, deadline.hard - STEP_RESERVE_SECONDS) - deadline.clock()
+        looked = [at for at in (state.watched_at, state.looks.listed_at) if at is not None]
+        at = core.next_watch(max(looked) if looked else result.now, now, self.spec.watch_seconds, last)
+        if at is not None:
+            result.add(at, Reason.WATCH)
 
     def _wait_for_tokens(self, state: TickState, now: float) -> Optional[StepResult]:
         """Calls the last step had no token for are reserved before looking again, so a fleet

@@ -16,16 +16,19 @@ from lambdas.reconciler.core.watch import MIN_WATCH_GAP_SECONDS
 from lambdas.reconciler.looks import Looks, Source
 
 
-@pytest.mark.parametrize(("now", "period", "last", "due"), [
-    (10.0, 5.0, 57.0, 15.0),  # within the tick: a period later
-    (52.0, 5.0, 57.0, 57.0),  # the period would pass the last moment: the last look there
-    (55.0, 5.0, 57.0, 57.0),
-    (56.5, 5.0, 57.0, None),  # closer than MIN_WATCH_GAP_SECONDS to it: no more looks
-    (57.0, 5.0, 57.0, None),
-    (10.0, 0.0, 57.0, None),  # no watch
+@pytest.mark.parametrize(("looked", "now", "period", "last", "due"), [
+    (10.0, 10.0, 5.0, 57.0, 15.0),  # within the tick: a period after the last look
+    (10.0, 13.0, 5.0, 57.0, 15.0),  # a step at 13 s that read nothing new does not put it off
+    (10.0, 16.0, 5.0, 57.0, 16.0),  # overdue (a step woke for something else first): at once
+    (52.0, 52.0, 5.0, 57.0, 57.0),  # the period would pass the last moment: the last look there
+    (55.0, 55.5, 5.0, 57.0, 57.0),
+    (56.5, 56.5, 5.0, 57.0, None),  # closer than MIN_WATCH_GAP_SECONDS to it: no more looks
+    (50.0, 57.0, 5.0, 57.0, None),  # the last moment has come: none
+    (10.0, 10.0, 0.0, 57.0, None),  # no watch
 ])
-def test_the_next_watch_is_a_period_later_or_the_last_moment_a_take_can_be_acted_on(now, period, last, due) -> None:
-    assert core.next_watch(now, period, last) == due
+def test_the_next_watch_is_a_period_after_the_last_look_or_the_last_moment_a_take_can_be_acted_on(
+        looked, now, period, last, due) -> None:
+    assert core.next_watch(looked, now, period, last) == due
     assert MIN_WATCH_GAP_SECONDS == 1.0
 
 

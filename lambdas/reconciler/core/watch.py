@@ -16,17 +16,19 @@ from typing import Iterable, Mapping, Optional
 MIN_WATCH_GAP_SECONDS = 1.0
 
 
-def next_watch(now: float, period: float, last: float) -> Optional[float]:
-    """When the next look at the parked slots' VMs is due: ``period`` after ``now``, or ``last``
-    (the latest moment a watch can still act on a take: the tick's hard bound less a step's
-    reserve) when the period would pass it and ``last`` is at least
-    :data:`MIN_WATCH_GAP_SECONDS` away; None: no more watches in this tick (or no watch at all,
-    ``period`` 0)."""
-    if period <= 0:
+def next_watch(looked: float, now: float, period: float, last: float) -> Optional[float]:
+    """When the next look at the parked slots' VMs is due: ``period`` after the last one that read
+    them (``looked``: a watch or a fresh list; a step that read nothing new does not put it off),
+    at ``now`` if that is past, or ``last`` (the latest moment a watch can still act on a take:
+    the tick's hard bound less a step's reserve) when the period would pass it and ``last`` is
+    at least :data:`MIN_WATCH_GAP_SECONDS` after the last look; None: no more watches in this
+    tick (or no watch at all, ``period`` 0)."""
+    if period <= 0 or now >= last:
         return None
-    if now + period <= last:
-        return now + period
-    if last - now >= MIN_WATCH_GAP_SECONDS:
+    due = max(looked + period, now)
+    if due <= last:
+        return due
+    if last - looked >= MIN_WATCH_GAP_SECONDS:
         return last
     return None
 
