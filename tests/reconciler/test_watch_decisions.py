@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 import pytest
+from botocore.exceptions import ClientError, EndpointConnectionError
 
 from lambdas.reconciler import core
 from lambdas.reconciler.budget import WATCH_OPERATION, Deferral, Granted
@@ -49,11 +50,12 @@ class _Spec:
 
 @dataclass
 class _Shell:
-    states: dict[str, str]
+    states: dict[str, Any]  # a VM's state, or the exception its GetMicrovm raises
     clock: float = 100.0
     asked: list[str] = field(default_factory=list)
     spec: _Spec = field(default_factory=_Spec)
     api_calls: int = 0
+    told: list[dict[str, Any]] = field(default_factory=list)
 
     def now(self) -> float:
         return self.clock
@@ -61,13 +63,15 @@ class _Shell:
     def pause(self, seconds: float) -> None:
         self.clock += seconds
 
-    def emit(self, event: dict[str, Any]) -> None:  # pragma: no cover - no error in these scripts
-        pass
+    def emit(self, event: dict[str, Any]) -> None:
+        self.told.append(event)
 
     def api(self, method: str, **kwargs: Any) -> Any:
         assert method == "get_microvm"
         vm = kwargs["microvmIdentifier"]
         self.asked.append(vm)
+        if isinstance(self.states[vm], Exception):
+            raise self.states[vm]
         return {"state": self.states[vm], "startedAt": 0}
 
 
@@ -78,6 +82,11 @@ class _Admission:
     grants: int
     after: Optional[Deferral] = None
     asks: int = 0
+    refusals: list[str] = field(default_factory=list)
+
+    def refused(self, operation: str, failure: Any, now: float) -> Deferral:
+        self.refusals.append(failure.code)
+        return Deferral(operation, 1.0, f"error:{failure.code}")
 
     def admit(self, operation: str, now: float, want: int = 1) -> Any:
         assert operation == WATCH_OPERATION
@@ -140,3 +149,27 @@ def test_a_token_reserved_past_the_ticks_bound_is_not_waited_for() -> None:
     looks, shell = _looks({"a": "RUNNING"}, admission)
     looks.deadline = _Deadline(left=0.2)  # type: ignore[assignment]
     assert looks.watch(["a"]) == [] and shell.asked == [] and shell.clock == 100.0
+
+
+def _client_error(code: str, status: int) -> ClientError:
+    return ClientError({"Error": {"Code": code, "Message": "injected"}, "ResponseMetadata": {"HTTPStatusCode": status}},
+                       "GetMicrovm")
+
+
+def test_a_vm_the_service_no_longer_knows_is_a_change() -> None:
+    looks, _ = _looks({"a": _client_error("ResourceNotFoundException", 404)}, _Admission(grants=1))
+    (seen,) = looks.watch(["a"])
+    assert seen.state == core.GONE and seen.reason == "not_found"
+
+
+@pytest.mark.parametrize("error", [_client_error("ThrottlingException", 429), EndpointConnectionError(endpoint_url="x")])
+def test_a_failed_look_ends_the_watch_keeping_nothing_unread(error) -> None:
+    """A throttle (told to the budget: every reconciler backs off) or a dropped connection (told):
+    the watch stops there; the VM after it is not asked about."""
+    admission = _Admission(grants=2)
+    looks, shell = _looks({"a": error, "b": "RUNNING"}, admission)
+    assert looks.watch(["a", "b"]) == [] and shell.asked == ["a"]
+    if isinstance(error, ClientError):
+        assert admission.refusals == ["ThrottlingException"]
+    else:
+        assert [e["operation"] for e in shell.told] == ["GetMicrovm"]
