@@ -212,7 +212,7 @@ class Reconciler:
                 result.listed = self.list_calls != lists
                 if self.state is not None and not self.state.admission.demand:
                     # A step waiting for tokens is not woken to watch (asked again on each wake, the
-                    # shared buckets gave other fleets' runs first: 300 fleets converged 23 s later).
+                    # shared buckets gave other fleets' runs first: 300 fleets converged 22 s later).
                     self._watch_next(result, self.state)
                 wake = next_sleep(result, deadline, self.now())
                 if wake is None:
