@@ -42,6 +42,7 @@ from .core import (
     Slot,
     to_confirm,
     unlisted_warm,
+    watch_order,
 )
 from .ports import Shell
 from .timing import MIN_WAIT_SECONDS, Deadline, StepResult
@@ -120,6 +121,7 @@ class Looks:
     peek_ids: list[str] = field(default_factory=list)  # VMs the next step asks GetMicrovm about
     park_at: Optional[float] = None  # when a parked slot's PENDING VM is worth a look (to park it)
     suspend_failed: set[str] = field(default_factory=set)  # not sent again in this tick
+    watched_at: dict[str, float] = field(default_factory=dict)  # parked VMs: when the watch last read each
 
     # ------------------------------------------------------------------ the cache
 
@@ -316,28 +318,42 @@ class Looks:
         self.peeked_at = now
         return self.view(Source.LIST, Source.RUN, Source.PEEK, Source.FACT)
 
-    def watch(self, vm_ids: Iterable[str], now: float) -> Optional[list[Observed]]:
-        """GetMicrovm on each parked slot's VM (the budget permitting): the ones no longer
-        SUSPENDED (a client took it, it ended; GONE when the service no longer knows it), recorded
-        as looks; None when the budget or the service would not answer them all now (the watch is
-        skipped: the next one, or the next tick's list, sees it)."""
-        changed = []
-        for vm_id in vm_ids:
-            if isinstance(self.admission.admit(WATCH_OPERATION, now), Deferral):
-                return None
-            got = self.get(vm_id, now)
+    def watch(self, vm_ids: Iterable[str]) -> list[Observed]:
+        """GetMicrovm on the parked slots' VMs, the one read longest ago first
+        (:func:`.core.watch_order`), until one shows it is no longer SUSPENDED (a client took it,
+        it ended; GONE when the service no longer knows it): that one (recorded as a look) is
+        returned at once, and the fresh list that follows shows the others. A token of the shared
+        bucket reserved a moment ahead is waited for (within the tick); with none, or an error,
+        the watch stops there, keeping what it read (the next watch starts with the VMs this one
+        did not reach). Empty: nothing changed, or nothing could be read now."""
+        ids = list(vm_ids)
+        for vm_id in watch_order(ids, {vm: max(self.watched_at.get(vm, float("-inf")), self.read_at(vm)) for vm in ids}):
+            if not self._watch_token(self.shell.now()):
+                return []
+            at = self.shell.now()
+            got = self.get(vm_id, at)
             if isinstance(got, answers.ClientError) and answers.error_code(got) == "ResourceNotFoundException":
                 got = Observed(vm_id, GONE, 0.0, reason="not_found")
             elif isinstance(got, answers.ClientError):
-                self.admission.refused("GetMicrovm", answers.failure(got), now)
-                return None
+                self.admission.refused("GetMicrovm", answers.failure(got), at)
+                return []
             elif isinstance(got, answers.BotoCoreError):
                 self.shell.emit({"event": "api_error", "operation": "GetMicrovm", "code": type(got).__name__})
-                return None
+                return []
+            self.watched_at[vm_id] = at
             if got.state != "SUSPENDED":
-                self.record(Source.PEEK, vm_id, got, now)
-                changed.append(got)
-        return changed
+                self.record(Source.PEEK, vm_id, got, at)
+                return [got]
+        return []
+
+    def _watch_token(self, now: float) -> bool:
+        """A token of the watch's bucket now, or after a wait for one reserved a moment ahead
+        (while the tick may still act on what the look shows); False: none."""
+        decision = self.admission.admit(WATCH_OPERATION, now)
+        if isinstance(decision, Deferral) and decision.reason == "reserved" and self.deadline.reaches(decision.retry_after_seconds):
+            self.shell.pause(max(MIN_WAIT_SECONDS, decision.retry_after_seconds))
+            decision = self.admission.admit(WATCH_OPERATION, self.shell.now())
+        return not isinstance(decision, Deferral)
 
     # ------------------------------------------------------------------ what the plan sees
 

@@ -8,8 +8,9 @@ ends a tick early nor runs it past the invocation. Two bounds:
   before it for any wait.
 * **hard**: the invocation's end less :data:`.core.lifetimes.CALL_MARGIN_SECONDS`. Past the soft
   bound, only a wait whose reason is worth overtime (:attr:`.core.Reason.overtime`: a slot without
-  a VM, a VM ending with nothing to replace it, a parked slot's VM to park) wakes a step, and no
-  call starts past the hard bound, nor an intent expected to end past it.
+  a VM, a VM ending with nothing to replace it, a parked slot's VM to park, the parked slots'
+  watch) wakes a step, and no call starts past the hard bound, nor an intent expected to end
+  past it.
 
 Waits are :class:`.core.Wait` pairs ``(at, reason)`` on the shared (service's) clock, reduced by
 :func:`next_sleep`; nothing tells waits apart by their value.

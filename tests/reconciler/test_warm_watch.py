@@ -98,3 +98,29 @@ def test_the_watch_takes_tokens_from_its_own_bucket_and_skips_without_one(aws, m
         fleet.invoke(monkeypatch)
         fleet.clock.advance(5)
         assert _refilled_at(fleet, start + 20, parked["microvmId"]) is not None
+
+
+def test_a_take_after_tick_seconds_is_seen_by_the_watch_in_the_overtime(aws, monkeypatch) -> None:
+    """A client resumes the parked VM 52 s into the minute, after the tick's 50 s: the watch goes
+    on into the invocation's overtime (its last look 2 s before the hard bound, 57 s of the 65 s
+    function), sees the take and runs the refill in that tick (parked there, or by the next
+    scheduled tick), 12 s after the take at most (it waited 8 s more for the next tick's list
+    before)."""
+    with deployed_fleet(aws, env={**SPEC, "WATCH_SECONDS": "5"}, pending_seconds=2) as fleet:
+        fleet.every_minute(monkeypatch, 2)
+        (parked,) = _parked(fleet)
+        start = fleet.clock.now()
+        took: list[float] = []
+
+        def take() -> None:
+            fleet.emulator.direct_client(caller="client").resume_microvm(microvmIdentifier=parked["microvmId"])
+            took.append(fleet.clock.now())
+
+        act_during_sleep(fleet, start + 52, take)
+        invocation = fleet.invoke(monkeypatch)
+        assert took and took[0] >= start + 50, took
+        assert invocation.calls.get("RunMicrovm") == 1, invocation.calls  # run in the overtime
+        fleet.clock.advance(max(0.0, start + 60 - fleet.clock.now()))
+        fleet.invoke(monkeypatch)
+        refilled = _refilled_at(fleet, took[0], parked["microvmId"])
+        assert refilled is not None and refilled - took[0] <= 12.0, (took, refilled)

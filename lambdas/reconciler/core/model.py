@@ -267,7 +267,8 @@ class Intent:
 
 class Reason(StrEnum):
     """Why a step wakes. ``overtime``: worth a step past the tick's deadline (a slot without a
-    VM, a VM about to end with nothing to replace it, a parked slot's VM to park). ``SHORT``,
+    VM, a VM about to end with nothing to replace it, a parked slot's VM to park, the parked
+    slots' watch until the next tick). ``SHORT``,
     ``PARK_DUE`` and ``OWED`` never wake a step before the deadline: they only make one worth taking
     past it."""
 
@@ -290,14 +291,17 @@ class Reason(StrEnum):
     PARK_DUE = "park_due"  # ... a look at one worth overtime, though the step sleeps for others first
     STEP = "step"  # the step left work its width or budget did not take
     OWED = "owed"  # what the last plan found worth overtime, carried by a step that did not plan
-    WATCH = "watch"  # parked slots' VMs, looked at (GetMicrovm) for a client's take to refill
+    WATCH = "watch"  # parked slots' VMs, looked at (GetMicrovm) for a client's take to refill (overtime too)
 
     @property
     def overtime(self) -> bool:
         return self in _OVERTIME
 
 
-_OVERTIME = frozenset({Reason.REPLACE, Reason.SHORT, Reason.PARK, Reason.PARK_DUE, Reason.OWED, Reason.SERVE})
+#: The watch goes on past ``tick_seconds`` too: a take in the rest of the schedule period would
+#: otherwise wait for the next tick's list (:mod:`.watch`).
+_OVERTIME = frozenset({Reason.REPLACE, Reason.SHORT, Reason.PARK, Reason.PARK_DUE, Reason.OWED, Reason.SERVE,
+                       Reason.WATCH})
 
 
 @dataclass(frozen=True, order=True)
