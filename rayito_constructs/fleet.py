@@ -308,7 +308,8 @@ class AgentFleet(_FleetGrants):
     :param terminate_strays: let the reconciler end idle foreign VMs of the image. Default: False.
     :param reconciler_watch_seconds: how often a tick looks at the parked slots' VMs for a
         client's take (``FleetReconciler``'s ``watch_seconds``: a take refilled in seconds, at the
-        price of 50-second ticks for a fleet with parked slots); 0 turns it off. Default: 5.
+        price of ticks that last about 57 of every 60 seconds for a fleet with parked slots); 0 turns
+        it off. Default: 5.
     :param reconciler_reserved_concurrency: Default: 1 (``None`` where the account's concurrency
         quota leaves no room to reserve; the image pruner of an image the fleet builds then
         reserves none either).

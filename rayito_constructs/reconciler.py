@@ -232,8 +232,9 @@ class FleetReconciler(Construct):
     :param watch_seconds: while a tick lives, how often it looks at the parked slots' VMs
         (GetMicrovm each, from a bucket of the shared budget of its own: 30 a second account-wide)
         for a client's take, to refill the slot within seconds instead of at the next tick. A
-        fleet with parked slots then ticks for its whole ``tick_seconds`` (Lambda time:
-        docs/cost-and-activation.md). 0 turns the watch off (a take is seen by the next tick's
+        fleet with parked slots then ticks past ``tick_seconds`` into the invocation's overtime,
+        until about 2 seconds before its timeout, so one tick's watch meets the next's (about 57
+        of every 60 seconds: Lambda time in docs/cost-and-activation.md). 0 turns the watch off (a take is seen by the next tick's
         list, up to a schedule period later). 2 to 60, or 0. Default: 5.
     :param max_lifetime_seconds: ``maximumDurationInSeconds`` of every VM, 1 to 28,800 (the
         construct warns ``short_lifetime`` when VMs this short would take the fleet below
