@@ -28,7 +28,7 @@ from .letters import Outbox
 from .looks import Looks
 from .ports import Budget, DeadLetters, FleetState, Ledger, MicrovmsApi, Server, Stats, Telemetry
 from .run_requests import RequestFor, RunRequests
-from .timing import MIN_WAIT_SECONDS, STEP_RESERVE_SECONDS, Deadline, StepResult, next_sleep, wakes
+from .timing import MIN_WAIT_SECONDS, Deadline, StepResult, next_sleep, wakes
 
 #: A tick waits for an overlapping one of its fleet only if this much of its own time is left.
 HOLDER_WAIT_SPARE_SECONDS = 1.0
@@ -217,7 +217,7 @@ class Reconciler:
                 wake = next_sleep(result, deadline, self.now())
                 if wake is None:
                     break
-                if wake.overtime and any(w.reason.overtime and w.reason != Reason.WATCH for w in result.waits):
+                if wake.overtime and any(w.reason.owed for w in result.waits):
                     self.emit({"event": "tick_overtime", "reason": "a base slot is, or is about to be, without a VM",
                                "wake": round(wake.seconds, 3)})
                 pause(wake.seconds)
@@ -382,7 +382,7 @@ class Reconciler:
         short = core.short_slot_due({k: v for k, v in step.slots.items() if k not in step.at_max | step.later}, now)
         if short is not None:
             result.add(short, Reason.SHORT)
-        state.dues = [w.at for w in result.waits if w.reason.overtime and w.reason != Reason.WATCH]
+        state.dues = [w.at for w in result.waits if w.reason.owed]
         serve_waits = [w.at for w in result.waits if w.reason in (Reason.SERVE, Reason.SERVED)]
         state.answers_at = min(serve_waits) if serve_waits else None
         result.booked = bool(admission.booked())
@@ -416,7 +416,7 @@ class Reconciler:
             return
         deadline = state.deadline
         now = self.now()
-        last = now + max(deadline.soft, deadline.hard - STEP_RESERVE_SECONDS) - deadline.clock()
+        last = now + deadline.last - deadline.clock()
         looked = [at for at in (state.watched_at, state.looks.listed_at) if at is not None]
         at = core.next_watch(max(looked) if looked else result.now, now, self.spec.watch_seconds, last)
         if at is not None:

@@ -66,10 +66,16 @@ class Deadline:
         return cls(clock, start + tick_seconds, start + tick_seconds + max(0.0, overtime_seconds), start)
 
     @property
+    def last(self) -> float:
+        """The latest a step may still begin and act: the hard bound less a step's reserve (never
+        before the soft bound)."""
+        return max(self.soft, self.hard - STEP_RESERVE_SECONDS)
+
+    @property
     def bound(self) -> float:
-        """What a wait, a reservation or a page may reach now: the soft bound, or in the overtime the
-        hard one less a step's reserve."""
-        return max(self.soft, self.hard - STEP_RESERVE_SECONDS) if self.overtime else self.soft
+        """What a wait, a reservation or a page may reach now: the soft bound, or in the overtime
+        :attr:`last`."""
+        return self.last if self.overtime else self.soft
 
     def left(self) -> float:
         return self.bound - self.clock()

@@ -297,11 +297,17 @@ class Reason(StrEnum):
     def overtime(self) -> bool:
         return self in _OVERTIME
 
+    @property
+    def owed(self) -> bool:
+        """Worth overtime for the fleet's own slots (what a step that does not plan carries, and
+        what ``tick_overtime`` tells): every overtime reason but the watch."""
+        return self in _OWED
 
+
+_OWED = frozenset({Reason.REPLACE, Reason.SHORT, Reason.PARK, Reason.PARK_DUE, Reason.OWED, Reason.SERVE})
 #: The watch goes on past ``tick_seconds`` too: a take in the rest of the schedule period would
 #: otherwise wait for the next tick's list (:mod:`.watch`).
-_OVERTIME = frozenset({Reason.REPLACE, Reason.SHORT, Reason.PARK, Reason.PARK_DUE, Reason.OWED, Reason.SERVE,
-                       Reason.WATCH})
+_OVERTIME = _OWED | {Reason.WATCH}
 
 
 @dataclass(frozen=True, order=True)

@@ -38,5 +38,4 @@ def watch_order(vm_ids: Iterable[str], last_read: Mapping[str, float]) -> list[s
     read: first of all), ties in the order given. When the shared bucket runs dry in the middle of
     a watch, the next one starts with the VMs this one did not reach, so every parked VM is looked
     at in turn instead of the first ones again and again."""
-    ids = list(vm_ids)
-    return sorted(ids, key=lambda vm: last_read.get(vm, float("-inf")))
+    return sorted(vm_ids, key=lambda vm: last_read.get(vm, float("-inf")))
