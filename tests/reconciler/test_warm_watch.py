@@ -24,6 +24,18 @@ def _refilled_at(fleet: Any, after: float, taken: str) -> Optional[float]:
     return min(times) if times else None
 
 
+def _take_at(fleet: Any, at: float, parked: dict[str, Any]) -> list[float]:
+    """A client resumes ``parked`` while the tick sleeps past ``at``: the list gets when it did."""
+    took: list[float] = []
+
+    def take() -> None:
+        fleet.emulator.direct_client(caller="client").resume_microvm(microvmIdentifier=parked["microvmId"])
+        took.append(fleet.clock.now())
+
+    act_during_sleep(fleet, at, take)
+    return took
+
+
 def test_a_take_during_a_tick_is_refilled_within_seconds(aws, monkeypatch) -> None:
     """A client resumes the parked VM 20 s into a tick: with the watch (5 s) a new VM is parked
     within 12 s of the take (the watch's period, a fresh list, PENDING, the warming, SUSPENDING),
@@ -32,13 +44,7 @@ def test_a_take_during_a_tick_is_refilled_within_seconds(aws, monkeypatch) -> No
         fleet.every_minute(monkeypatch, 2)
         (parked,) = _parked(fleet)
         start = fleet.clock.now()
-        took: list[float] = []
-
-        def take() -> None:
-            fleet.emulator.direct_client(caller="client").resume_microvm(microvmIdentifier=parked["microvmId"])
-            took.append(fleet.clock.now())
-
-        act_during_sleep(fleet, start + 20, take)
+        took = _take_at(fleet, start + 20, parked)
         invocation = fleet.invoke(monkeypatch)
         assert took, "the tick ended before the take"
         fleet.clock.advance(5)  # the refill's suspend lands
@@ -104,19 +110,13 @@ def test_a_take_after_tick_seconds_is_seen_by_the_watch_in_the_overtime(aws, mon
     """A client resumes the parked VM 52 s into the minute, after the tick's 50 s: the watch goes
     on into the invocation's overtime (its last look 2 s before the hard bound, 57 s of the 65 s
     function), sees the take and runs the refill in that tick (parked there, or by the next
-    scheduled tick), 12 s after the take at most (it waited 8 s more for the next tick's list
-    before)."""
+    scheduled tick), 12 s after the take at most (the next tick's list alone would see it
+    8 s later)."""
     with deployed_fleet(aws, env={**SPEC, "WATCH_SECONDS": "5"}, pending_seconds=2) as fleet:
         fleet.every_minute(monkeypatch, 2)
         (parked,) = _parked(fleet)
         start = fleet.clock.now()
-        took: list[float] = []
-
-        def take() -> None:
-            fleet.emulator.direct_client(caller="client").resume_microvm(microvmIdentifier=parked["microvmId"])
-            took.append(fleet.clock.now())
-
-        act_during_sleep(fleet, start + 52, take)
+        took = _take_at(fleet, start + 52, parked)
         invocation = fleet.invoke(monkeypatch)
         assert took and took[0] >= start + 50, took
         assert invocation.calls.get("RunMicrovm") == 1, invocation.calls  # run in the overtime
