@@ -8,10 +8,22 @@ Only time is virtual: the built reconciler's ``clock`` and ``sleep`` are the emu
 :class:`VirtualClock`, and the Lambda context's remaining time counts down on it. Everything the
 tests assert comes from the emulator (calls, VMs), moto (ledger items, dead letters in SQS) and
 stdout (log lines and EMF records as Powertools prints them).
+
+The stores: the ledger and the budget are the handler's own DynamoDB ones on moto, unless a test
+is marked ``@pytest.mark.stores("memory")`` (a module's ``pytestmark``): then, after
+``index.build()``, the built reconciler's ledger and budget are the in-memory ones
+(:class:`MemoryLedger`, :class:`MemoryBudget`, held to the DynamoDB stores' behaviour by
+test_stores_memory.py), one of each per deployed fleet, shared by its execution environments and
+its server as the tables are. For the files whose subject is what the reconciler decides over
+many ticks (room, successors, overtime, lifetimes, ownership, parking): a DynamoDB call to moto
+costs about 10 ms of CPU, and those scenarios made about 15 of them a tick, 60% of their time.
+Everything else the handler builds (the MicroVMs client, the recipe and token reads, the dead
+letters in SQS, the server's Lambda client, Powertools) is the same either way.
 """
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import fcntl
 import hashlib
@@ -30,8 +42,8 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
 
 from lambdas.reconciler import index
-from lambdas.reconciler.budget import DynamoDBBudget
-from lambdas.reconciler.ledger import DynamoDBLedger
+from lambdas.reconciler.budget import DynamoDBBudget, MemoryBudget
+from lambdas.reconciler.ledger import DynamoDBLedger, MemoryLedger
 from rayito_constructs.testing import MicrovmsEmulator, VirtualClock
 from rayito_constructs.testing.serving import VirtualServer, serving_spans
 
@@ -43,6 +55,10 @@ from ..moto_server import untraced_requests
 SUBSTITUTED = {"LEDGER_TABLE", "BUDGET_TABLE", "DEAD_LETTER_QUEUE_URL", "IMAGE_ARN", "EXECUTION_ROLE_ARN",
                "IMAGE_VERSION", "SERVER_FUNCTION"}
 ROLE_ARN = "arn:aws:iam::123456789012:role/mi-agente-microvm"
+
+#: The stores a fleet deployed now gets: "dynamodb" (moto's tables, the handler's own stores) or
+#: "memory"; set for each test from its ``stores`` mark (tests/reconciler/conftest.py).
+STORES: contextvars.ContextVar[str] = contextvars.ContextVar("stores", default="dynamodb")
 
 
 #: Synthesized environments shared by the workers of one run (a synth costs about 5 CPU-s).
@@ -164,6 +180,7 @@ class Fleet:
     _built_env: Any = None
     _environment: Any = None  # this fleet's warm execution environment (its built reconciler)
     _stdout: io.StringIO = field(default_factory=io.StringIO)
+    memory: Optional[tuple[MemoryLedger, MemoryBudget]] = None  # the stores, when they are in memory
 
     @property
     def fleet(self) -> str:
@@ -181,6 +198,10 @@ class Fleet:
             monkeypatch.setitem(sys.modules, "aws_lambda_powertools", None)
         _fresh_powertools_logger()
         reconciler = index.build()
+        if self.memory is not None:
+            ledger, budget = self.memory
+            budget.budgets = reconciler.budget.budgets  # the shapes this environment read; the state stays
+            reconciler.ledger, reconciler.budget = ledger, budget
         # Virtual time is real time here: the wall clock and the deadline's monotonic one.
         reconciler.clock = reconciler.monotonic = self.clock.now
         reconciler.sleep = self.clock.advance
@@ -238,6 +259,9 @@ class Fleet:
         return [json.loads(m["Body"]) for m in messages]
 
     def ledger_slots(self) -> dict[str, dict[str, Any]]:
+        if self.memory is not None:
+            slots, _ = self.memory[0].peek(self.fleet)
+            return {k: json.loads(json.dumps(slot.to_dict(), sort_keys=True)) for k, slot in slots.items()}
         items = self.ddb.query(TableName=self.env["LEDGER_TABLE"], KeyConditionExpression="fleet = :f",
                                ExpressionAttributeValues={":f": {"S": self.fleet}}, ConsistentRead=True)["Items"]
         return {i["key"]["S"][5:]: json.loads(i["doc"]["S"]) for i in items if i["key"]["S"].startswith("slot#")}
@@ -335,10 +359,13 @@ def emulator_env(aws: str, endpoint: str) -> dict[str, str]:
 @contextmanager
 def deployed_fleet(aws: str, *, clock: Optional[VirtualClock] = None, emulator: Optional[MicrovmsEmulator] = None,
                    fleet: str = "mi-agente", overrides: Optional[dict[str, Any]] = None,
-                   env: Optional[dict[str, str]] = None, metrics: bool = True,
+                   env: Optional[dict[str, str]] = None, metrics: bool = True, stores: Optional[str] = None,
                    **emulator_options: Any) -> Iterator[Fleet]:
     """The example fleet's reconciler environment (synthesized with ``metrics``) against moto and
-    a (new) emulator."""
+    a (new) emulator; ``stores``: "dynamodb" or "memory" (default: the test's mark, :data:`STORES`)."""
+    stores = stores or STORES.get()
+    if stores not in ("dynamodb", "memory"):
+        raise ValueError(f"stores: {stores!r} is neither 'dynamodb' nor 'memory'")
     clock = clock or (emulator.clock if emulator is not None else VirtualClock())
     own = emulator is None
     if own:
@@ -376,7 +403,9 @@ def deployed_fleet(aws: str, *, clock: Optional[VirtualClock] = None, emulator: 
         values["WATCH_SECONDS"] = "0"
         values.update(env or {})
         made = Fleet(emulator, clock, aws, values, ddb, sqs)
-        made.server = VirtualServer(emulator, DynamoDBLedger(ddb, ledger))
+        if stores == "memory":
+            made.memory = (MemoryLedger(), MemoryBudget())
+        made.server = VirtualServer(emulator, made.memory[0] if made.memory else DynamoDBLedger(ddb, ledger))
         registry.register(values["SERVER_FUNCTION"], made.server.ask)
         deploy_fleet_state(made)
         yield made

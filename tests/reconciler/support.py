@@ -115,7 +115,9 @@ def _drive(aws: str, monkeypatch: Any, *, lifetime: int, min_vms: int, max_vms: 
               "TICK_SECONDS": str(tick)}
     values.update(env or {})
     values = {k: v for k, v in values.items() if v is not None}
-    with deployed_fleet(aws, env=values, pending_seconds=pending_seconds) as fleet:
+    # A skewed clock is learned from DynamoDB's answers (dynamodb_dates_on): those scenarios keep moto's tables.
+    stores = "dynamodb" if skew else None
+    with deployed_fleet(aws, env=values, pending_seconds=pending_seconds, stores=stores) as fleet:
         for key in [k for k, v in (env or {}).items() if v is None]:
             fleet.env.pop(key, None)
             monkeypatch.delenv(key, raising=False)

@@ -23,6 +23,9 @@ from .harness import RECONCILER_CALLER, at_first_call, deployed_fleet, fail_the_
 from .support import members
 from .support import assert_no_duplicates
 
+# What the reconciler decides over ticks: the stores in memory (harness.py).
+pytestmark = pytest.mark.stores("memory")
+
 ENV = {"MIN_VMS": "1", "WARM_VMS": "1", "MAX_VMS": "4"}
 
 

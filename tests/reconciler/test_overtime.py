@@ -19,6 +19,9 @@ from lambdas.reconciler import index
 
 from .harness import RECONCILER_CALLER, act_during_sleep, deployed_fleet, list_lag, peak_live, seconds_below
 
+# What the reconciler decides over ticks: the stores in memory (harness.py).
+pytestmark = pytest.mark.stores("memory")
+
 NO_HEADROOM = {"MIN_VMS": "2", "WARM_VMS": "0", "MAX_VMS": "2", "IDLE_SECONDS": ""}
 ENDED = ("TERMINATING", "TERMINATED")
 

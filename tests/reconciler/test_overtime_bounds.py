@@ -15,6 +15,9 @@ import pytest
 
 from .harness import RECONCILER_CALLER, deployed_fleet, peak_live, act_during_sleep
 
+# What the reconciler decides over ticks: the stores in memory (harness.py).
+pytestmark = pytest.mark.stores("memory")
+
 ENDED = ("TERMINATING", "TERMINATED")
 from lambdas.reconciler.core.lifetimes import CALL_MARGIN_SECONDS as MARGIN  # noqa: E402
 
@@ -200,6 +203,7 @@ def test_a_parked_vm_a_client_takes_is_never_suspended_again(aws, monkeypatch, t
 # ------------------------------------------------------------------ a skewed clock in the overtime
 
 
+@pytest.mark.stores("dynamodb")  # a skewed clock is learned from DynamoDB's answers
 @pytest.mark.parametrize("skew", [30.0, -30.0])
 def test_first_fills_in_overtime_with_a_skewed_clock(aws, monkeypatch, skew) -> None:
     """The function's clock 30 s off the service's (the stores' answers dated on the service's):

@@ -15,6 +15,9 @@ import pytest
 
 from .harness import RECONCILER_CALLER, deployed_fleet, seconds_below
 
+# What the reconciler decides over ticks: the stores in memory (harness.py).
+pytestmark = pytest.mark.stores("memory")
+
 NO_HEADROOM = {"MIN_VMS": "2", "WARM_VMS": "0", "MAX_VMS": "2", "IDLE_SECONDS": ""}
 
 

@@ -27,6 +27,9 @@ import pytest
 from .harness import RECONCILER_CALLER, deployed_fleet, seconds_below, serving
 from .support import _ended_sessions, _errors, _held_twice, _ours, _requests, _reused_tokens, _shape
 
+# What the reconciler decides over ticks: the stores in memory (harness.py).
+pytestmark = pytest.mark.stores("memory")
+
 
 
 
@@ -95,6 +98,7 @@ def test_a_base_slot_asked_for_again_starts_a_vm_of_its_own(aws, monkeypatch) ->
         assert found == {"held_twice": 0, "reused": [], "ours_running": 5}, found
 
 
+@pytest.mark.stores("dynamodb")  # it rewrites the ledger's #stats item
 def test_an_old_token_answered_with_a_vm_another_slot_holds_is_never_attached_twice(aws, monkeypatch) -> None:
     """A ledger written before slots kept their generations (no ``retired`` in ``#stats``): base
     slots asked for again send their generation-0 tokens, and the service answers with the VMs the

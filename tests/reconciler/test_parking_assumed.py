@@ -34,6 +34,9 @@ from .support import ours
 from .support import assert_no_duplicates
 from .support import members
 
+# What the reconciler decides over ticks: the stores in memory (harness.py).
+pytestmark = pytest.mark.stores("memory")
+
 
 
 def test_an_assumption_does_not_outlive_the_suspend_it_was_made_for(aws, monkeypatch) -> None:
@@ -248,6 +251,7 @@ def test_two_ambiguous_suspend_failures_in_a_row_the_second_landed(aws, monkeypa
 
 @pytest.mark.parametrize("skew, kind, outcome", [(30.0, "InternalServer", "not_landed"), (-30.0, "lost_response", "landed"),
                                                  (-30.0, "InternalServer", "not_landed")])
+@pytest.mark.stores("dynamodb")  # a skewed clock is learned from DynamoDB's answers
 def test_a_skewed_clock_reckons_a_lost_suspend_on_the_shared_clock(aws, monkeypatch, skew, kind, outcome) -> None:
     """A cold execution environment whose clock is 30 s off: the 2.6 s assumption, the send time
     written down and the 2.2 s reckoning of the read are all on the shared clock, so a 500 that did

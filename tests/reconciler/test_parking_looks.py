@@ -24,6 +24,9 @@ from .harness import RECONCILER_CALLER, act_during_sleep, deployed_fleet, list_l
 from .support import ours
 from .support import assert_no_duplicates
 
+# What the reconciler decides over ticks: the stores in memory (harness.py).
+pytestmark = pytest.mark.stores("memory")
+
 
 
 
@@ -152,6 +155,7 @@ def test_a_throttled_peek_is_told_and_the_step_lists_instead(aws, monkeypatch) -
         assert Counter(vm["state"] for vm in fleet.live()) == {"RUNNING": 1, "SUSPENDED": 1}
 
 
+@pytest.mark.stores("dynamodb")  # a skewed clock is learned from DynamoDB's answers
 @pytest.mark.parametrize("skew", [30.0, -30.0])
 def test_a_skewed_clock_parks_on_one_look_and_suspends_only_on_it(aws, monkeypatch, skew) -> None:
     """A cold execution environment whose clock is 30 s off: the list's age, the runs' answers,
@@ -187,6 +191,7 @@ def test_a_skewed_clock_parks_on_one_look_and_suspends_only_on_it(aws, monkeypat
         assert_no_duplicates(fleet)
 
 
+@pytest.mark.stores("dynamodb")  # it empties a bucket in the budget's table
 def test_a_handover_due_on_a_suspends_only_step_waits_for_a_fresh_list(aws, monkeypatch) -> None:
     """A time-driven resume on a suspends-only step: base-0's VM comes within the handover lead of
     its end (no headroom: a client VM and two members fill max_vms) just when a deferred suspend

@@ -17,6 +17,9 @@ from lambdas.reconciler.core import FleetSpec
 
 from .harness import RECONCILER_CALLER, deployed_fleet, peak_live, seconds_below, serving
 
+# What the reconciler decides over ticks: the stores in memory (harness.py).
+pytestmark = pytest.mark.stores("memory")
+
 LIVE = ("PENDING", "RUNNING", "SUSPENDING", "SUSPENDED")
 
 

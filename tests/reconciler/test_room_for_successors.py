@@ -22,6 +22,9 @@ from .support import _drive
 from .support import _holds
 from .support import assert_no_duplicates
 
+# What the reconciler decides over ticks: the stores in memory (harness.py).
+pytestmark = pytest.mark.stores("memory")
+
 ENDED = ("TERMINATING", "TERMINATED")
 
 

@@ -15,6 +15,9 @@ import pytest
 
 from .support import _holds
 
+# What the reconciler decides over ticks: the stores in memory (harness.py).
+pytestmark = pytest.mark.stores("memory")
+
 
 
 def _run(aws, monkeypatch, **shape: Any) -> dict:  

@@ -14,6 +14,9 @@ from lambdas.reconciler import core
 
 from .harness import RECONCILER_CALLER, deployed_fleet, peak_live, seconds_below, serving
 
+# What the reconciler decides over ticks: the stores in memory (harness.py).
+pytestmark = pytest.mark.stores("memory")
+
 
 @pytest.mark.parametrize(("lifetime", "min_vms", "max_vms"), [(600, 1, 2), (900, 5, 6), (1800, 3, 4)])
 def test_short_lifetimes_never_dip_with_one_slot_of_headroom(aws, monkeypatch, lifetime, min_vms, max_vms) -> None:  
