@@ -161,26 +161,26 @@ def _share_botocore_data_files() -> None:
     loaders.Loader.list_available_services = loaders.instance_cache(list_available_services)
 
 
-#: The files that keep a worker longest, longest first (seconds of one worker, `pytest -n 2
-#: --dist loadfile` on this 2-core machine under load, measured 2026-12-07: 110-170 s each for the
-#: first eight, mostly waiting on real time: Lambda processes, the product client's polls, a
-#: client's timeout, the CDK's Node process; 50-100 s for the next ones). ``--dist loadfile`` with
-#: ``--no-loadscope-reorder`` (the Makefile) hands files out in collection order, so these go first
-#: and the last file to start is a short one (xdist's default order is by count of tests: a long
-#: file with few tests started last and ended the run alone). A stale list only orders; it changes
-#: nothing a test sees (each file keeps its own order).
+#: The files that keep a worker longest, longest first (seconds of one worker, `make test` on this
+#: 2-core machine under load, measured 2026-12-07: 85-160 s each for the first eight, the Lambda
+#: processes of the contract tests, the handler's scenarios against moto, the verify world's
+#: deploy; 40-80 s for the next ones). ``--dist loadfile`` with ``--no-loadscope-reorder`` (the
+#: Makefile) hands files out in collection order, so these go first and the last file to start is
+#: a short one (xdist's default order is by count of tests: a long file with few tests started last
+#: and ended the run alone). A stale list only orders; it changes nothing a test sees (each file
+#: keeps its own order).
 LONGEST_FILES = (
-    "tests/reconciler/test_room.py", "tests/reconciler/test_contract.py", "tests/reconciler/test_room_for_successors.py",
-    "tests/test_fleet_product.py", "tests/test_product_iam.py", "tests/test_monitoring.py",
-    "tests/test_verify_scenarios.py", "tests/benchmarks/test_synth_benchmark.py", "tests/reconciler/test_handler.py",
-    "tests/reconciler/test_ownership.py", "tests/reconciler/test_letters_and_lists.py", "tests/test_synth_refusals.py",
-    "tests/test_fleet.py", "tests/test_verify.py", "tests/reconciler/test_faults.py", "tests/test_egress_processes.py",
-    "tests/reconciler/test_overtime_replaces.py", "tests/reconciler/test_overtime.py",
-    "tests/test_contract_recipe_writer.py", "tests/test_fleet_teardown.py", "tests/test_fleet_teardown_handler.py",
-    "tests/test_monitoring_runtime.py", "tests/reconciler/test_short_lifetimes_headroom.py", "tests/test_names.py",
-    "tests/testing/test_rayd.py", "tests/testing/test_rayd_cli.py", "tests/test_app.py",
-    "tests/reconciler/test_short_lifetimes.py", "tests/reconciler/test_reconcile.py", "tests/test_policies.py",
-    "tests/test_layers.py", "tests/test_egress_targets.py",
+    "tests/reconciler/test_contract.py", "tests/reconciler/test_handler.py", "tests/reconciler/test_reconcile.py",
+    "tests/test_verify.py", "tests/test_fleet_teardown_handler.py", "tests/test_fleet_product.py",
+    "tests/reconciler/test_budget_admission.py", "tests/reconciler/test_room_for_successors.py", "tests/test_app.py",
+    "tests/test_product_iam.py", "tests/test_fleet.py", "tests/test_monitoring_runtime.py",
+    "tests/reconciler/test_overtime.py", "tests/reconciler/test_construct.py", "tests/test_policies.py",
+    "tests/reconciler/test_letters_and_lists.py", "tests/reconciler/test_short_lifetimes.py",
+    "tests/reconciler/test_faults.py", "tests/test_verify_scenarios.py", "tests/reconciler/test_slow_calls.py",
+    "tests/reconciler/test_room.py", "tests/test_contract_recipe_writer.py", "tests/testing/test_rayd.py",
+    "tests/test_names.py", "tests/test_recipe.py", "tests/reconciler/test_parking_assumed.py", "tests/test_monitoring.py",
+    "tests/reconciler/test_store_failures.py", "tests/test_egress.py", "tests/reconciler/test_parking_looks.py",
+    "tests/test_fleet_teardown_paths.py", "tests/test_fleet_teardown.py", "tests/testing/test_rayd_cli.py",
 )
 
 
