@@ -334,3 +334,34 @@ def test_a_parked_vm_gone_before_its_suspend_is_not_suspended_again_in_the_tick(
         fleet.clock.advance(60)
         fleet.every_minute(monkeypatch, 1)
         assert Counter(vm["state"] for vm in fleet.live()) == {"RUNNING": 1, "SUSPENDED": 2}
+
+
+
+def test_a_handover_whose_resume_fails_is_resumed_again(aws, monkeypatch) -> None:
+    """base-0's VM ends and a client's VM of another image takes the room it freed: base-0's run is
+    refused for room (402), so it takes the parked slot's SUSPENDED VM (a handover) and resumes
+    it. That ResumeMicrovm fails (500): base-0 holds a VM still SUSPENDED, and the next step
+    resumes it again (no donor now: the VM is already base-0's), which serves as base-0's VM."""
+    env = {"MIN_VMS": "1", "WARM_VMS": "1", "MAX_VMS": "2", "IDLE_SECONDS": ""}
+    with deployed_fleet(aws, env=env, pending_seconds=2, memory_quota_mib=3 * 4096) as fleet:
+        client = fleet.emulator.direct_client(caller="client")
+        if not fleet.emulator.has_image("otra"):
+            fleet.emulator.create_image("otra", memory_mib=4096)
+        other = fleet.emulator.image_arn("otra")
+        client.run_microvm(imageIdentifier=other, clientToken="otra-0")
+        fleet.every_minute(monkeypatch, 2)
+        slots = fleet.ledger_slots()
+        base_vm, parked_vm = slots["base-0"]["microvm_id"], slots["warm-0"]["microvm_id"]
+        fleet.emulator.terminating_seconds, fleet.emulator.terminated_linger_seconds = 0.1, 0.2
+        client.terminate_microvm(microvmIdentifier=base_vm)
+        fleet.clock.advance(1)
+        client.run_microvm(imageIdentifier=other, clientToken="otra-1")  # the room the base VM freed
+        fleet.emulator.inject("ResumeMicrovm", "InternalServer", times=1, caller=RECONCILER_CALLER)
+        run = fleet.invoke(monkeypatch)
+        assert [e["donor"] for e in run.events("vm_handed_over")] == ["warm-0"]
+        resumes = [r.status for r in fleet.emulator.requests
+                   if r.operation == "ResumeMicrovm" and r.caller == RECONCILER_CALLER and r.microvm_id == parked_vm]
+        assert resumes == [500, 200]
+        base = fleet.ledger_slots()["base-0"]
+        assert (base["microvm_id"], base["phase"], base["handover_from"]) == (parked_vm, "running", None)
+        assert fleet.emulator.state_of(parked_vm) == "RUNNING"
