@@ -12,17 +12,8 @@ import zipfile
 from dataclasses import dataclass
 
 import pytest
-from rayito._templates._instructions import (
-    BaseImageRef,
-    CopyStep,
-    EnvStep,
-    ReadyPoll,
-    RunStep,
-    StartSpec,
-    TemplateSpec,
-    UserStep,
-    WorkdirStep,
-)
+from rayito._templates import _instructions as wire
+from rayito._templates._instructions import RunStep, StartSpec, TemplateSpec
 
 from lambdas.reconciler.composition import (
     OVERLAY_SCHEMA,
@@ -35,8 +26,8 @@ from lambdas.reconciler.composition import (
 )
 
 FILES = [("app/main.py", b"print('hola')\n"), ("app/requirements.txt", b"")]
-STEPS = (WorkdirStep("/opt/agents"), CopyStep("app", "/opt/agents/app"), EnvStep("MODE", "fleet"),
-         RunStep("pip install -r app/requirements.txt"), UserStep("agent"))
+STEPS = (wire.WorkdirStep("/opt/agents"), wire.CopyStep("app", "/opt/agents/app"), wire.EnvStep("MODE", "fleet"),
+         RunStep("pip install -r app/requirements.txt"), wire.UserStep("agent"))
 
 
 def zipped(entries: dict[str, bytes]) -> bytes:
@@ -54,9 +45,9 @@ def document(**changed: object) -> bytes:
 
 @pytest.mark.parametrize("spec", [
     TemplateSpec(steps=STEPS),  # no base, no start: what a Dockerfile-less template has
-    TemplateSpec(base=BaseImageRef("published", "rayito-base-caps", "3"), steps=STEPS, skip_cache=True,
+    TemplateSpec(base=wire.BaseImageRef("published", "rayito-base-caps", "3"), steps=STEPS, skip_cache=True,
                  start=StartSpec("python app/main.py", ready_cmd="test -f /tmp/ready", workdir="/opt/agents",
-                                 envs=(("PORT", "9100"),), ready_poll=ReadyPoll(0.5, 30.0))),
+                                 envs=(("PORT", "9100"),), ready_poll=wire.ReadyPoll(0.5, 30.0))),
     TemplateSpec(start=StartSpec("python app/main.py")),  # a start with no poll, no envs
 ])
 def test_a_spec_and_its_files_come_back_as_they_went(spec) -> None:

@@ -16,7 +16,7 @@ from botocore.config import Config
 from lambdas.reconciler import index
 
 from .harness import RECONCILER_CALLER, deployed_fleet
-from .support import kill_a_tick_after
+from .support import kill_a_tick_after, room_taken_from_the_base_vm
 
 #: The client's read timeout in these tests (production: 15 s) and the emulator's delay past it: an
 #: ordinary answer of the in-process emulator is far below 2 s even on a loaded machine.
@@ -344,18 +344,7 @@ def test_a_handover_whose_resume_fails_is_resumed_again(aws, monkeypatch) -> Non
     resumes it again (no donor now: the VM is already base-0's), which serves as base-0's VM."""
     env = {"MIN_VMS": "1", "WARM_VMS": "1", "MAX_VMS": "2", "IDLE_SECONDS": ""}
     with deployed_fleet(aws, env=env, pending_seconds=2, memory_quota_mib=3 * 4096) as fleet:
-        client = fleet.emulator.direct_client(caller="client")
-        if not fleet.emulator.has_image("otra"):
-            fleet.emulator.create_image("otra", memory_mib=4096)
-        other = fleet.emulator.image_arn("otra")
-        client.run_microvm(imageIdentifier=other, clientToken="otra-0")
-        fleet.every_minute(monkeypatch, 2)
-        slots = fleet.ledger_slots()
-        base_vm, parked_vm = slots["base-0"]["microvm_id"], slots["warm-0"]["microvm_id"]
-        fleet.emulator.terminating_seconds, fleet.emulator.terminated_linger_seconds = 0.1, 0.2
-        client.terminate_microvm(microvmIdentifier=base_vm)
-        fleet.clock.advance(1)
-        client.run_microvm(imageIdentifier=other, clientToken="otra-1")  # the room the base VM freed
+        _, parked_vm, _ = room_taken_from_the_base_vm(fleet, monkeypatch)
         fleet.emulator.inject("ResumeMicrovm", "InternalServer", times=1, caller=RECONCILER_CALLER)
         run = fleet.invoke(monkeypatch)
         assert [e["donor"] for e in run.events("vm_handed_over")] == ["warm-0"]
