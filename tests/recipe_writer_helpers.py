@@ -213,9 +213,11 @@ class _Forward(BaseHTTPRequestHandler):
             server.seen[operation] += 1  # type: ignore[attr-defined]
             remaining = server.faults.get(operation)  # type: ignore[attr-defined]
             fault = None
-            if remaining and remaining[1] != 0:
+            if remaining and remaining[2] > 0:  # still passed through
+                server.faults[operation] = (remaining[0], remaining[1], remaining[2] - 1)  # type: ignore[attr-defined]
+            elif remaining and remaining[1] != 0:
                 fault = remaining[0]
-                server.faults[operation] = (remaining[0], remaining[1] - 1)  # type: ignore[attr-defined]
+                server.faults[operation] = (remaining[0], remaining[1] - 1, 0)  # type: ignore[attr-defined]
         if fault:
             status, code, message = ERRORS[fault]
             s3 = operation.startswith("s3:")  # S3 answers in XML, SSM in JSON
@@ -248,9 +250,9 @@ class _Forward(BaseHTTPRequestHandler):
 
 
 class FaultProxy:
-    """Forwards to moto on ``upstream_port``; ``fail(operation, error, times)`` injects faults
-    (``times=-1``: always); ``seen`` counts the requests per operation (``PutParameter``,
-    ``DeleteParameter``, ``s3:GET``...)."""
+    """Forwards to moto on ``upstream_port``; ``fail(operation, error, times, after)`` injects faults
+    (``times=-1``: always) once ``after`` requests of the operation went through; ``seen`` counts
+    the requests per operation (``PutParameter``, ``DeleteParameter``, ``s3:GET``...)."""
 
     def __init__(self, upstream_port: int) -> None:
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), _Forward)
@@ -268,9 +270,9 @@ class FaultProxy:
     def seen(self) -> Counter:
         return self.server.seen  # type: ignore[attr-defined]
 
-    def fail(self, operation: str, error: str, times: int = -1) -> None:
+    def fail(self, operation: str, error: str, times: int = -1, after: int = 0) -> None:
         with self.server.lock:  # type: ignore[attr-defined]
-            self.server.faults[operation] = (error, times)  # type: ignore[attr-defined]
+            self.server.faults[operation] = (error, times, after)  # type: ignore[attr-defined]
 
     def reset(self) -> None:
         with self.server.lock:  # type: ignore[attr-defined]

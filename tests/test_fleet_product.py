@@ -126,7 +126,7 @@ def world(tmp_path_factory: Any) -> Iterator[dict[str, Any]]:
             invoked.register(f"{FLEET}-server", server)
             yield {"emulator": emulator, "moto": moto, "token": token, "aws_env": aws_env, "invoked": invoked,
                    "reconciler_env": {**env_of("reconciler.index.handler"), **aws_env}, "server_runs": server_runs,
-                   "project": project, "template": template}
+                   "server_env": server_env, "project": project, "template": template}
         finally:
             index._RECONCILER = None
             emulator.stop()
@@ -255,6 +255,41 @@ def test_past_the_queue_a_vm_answers_429_with_retry_after(world, monkeypatch) ->
         assert status == 429 and headers.get("retry-after"), (status, headers, body)
         assert json.loads(body)["error"] == "busy"
         assert sorted(f.result(timeout=60)[0] for f in held) == [200] * 6
+
+
+def test_an_ask_again_for_a_vm_served_or_being_served_starts_no_second_host(world, monkeypatch) -> None:
+    """The server asked again about the base VM it served (an answer the reconciler missed) finds
+    the host's ready marker and starts nothing; asked while the host it started is not ready yet
+    (an earlier ask that ran out of time), it waits for that host's marker instead of starting a
+    second one, which could not bind the port. Both asks in one warm execution environment of the
+    server function (its handler, in this process)."""
+    import threading
+
+    from rayito._limits import AGENT_SERVICE_READY_MARKER_PATH
+
+    from lambdas.reconciler import server
+
+    until(lambda: converged(world), world, monkeypatch)
+    slot = ledger(world)["slot#base-0"]
+    base = slot["microvm_id"]
+    guest = world["emulator"].vm_host.guest(base)
+    for key, value in world["server_env"].items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setattr(server, "_SERVER", None)
+    ask = {"microvm_id": base, "role": "member", "slot": "base-0", "attempt": slot["serve_asks"]}
+    starts, lists = len(guest.calls("Process.Start")), len(guest.calls("Process.List"))
+    assert server.handler(ask, None) == {"microvm_id": base, "outcome": "ready"}
+    assert len(guest.calls("Process.List")) == lists  # the marker was there: nothing more looked at
+    marker = guest.path(AGENT_SERVICE_READY_MARKER_PATH)
+    content = marker.read_bytes()
+    marker.unlink()  # as before the host it runs was ready
+    ready = threading.Timer(1.0, marker.write_bytes, [content])
+    ready.start()
+    try:
+        assert server.handler(ask, None) == {"microvm_id": base, "outcome": "ready"}
+    finally:
+        ready.join()
+    assert len(guest.calls("Process.List")) == lists + 1 and len(guest.calls("Process.Start")) == starts
 
 
 def test_the_products_cli_sees_the_fleet_and_stop_keeps_it_off(world, monkeypatch) -> None:

@@ -121,8 +121,9 @@ class World:
                     "AWS_SECRET_ACCESS_KEY": "testing", "AWS_SESSION_TOKEN": "testing", "AWS_REGION": "us-east-1",
                     "AWS_DEFAULT_REGION": "us-east-1"}
 
-    def publish_base(self, data: bytes, *, caps: bool = True, name: str = BASE) -> str:
-        """A version of the base, as ``rayito setup`` publishes it: its zip, content-addressed, in S3."""
+    def publish_base(self, data: bytes, *, caps: bool = True, name: str = BASE, **changed: Any) -> str:
+        """A version of the base, as ``rayito setup`` publishes it: its zip, content-addressed, in S3
+        (``changed``: members of the request given otherwise; None leaves one out)."""
         from rayito._images_publish_domain import IMAGE_HOOKS
 
         key = f"rayito/images/rayd-{hashlib.sha256(data).hexdigest()}.zip"
@@ -133,6 +134,7 @@ class World:
             "hooks": json.loads(json.dumps(IMAGE_HOOKS)), "cpuConfigurations": [{"architecture": "ARM_64"}],
             **({"additionalOsCapabilities": ["ALL"]} if caps else {}),
         }
+        request = {k: v for k, v in {**request, **changed}.items() if v is not None}
         if self.emulator.has_image(name):
             made = self.microvms.update_microvm_image(imageIdentifier=self.emulator.image_arn(name), **request)
         else:
@@ -333,6 +335,7 @@ def test_a_build_context_that_is_not_the_synthesized_one(world, monkeypatch) -> 
 
 @pytest.mark.parametrize("overrides, what", [
     ({"BuildContextSha256": None}, "BuildContextSha256 is missing or malformed"),
+    ({"BuildContextKey": ""}, "BuildContextKey is missing"),
     ({"ArtifactPrefix": "elsewhere/mi-agente"}, "ArtifactPrefix is missing or malformed"),
     ({"BaseImageVersion": "latest"}, "BaseImageVersion must be empty"),
     ({"Inherits": "{not json"}, "Inherits must be a JSON object"),
@@ -344,6 +347,77 @@ def test_bad_properties_are_refused_without_a_call(world, monkeypatch, overrides
     reason = failed(world.invoke(monkeypatch, world.event("Create", **overrides)))
     assert reason.startswith(f"refused: {what}")
     assert len(world.emulator.requests) == before and world.proxy.seen["s3:GET"] == 0
+
+
+def test_a_resource_of_another_image_is_refused_without_a_call(world, monkeypatch) -> None:
+    """The stack's map names the resource's image; a function made for another image (its
+    IMAGE_NAME) composes nothing for it."""
+    world.publish_base(base_zip())
+    world.env["IMAGE_NAME"] = "otra"
+    before = len(world.emulator.requests)
+    reason = failed(world.invoke(monkeypatch, world.event("Create")))
+    assert reason == "refused: the resource is not this function's image"
+    assert len(world.emulator.requests) == before and world.proxy.seen["s3:GET"] == 0
+
+
+@pytest.mark.parametrize("fault, said", [
+    ("AccessDenied", f"base image {BASE}: GetMicrovmImage: AccessDeniedException (HTTP 403)"),
+    ("unreachable", f"base image {BASE}: GetMicrovmImage: EndpointConnectionError"),
+])
+def test_the_base_image_cannot_be_read(world, monkeypatch, fault, said) -> None:
+    world.publish_base(base_zip())
+    if fault == "unreachable":  # nothing listens there: the connection is refused
+        world.env["AWS_ENDPOINT_URL_LAMBDA_MICROVMS"] = f"http://127.0.0.1:{_closed_port()}"
+    else:
+        world.emulator.inject("GetMicrovmImage", fault, times=None)
+    assert failed(world.invoke(monkeypatch, world.event("Create"))) == said
+
+
+def _closed_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def test_a_base_image_being_deleted_is_not_found(world, monkeypatch) -> None:
+    world.publish_base(base_zip())
+    world.microvms.delete_microvm_image(imageIdentifier=world.emulator.image_arn(BASE))
+    reason = failed(world.invoke(monkeypatch, world.event("Create")))
+    assert reason.startswith(f"base image {BASE}: not found in account {ACCOUNT} region us-east-1")
+    assert "ListMicrovmImageVersions" not in world.calls()
+
+
+def test_the_base_versions_cannot_be_read(world, monkeypatch) -> None:
+    world.publish_base(base_zip())
+    world.emulator.inject("ListMicrovmImageVersions", "AccessDenied", times=None)
+    reason = failed(world.invoke(monkeypatch, world.event("Create")))
+    assert reason == f"base image {BASE}: reading its versions: AccessDeniedException (HTTP 403)"
+
+
+def test_a_base_version_without_a_managed_base_version(world, monkeypatch) -> None:
+    world.publish_base(base_zip(), baseImageVersion=None)
+    reason = failed(world.invoke(monkeypatch, world.event("Create")))
+    assert reason == (f"base image {BASE} version 1.0: it declares no managed base (baseImageArn, baseImageVersion) "
+                      "to inherit")
+    assert world.proxy.seen["s3:GET"] == 1  # the build context; the base's zip is not read
+
+
+def test_s3_denies_the_base_zip(world, monkeypatch) -> None:
+    world.publish_base(base_zip())
+    world.proxy.fail("s3:GET", "AccessDenied", times=1, after=1)  # the build context is read first
+    reason = failed(world.invoke(monkeypatch, world.event("Create")))
+    key = f"rayito/images/rayd-{hashlib.sha256(base_zip()).hexdigest()}.zip"
+    assert reason == (f"base image {BASE} version 1.0: reading its zip s3://{BASE_BUCKET}/{key}: access denied (the "
+                      "composer reads rayito/images/* of the base's artifact bucket: give base_artifact_bucket)")
+
+
+def test_a_base_zip_whose_bucket_is_gone(world, monkeypatch) -> None:
+    uri = f"s3://rayito-artifacts-gone-{ACCOUNT}/rayito/images/rayd-0.zip"
+    world.publish_base(base_zip(), codeArtifact={"uri": uri})
+    reason = failed(world.invoke(monkeypatch, world.event("Create")))
+    assert reason == f"base image {BASE} version 1.0: reading its zip {uri}: NoSuchBucket (HTTP 404)"
 
 
 def test_out_of_time_is_said_before_cloudformation_waits(world, monkeypatch) -> None:

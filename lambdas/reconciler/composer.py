@@ -176,11 +176,9 @@ class Composer:
         self._time("GetMicrovmImage")
         try:
             image = self.aws.microvms.get_microvm_image(imageIdentifier=arn)
-        except ClientError as exc:
+        except (ClientError, BotoCoreError) as exc:
             if error_code(exc) == "ResourceNotFoundException":
                 raise Failure(self._no_image()) from None
-            raise Failure(f"{self.base}: GetMicrovmImage: {_aws_line(exc)}") from None
-        except BotoCoreError as exc:
             raise Failure(f"{self.base}: GetMicrovmImage: {_aws_line(exc)}") from None
         if str(image.get("state", "")) in ("DELETING", "DELETED"):
             raise Failure(self._no_image())
@@ -190,12 +188,10 @@ class Composer:
         except NotFoundException:
             raise Failure(f"{self.base}: no SUCCESSFUL and ACTIVE version to compose on (rayito image list-versions "
                           f"{r.base_name}; publish one, or pin a version)") from None
-        except ClientError as exc:
+        except (ClientError, BotoCoreError) as exc:
             if r.base_version is not None and error_code(exc) == "ResourceNotFoundException":
                 raise Failure(f"{self.base}: the pinned version {r.base_version} does not exist (give another "
                               "version, or none for the latest ACTIVE)") from None
-            raise Failure(f"{self.base}: reading its versions: {_aws_line(exc)}") from None
-        except BotoCoreError as exc:
             raise Failure(f"{self.base}: reading its versions: {_aws_line(exc)}") from None
 
     def _no_image(self) -> str:
@@ -207,17 +203,15 @@ class Composer:
         self._time("reading the base's zip")
         try:
             return fetch_base_artifact(self.aws, dict(version))
-        except BuildException as exc:
+        except BuildException as exc:  # uncovered: the service makes no version without an s3:// codeArtifact.uri (Q84)
             raise Failure(f"{label}: its codeArtifact cannot be read ({exc.reason or 'no s3:// URI'})") from None
-        except ClientError as exc:
+        except (ClientError, BotoCoreError) as exc:
             if error_code(exc) in ("NoSuchKey", "404", "NotFound"):
                 raise Failure(f"{label}: its zip {uri} is gone (rayito setup keeps base zips {BASE_ZIP_DAYS} days): "
                               "publish the base again, or compose at synth from the release zip (base_artifact)") from None
             if _denied(exc):
                 raise Failure(f"{label}: reading its zip {uri}: access denied (the composer reads rayito/images/* of "
                               "the base's artifact bucket: give base_artifact_bucket)") from None
-            raise Failure(f"{label}: reading its zip {uri}: {_aws_line(exc)}") from None
-        except BotoCoreError as exc:
             raise Failure(f"{label}: reading its zip {uri}: {_aws_line(exc)}") from None
 
     def run(self) -> dict[str, str]:

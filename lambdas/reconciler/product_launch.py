@@ -151,4 +151,5 @@ def _capture(launch: ProductLaunch, role: str, image_version: Optional[str], tim
                 access_token=launch.access_token, lifetime=fleet_lifetime(project, launch.scaling))
     except _Captured as captured:
         return captured.request
+    # uncovered: the product's create path always calls run_microvm, which _CapturePlane turns into _Captured
     raise RuntimeError("the product's launch path made no RunMicrovm request")

@@ -245,6 +245,28 @@ def _ours(fleet) -> Counter:
     return Counter(vm["state"] for vm in fleet.ours())
 
 
+def room_taken_from_the_base_vm(fleet, monkeypatch) -> tuple[str, str, float]:
+    """For min 1 / warm 1 / max 2 under an account's memory quota of 3 VMs: a client's VM of another
+    app, then two minutes of ticks (the base VM and the parked one); then a client ends the base
+    VM and another session of that app takes the room it freed, so base-0's next run is refused
+    for room (402). Returns the ended base VM, the parked VM and when the base VM was ended."""
+    client = fleet.emulator.direct_client(caller="client")
+    if not fleet.emulator.has_image("otra"):
+        fleet.emulator.create_image("otra", memory_mib=4096)
+    other = fleet.emulator.image_arn("otra")
+    client.run_microvm(imageIdentifier=other, clientToken="otra-0")
+    fleet.every_minute(monkeypatch, 2)
+    assert _ours(fleet) == {"RUNNING": 1, "SUSPENDED": 1}, _ours(fleet)
+    slots = fleet.ledger_slots()
+    base_vm, parked_vm = slots["base-0"]["microvm_id"], slots["warm-0"]["microvm_id"]
+    ended = fleet.clock.now()
+    fleet.emulator.terminating_seconds, fleet.emulator.terminated_linger_seconds = 0.1, 0.2
+    client.terminate_microvm(microvmIdentifier=base_vm)
+    fleet.clock.advance(1)
+    client.run_microvm(imageIdentifier=other, clientToken="otra-1")  # the room the base VM freed
+    return base_vm, parked_vm, ended
+
+
 def _ended_sessions(fleet, count: int) -> None:
     """``count`` client sessions of the image started and ended (TERMINATED VMs stay listed 20
     minutes), with the service's rate limits lifted meanwhile and put back after."""

@@ -16,7 +16,7 @@ from botocore.config import Config
 from lambdas.reconciler import index
 
 from .harness import RECONCILER_CALLER, deployed_fleet
-from .support import kill_a_tick_after
+from .support import kill_a_tick_after, room_taken_from_the_base_vm
 
 #: The client's read timeout in these tests (production: 15 s) and the emulator's delay past it: an
 #: ordinary answer of the in-process emulator is far below 2 s even on a loaded machine.
@@ -306,3 +306,51 @@ def test_a_conflict_naming_no_vm_on_an_in_doubt_retry_keeps_the_token(aws, monke
         # Listed before the retry returned it, the VM is told as a stray once, and never touched.
         assert not [r for r in fleet.emulator.requests if r.operation in ("SuspendMicrovm", "TerminateMicrovm")]
         assert not fleet.dead_letters() and len([e for r in runs for e in r.events("run_accepted")]) == 1
+
+
+
+def test_a_parked_vm_gone_before_its_suspend_is_not_suspended_again_in_the_tick(aws, monkeypatch) -> None:
+    """Both parked slots' VMs are warmed by the server; right after warm-0's suspend a client ends
+    warm-1's VM, gone from the service at once. Its suspend says 404: never sent again in the tick
+    (the server's warm answer would still read as RUNNING on every later step), and the next
+    tick replaces it."""
+    env = {"MIN_VMS": "1", "WARM_VMS": "2", "MAX_VMS": "5"}
+    with deployed_fleet(aws, env=env, pending_seconds=2, fresh_launches=0) as fleet:
+        gone: list[str] = []
+
+        def end_the_other(record) -> None:
+            if record.operation == "SuspendMicrovm" and record.caller == RECONCILER_CALLER and not gone:
+                (other,) = [s["microvm_id"] for s in fleet.ledger_slots().values()
+                            if s["role"] == "warm" and s["microvm_id"] != record.microvm_id]
+                gone.append(other)
+                fleet.emulator.terminating_seconds = fleet.emulator.terminated_linger_seconds = 0.01
+                fleet.emulator.direct_client(caller="client").terminate_microvm(microvmIdentifier=other)
+                fleet.clock.advance(0.1)
+
+        fleet.emulator.subscribe(end_the_other)
+        fleet.invoke(monkeypatch)
+        suspends = [r for r in fleet.emulator.requests if r.operation == "SuspendMicrovm" and r.caller == RECONCILER_CALLER]
+        assert [r.status for r in suspends if r.microvm_id == gone[0]] == [404]
+        fleet.clock.advance(60)
+        fleet.every_minute(monkeypatch, 1)
+        assert Counter(vm["state"] for vm in fleet.live()) == {"RUNNING": 1, "SUSPENDED": 2}
+
+
+
+def test_a_handover_whose_resume_fails_is_resumed_again(aws, monkeypatch) -> None:
+    """base-0's VM ends and a client's VM of another image takes the room it freed: base-0's run is
+    refused for room (402), so it takes the parked slot's SUSPENDED VM (a handover) and resumes
+    it. That ResumeMicrovm fails (500): base-0 holds a VM still SUSPENDED, and the next step
+    resumes it again (no donor now: the VM is already base-0's), which serves as base-0's VM."""
+    env = {"MIN_VMS": "1", "WARM_VMS": "1", "MAX_VMS": "2", "IDLE_SECONDS": ""}
+    with deployed_fleet(aws, env=env, pending_seconds=2, memory_quota_mib=3 * 4096) as fleet:
+        _, parked_vm, _ = room_taken_from_the_base_vm(fleet, monkeypatch)
+        fleet.emulator.inject("ResumeMicrovm", "InternalServer", times=1, caller=RECONCILER_CALLER)
+        run = fleet.invoke(monkeypatch)
+        assert [e["donor"] for e in run.events("vm_handed_over")] == ["warm-0"]
+        resumes = [r.status for r in fleet.emulator.requests
+                   if r.operation == "ResumeMicrovm" and r.caller == RECONCILER_CALLER and r.microvm_id == parked_vm]
+        assert resumes == [500, 200]
+        base = fleet.ledger_slots()["base-0"]
+        assert (base["microvm_id"], base["phase"], base["handover_from"]) == (parked_vm, "running", None)
+        assert fleet.emulator.state_of(parked_vm) == "RUNNING"

@@ -55,6 +55,7 @@ from .support import (
     error_answer,
     leaked,
     on_every_build,
+    room_taken_from_the_base_vm,
     sqs_client_of,
 )
 
@@ -276,21 +277,7 @@ def test_a_base_slot_without_room_gets_a_vm_when_warm_vms_is_lowered(aws, monkey
     drain = True
     catch_crashes(monkeypatch)
     with deployed_fleet(aws, env=_shape(1, 1, 2), pending_seconds=2, memory_quota_mib=3 * 4096) as fleet:
-        client = fleet.emulator.direct_client(caller="client")
-        if not fleet.emulator.has_image("otra"):
-            fleet.emulator.create_image("otra", memory_mib=4096)
-        other = fleet.emulator.image_arn("otra")
-        client.run_microvm(imageIdentifier=other, clientToken="otra-0")
-        fleet.every_minute(monkeypatch, 2)
-        assert _ours(fleet) == {"RUNNING": 1, "SUSPENDED": 1}, _ours(fleet)
-        base_vm = fleet.ledger_slots()["base-0"]["microvm_id"]
-        parked_vm = fleet.ledger_slots()["warm-0"]["microvm_id"]
-        ended = fleet.clock.now()
-        fleet.emulator.terminating_seconds = 0.1
-        fleet.emulator.terminated_linger_seconds = 0.2
-        client.terminate_microvm(microvmIdentifier=base_vm)
-        fleet.clock.advance(1)
-        client.run_microvm(imageIdentifier=other, clientToken="otra-1")  # the room the base VM freed
+        _, parked_vm, ended = room_taken_from_the_base_vm(fleet, monkeypatch)
         if drain:
             fleet.env["WARM_VMS"] = "0"
         fleet.every_minute(monkeypatch, 3)

@@ -9,7 +9,7 @@ from typing import Any, Optional
 import pytest
 
 from lambdas.reconciler import core
-from lambdas.reconciler.core import BASE, DEAD, MEMBER, PARKED, PARKING, QUEUED, RUNNING, STARTING, WARM, FleetSpec
+from lambdas.reconciler.core import BASE, DEAD, MEMBER, PARKED, PARKING, QUEUED, RUNNING, SERVING, STARTING, WARM, FleetSpec
 from lambdas.reconciler.core import Observed as VM
 from lambdas.reconciler.core import Slot
 
@@ -322,3 +322,39 @@ def test_a_parked_slots_vm_listed_suspending_is_parking() -> None:
     assert plan.slots["warm-0"].phase == PARKING and plan.intents == []
     plan = core.plan(spec(0, 1, 1), plan.slots, [seen("SUSPENDED", "w0", 100.0)], 107.0)
     assert plan.slots["warm-0"].phase == PARKED and told(plan) == ["vm_parked"]
+
+
+# ------------------------------------------------------------------------------ ask the server
+
+
+@pytest.mark.parametrize("row, state, asked", [
+    (base(0, "b0", phase=SERVING), "RUNNING", True),
+    (warm(0, "w0", phase=STARTING), "RUNNING", True),
+    # A VM we are ending for another reason is not served (its end is asked for already).
+    (warm(0, "w0", phase=STARTING, ending="above_max_vms", end_requested_at=NOW - 1), "RUNNING", False),
+    # A parked slot's VM parking or parked already: a client's take serves it.
+    (warm(0, "w0", phase=PARKING, parking_since=NOW - 1), "SUSPENDING", False),
+    (warm(0, "w0", phase=PARKED), "SUSPENDED", False),
+])
+def test_the_server_is_asked_about_a_vm_that_serves_nobody_yet(row, state, asked) -> None:
+    plan = core.plan(spec(0, 3, 1, serve=True), ledger(row), [seen(state, row.microvm_id)], NOW)
+    assert intents(plan, "serve") == ([("serve", row.slot_id, row.microvm_id)] if asked else [])
+
+
+# ------------------------------------------------------------------------------ rayd's deadline
+
+
+@pytest.mark.parametrize("asked_ago, ended", [
+    (None, True),
+    (1.0, False),  # asked a second ago: a look could not show its end yet
+    (core.CONSISTENCY_SECONDS, True),  # asked again once a look could have shown it
+])
+def test_a_replaced_vm_past_its_deadline_is_ended_once_until_a_look_could_show_it(asked_ago, ended) -> None:
+    """A served fleet at max_vms: base-0's successor b1 runs, and the VM it replaces (b0) is past
+    its end (rayd ended its agents) yet listed RUNNING, holding the room."""
+    row = base(0, "b1", vm_started_at=NOW - 100, retiring_id="b0", retiring_ends_at=NOW - 5,
+               retiring_end_asked_at=None if asked_ago is None else NOW - asked_ago)
+    look = [seen("RUNNING", "b1", NOW - 100), seen("RUNNING", "b0", NOW - 28_805)]
+    plan = core.plan(spec(1, 2, 0, serve=True, rayd_deadline=True), ledger(row), look, NOW)
+    ends = [(i.microvm_id, i.reason) for i in plan.intents if i.kind == "terminate"]
+    assert ends == ([("b0", "past_deadline")] if ended else [])

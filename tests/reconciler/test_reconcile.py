@@ -145,6 +145,28 @@ def test_clients_take_warm_slots_and_the_pool_refills(emulator, tables, clock) -
     assert len(live(emulator)) == 4
 
 
+def test_a_refused_peek_is_told_and_the_step_lists_instead(emulator, tables, clock) -> None:
+    """A client takes a parked slot's VM; its refill starts slowly (PENDING 12 s): the suspend
+    sent on the assumption is refused (409) and the next steps look at the VM alone (GetMicrovm,
+    a peek). The first peek is refused (500): told, the step lists instead of planning on a look
+    it does not have, and the refill is parked in the tick all the same."""
+    r = reconciler(emulator, tables, clock, min_vms=1, max_vms=4, warm_vms=2)
+    tick(r, clock)
+    clock.advance(1)
+    parked = [vm["microvmId"] for vm in emulator.microvms() if vm["state"] == "SUSPENDED"]
+    microvms_client(emulator.endpoint_url).resume_microvm(microvmIdentifier=parked[0])
+    clock.advance(60)
+    emulator.inject("GetMicrovm", "InternalServer", times=1)
+    tick(r, clock)
+    refused = [q for q in emulator.requests if q.operation == "GetMicrovm" and q.status == 500]
+    assert len(refused) == 1
+    assert [e["code"] for e in events(r, "api_error") if e["operation"] == "GetMicrovm"] == ["InternalServerException"]
+    lists = [q.time for q in emulator.requests if q.operation == "ListMicrovms"]
+    assert [t for t in lists if 0 <= t - refused[0].time < 1]  # listed in the same step
+    clock.advance(1)
+    assert Counter(vm["state"] for vm in emulator.microvms()) == {"RUNNING": 2, "SUSPENDED": 2}
+
+
 def test_expiry_replacement_without_a_dip(emulator, tables, clock) -> None:
     r = reconciler(emulator, tables, clock, min_vms=2, max_vms=4, warm_vms=0, max_lifetime_seconds=1200,
                    successor_lead_seconds=300)
@@ -580,3 +602,4 @@ def test_without_room_for_new_vms_base_slots_take_parked_vms_first() -> None:
     assert sorted(kinds(core.plan(spec, slots, seen, 100.0 + core.ROOM_REFUSED_SECONDS))) == [("run", "base-1"),
                                                                                              ("run", "warm-1")]
     assert kinds(core.plan(spec, slots, seen, 200.0, no_room=True)) == [("resume", "base-1")]
+

@@ -200,3 +200,36 @@ def test_an_ask_lambda_refuses_is_told_and_asked_again_once_the_server_is_there(
         fleet.clock.advance(60)
         fleet.every_minute(monkeypatch, 1)
         assert len(serving(fleet)) == 1 and len(fleet.server.served) == 1
+
+
+def test_a_reconciler_without_a_server_says_so_and_counts_no_vm_as_serving(aws, monkeypatch) -> None:
+    """An environment without ``SERVER_FUNCTION`` (the construct always sets one): the base VM is
+    started and its ask written down, but nothing is invoked; the tick says why, and the VM is
+    not counted as serving."""
+    from .harness import deployed_fleet, serving
+
+    with deployed_fleet(aws, env={"MIN_VMS": "1", "WARM_VMS": "0", "MAX_VMS": "2", "SERVER_FUNCTION": ""},
+                        pending_seconds=2) as fleet:
+        run = fleet.invoke(monkeypatch, timeout=20.0)
+        (vm,) = fleet.live()
+        told = run.events("serve_not_asked")
+        assert told and {(e["microvm_id"], e["reason"]) for e in told} == {(vm["microvmId"], "this reconciler has no server")}
+        assert not run.events("serve_asked") and not fleet.server.served and not serving(fleet)
+        assert fleet.ledger_slots()["base-0"]["serve_asked_at"] is not None
+
+
+def test_a_tick_whose_access_token_cannot_be_read_starts_nothing_and_says_why(aws, monkeypatch) -> None:
+    """A recipe to keep, but the fleet's token gone (deleted by hand): a VM started now would
+    carry a token no client has. The tick makes no MicroVMs call and says why."""
+    from ..moto_server import client
+    from .harness import deployed_fleet
+
+    with deployed_fleet(aws, env={"MIN_VMS": "1", "WARM_VMS": "0", "MAX_VMS": "2"}) as fleet:
+        # This environment's recipe deployed as it is (the fixture wrote it), then the token deleted.
+        fleet._environment, fleet._built_env = fleet.reconciler(monkeypatch), (dict(fleet.env), True)
+        client("secretsmanager", aws).delete_secret(SecretId=fleet.env["ACCESS_TOKEN_SECRET"],
+                                                    ForceDeleteWithoutRecovery=True)
+        run = fleet.invoke(monkeypatch)
+        why = "access_token_unreadable:secretsmanager:ResourceNotFoundException"
+        assert run.result == {"fleet": fleet.fleet, "skipped": "access_token_unreadable", "reason": why}
+        assert run.calls == {} and fleet.live() == []

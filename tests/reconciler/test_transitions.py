@@ -464,6 +464,9 @@ def test_a_handover_is_served_as_a_base_slot() -> None:
     # A logical deadline that pauses instead of killing does not end the VM.
     ({"maximumDurationInSeconds": 3660, "runHookPayload": '{"lifecycle": {"timeout_s": 3600, "on_timeout": "pause"}}'}, 3660),
     ({"maximumDurationInSeconds": 900, "runHookPayload": "not json"}, 900),
+    # The service's cap comes first when the logical deadline is later, or not a number of seconds.
+    ({"maximumDurationInSeconds": 900, "runHookPayload": '{"lifecycle": {"timeout_s": 3600, "on_timeout": "kill"}}'}, 900),
+    ({"maximumDurationInSeconds": 900, "runHookPayload": '{"lifecycle": {"timeout_s": "600", "on_timeout": "kill"}}'}, 900),
     ({}, 28_800),
 ])
 def test_a_vm_serves_until_its_logical_deadline(request_, life) -> None:
