@@ -17,22 +17,18 @@ from rayito_constructs import AgentProject, FleetStack
 from rayito_constructs.model.product import canonical_json
 
 from .cdk_helpers import new_app, stack_props
-from .projects import write_project
+from .projects import scratch, write_project
 from .recipe_writer_helpers import CFN_HOST, CloudFormationEndpoint, FaultProxy
 
 STACK_ID = "arn:aws:cloudformation:us-east-1:123456789012:stack/MiAgente/0d5c5a40-0000-11f0-9000-0a1b2c3d4e5f"
 FUNCTION_ARN = "arn:aws:lambda:us-east-1:123456789012:function:MiAgente-RayitoRecipeWriterFunction-abc"
 NAME = "/rayito/agents/mi-agente/recipe"
 BUILT_VERSION = "3"
-_FOLDERS: list[Path] = []
 
 
 def project(folder_name: str = "mi-agente", **tables: Any) -> AgentProject:
     """A product project named mi-agente (or another fleet) with ``tables`` over the base."""
-    import tempfile
-
-    root = Path(tempfile.mkdtemp(prefix="recipe-writer-"))
-    _FOLDERS.append(root)
+    root = scratch("recipe-writer-")
     flags = tables.pop("flags", {})
     tables.setdefault("env", {"GREETING": "Hola", "LOG_LEVEL": "info"})
     return AgentProject.load(write_project(root / folder_name, name=folder_name, tables=tables, dockerfile=True), **flags)

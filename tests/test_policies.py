@@ -599,9 +599,6 @@ def test_a_gateway_secret_under_the_webhook_prefix_is_refused_by_name_or_arn() -
 
 def _toml_project(name: str, toml: str) -> AgentProject:
     """A product project with ``toml`` (text) over the base: tables of arrays as written."""
-    import tempfile
-    from pathlib import Path
+    from .projects import scratch, write_project
 
-    from .projects import write_project
-
-    return AgentProject.load(write_project(Path(tempfile.mkdtemp(prefix="secrets-")) / name, name=name, toml=toml))
+    return AgentProject.load(write_project(scratch("secrets-") / name, name=name, toml=toml))

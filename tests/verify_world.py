@@ -25,7 +25,6 @@ import json
 import os
 import re
 import shutil
-import tempfile
 import time
 import uuid
 import zipfile
@@ -40,6 +39,7 @@ from moto.core.common_models import CloudFormationModel
 from rayito_constructs.testing import MicrovmsEmulator
 from rayito_constructs.verify import Options, verify
 
+from .projects import scratch
 from .verify_fakes import IamSimulator, ImageVersions, ServiceQuotas
 
 ACCOUNT = "123456789012"
@@ -47,7 +47,7 @@ REGION = "us-east-1"
 _CURRENT: dict[str, "World"] = {}
 _SHARED: dict[str, Any] = {}
 _SYNTH_CACHE: dict[str, "Assembly"] = {}
-_SYNTH_ROOT = Path(tempfile.mkdtemp(prefix="verify-synth-"))
+_SYNTH_ROOT = scratch("verify-synth-")
 
 
 def _camel(key: str) -> str:
