@@ -42,6 +42,7 @@ from .core import (
     Slot,
     to_confirm,
     unlisted_warm,
+    watch_news,
     watch_order,
 )
 from .ports import Shell
@@ -154,7 +155,10 @@ class Looks:
         return list(out.values())
 
     def list_view(self) -> list[Observed]:
-        return self.view(Source.LIST, Source.RUN, Source.FACT)
+        """The last list with every word on its VMs since: a read (a peek, the watch), a run's
+        answer, the server's: a plan on it must not take a list made before the watch saw our
+        suspend land for news (RUNNING on a parked slot is a client's take)."""
+        return self.view(Source.LIST, Source.RUN, Source.PEEK, Source.FACT)
 
     def facts_seen(self, facts: Mapping[str, Ready], slots: Mapping[str, Slot], now: float) -> None:
         """The server's answers as looks: a VM it found ready was RUNNING when it said so."""
@@ -203,7 +207,7 @@ class Looks:
         if answers_only and listed_age is not None and listed_age <= PEEK_TTL_SECONDS:
             # Woken only for the server's answers (the ledger, read already): the last list with
             # them, ending and resuming nothing on it (a client may have taken a parked VM since).
-            return Choice(self.view(Source.LIST, Source.RUN, Source.PEEK, Source.FACT), suspends_only=True)
+            return Choice(self.list_view(), suspends_only=True)
         if ready and listed_age is not None and listed_age <= OBSERVATION_TTL_SECONDS:
             return Choice(self.list_view())
         if ready and (looked := self.last_look(now, parking_only)) is not None:
@@ -224,7 +228,7 @@ class Looks:
         at = self.last_look_at()
         if at is None or now - at > (PEEK_TTL_SECONDS if parking_only else OBSERVATION_TTL_SECONDS):
             return None
-        return self.view(Source.LIST, Source.RUN, Source.PEEK, Source.FACT) if self.peeked_at is not None else self.list_view()
+        return self.list_view()
 
     def list_image(self, now: float) -> list[Observed] | Deferral:
         """Every page of the image's VMs (TERMINATED ones stay listed 20 minutes: churn multiplies
@@ -316,35 +320,38 @@ class Looks:
         if not read:  # nothing read (every VM assumed RUNNING): not a look of its own
             return self.list_view()
         self.peeked_at = now
-        return self.view(Source.LIST, Source.RUN, Source.PEEK, Source.FACT)
+        return self.list_view()
 
-    def watch(self, vm_ids: Iterable[str]) -> list[Observed]:
-        """GetMicrovm on the parked slots' VMs, the one read longest ago first
-        (:func:`.core.watch_order`), until one shows it is no longer SUSPENDED (a client took it,
-        it ended; GONE when the service no longer knows it): that one (recorded as a look) is
-        returned at once, and the fresh list that follows shows the others. A token of the shared
-        bucket reserved a moment ahead is waited for (within the tick); with none, or an error,
-        the watch stops there, keeping what it read (the next watch starts with the VMs this one
-        did not reach). Empty: nothing changed, or nothing could be read now."""
-        ids = list(vm_ids)
-        for vm_id in watch_order(ids, {vm: max(self.watched_at.get(vm, float("-inf")), self.read_at(vm)) for vm in ids}):
+    def watch(self, slots: Mapping[str, Slot]) -> tuple[list[Observed], list[Observed]]:
+        """GetMicrovm on the VMs the watch looks at (``slots``, by VM id: :func:`.core.watched_vms`),
+        the one read longest ago first (:func:`.core.watch_order`), until one read is news
+        (:func:`.core.watch_news`: a client took it, it ended; GONE when the service no longer knows
+        it): that one (recorded as a look) is returned at once, and the fresh list that follows
+        shows the others. A token of the shared bucket reserved a moment ahead is waited for
+        (within the tick); with none, or an error, the watch stops there, keeping what it read (the
+        next watch starts with the VMs this one did not reach). Returns the news (empty: nothing
+        changed, or nothing could be read now) and every VM read."""
+        read: list[Observed] = []
+        last = {vm: max(self.watched_at.get(vm, float("-inf")), self.read_at(vm)) for vm in slots}
+        for vm_id in watch_order(slots, last):
             if not self._watch_token(self.shell.now()):
-                return []
+                return [], read
             at = self.shell.now()
             got = self.get(vm_id, at)
             if isinstance(got, answers.ClientError) and answers.error_code(got) == "ResourceNotFoundException":
                 got = Observed(vm_id, GONE, 0.0, reason="not_found")
             elif isinstance(got, answers.ClientError):
                 self.admission.refused("GetMicrovm", answers.failure(got), at)
-                return []
+                return [], read
             elif isinstance(got, answers.BotoCoreError):
                 self.shell.emit({"event": "api_error", "operation": "GetMicrovm", "code": type(got).__name__})
-                return []
+                return [], read
             self.watched_at[vm_id] = at
-            if got.state != "SUSPENDED":
-                self.record(Source.PEEK, vm_id, got, at)
-                return [got]
-        return []
+            self.record(Source.PEEK, vm_id, got, at)
+            read.append(got)
+            if watch_news(slots[vm_id], got, at):
+                return [got], read
+        return [], read
 
     def _watch_token(self, now: float) -> bool:
         """A token of the watch's bucket now, or after a wait for one reserved a moment ahead

@@ -63,10 +63,11 @@ class TickState:
     dues: list[float] = field(default_factory=list)  # when the last plan found a step worth overtime
     woken_for_answers: bool = False  # this step woke only to read the server's answers
     answers_at: Optional[float] = None  # when the last plan expects the server's next answer
-    parked: list[str] = field(default_factory=list)  # the parked slots' VMs after the last plan (watched)
+    parked: dict[str, Slot] = field(default_factory=dict)  # the VMs the watch looks at, with their slots (core.watched_vms)
     woken_for_watch: bool = False  # this step woke only to watch them
     watched_at: Optional[float] = None  # when a watch last read them (a fresh list reads them too)
     watched: list[Observed] = field(default_factory=list)  # ... and what the watch saw change
+    waits: list[Wait] = field(default_factory=list)  # the last step's waits but the watch's (a watch step keeps them)
 
 
 @dataclass
@@ -210,6 +211,8 @@ class Reconciler:
                     result.waits += [Wait(at, Reason.OWED) for at in self.state.dues]
                 steps += 1
                 result.listed = self.list_calls != lists
+                if self.state is not None:
+                    self.state.waits = [w for w in result.waits if w.reason != Reason.WATCH]
                 if self.state is not None and not self.state.admission.demand:
                     # A step waiting for tokens is not woken to watch (asked again on each wake, the
                     # shared buckets gave other fleets' runs first: 300 fleets converged 22 s later).
@@ -386,23 +389,41 @@ class Reconciler:
         serve_waits = [w.at for w in result.waits if w.reason in (Reason.SERVE, Reason.SERVED)]
         state.answers_at = min(serve_waits) if serve_waits else None
         result.booked = bool(admission.booked())
-        state.parked = sorted(s.microvm_id for s in step.slots.values()
-                              if s.role == core.WARM and s.phase == core.PARKED and s.microvm_id)
+        state.parked = core.watched_vms(step.slots.values())
         return result
 
     def _watch(self, state: TickState, now: float) -> Optional[StepResult]:
-        """A step woken only to watch the parked slots' VMs: their GetMicrovm; nothing changed (or
-        no answer now), the step ends there and the next watch is due; a take makes it list
-        afresh and plan (None)."""
+        """A step woken only to watch the parked slots' VMs: their GetMicrovm; a suspend seen landed
+        is written (the slot parked); nothing else new (or no answer now), the step ends there and
+        the next watch is due; a take makes it list afresh and plan (None)."""
         if not (state.woken_for_watch and state.parked):
             return None
-        watched = state.looks.watch(state.parked)
+        news, read = state.looks.watch(state.parked)
         state.watched_at = now
-        if not watched:
-            return self._carry(state, now, None)
-        state.watched = watched
+        self._parked_by_watch(state, read)
+        if not news:
+            # Nothing else was due (woken for the watch alone): the last step's waits stand. Carried
+            # as owed only, a server's answer due 3 s later waited for the next watch (5 s).
+            return StepResult(now, list(state.waits), booked=bool(state.admission.booked()))
+        state.watched = news
         state.looks.listed_at = None  # a client took one: a fresh list before the plan refills it
         return None
+
+    def _parked_by_watch(self, state: TickState, read: list[Observed]) -> None:
+        """The parking slots whose VM the watch read SUSPENDED: parked, in one fenced write
+        (:func:`.core.parked_by_watch`), so a take of it is news to the next look."""
+        now = self.now()
+        changes = [c for vm in read if vm.microvm_id in state.parked
+                   and (c := core.parked_by_watch(self.spec, state.parked[vm.microvm_id], vm, now)) is not None]
+        parked = [c.slot for c in changes if c.slot is not None]
+        if not parked:
+            return
+        self.write({}, parked)
+        for slot in parked:
+            state.parked[slot.microvm_id or ""] = slot
+        for change in changes:
+            for told in change.events:
+                self.emit(told)
 
     def _watch_next(self, result: StepResult, state: TickState) -> None:
         """The next look at the parked slots' VMs, added to every step's waits while the tick

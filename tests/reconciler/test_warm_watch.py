@@ -6,7 +6,7 @@ records (ground truth)."""
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from .harness import act_during_sleep, deployed_fleet
 
@@ -36,10 +36,29 @@ def _take_at(fleet: Any, at: float, parked: dict[str, Any]) -> list[float]:
     return took
 
 
+def _during_sleeps(fleet: Any, actions: list[tuple[float, Callable[[], None]]]) -> list[float]:
+    """Like ``act_during_sleep``, for several actions in one tick, each at its time (or when the
+    sleep that spans it begins); returns when each ran."""
+    done: list[float] = []
+    advance = fleet.clock.advance
+
+    def sleep(seconds: float) -> None:
+        wake = fleet.clock.now() + seconds
+        while len(done) < len(actions) and wake >= actions[len(done)][0]:
+            advance(max(0.0, actions[len(done)][0] - fleet.clock.now()))
+            done.append(fleet.clock.now())
+            actions[len(done) - 1][1]()
+        advance(max(0.0, wake - fleet.clock.now()))
+
+    fleet._environment.sleep = sleep
+    return done
+
+
 def test_a_take_during_a_tick_is_refilled_within_seconds(aws, monkeypatch) -> None:
     """A client resumes the parked VM 20 s into a tick: with the watch (5 s) a new VM is parked
     within 12 s of the take (the watch's period, a fresh list, PENDING, the warming, SUSPENDING),
-    in the same tick."""
+    in the same tick; the watch goes on with the new VM, and its read of it SUSPENDED parks the
+    slot in the tick (``vm_parked``)."""
     with deployed_fleet(aws, env={**SPEC, "WATCH_SECONDS": "5"}, pending_seconds=2) as fleet:
         fleet.every_minute(monkeypatch, 2)
         (parked,) = _parked(fleet)
@@ -51,7 +70,35 @@ def test_a_take_during_a_tick_is_refilled_within_seconds(aws, monkeypatch) -> No
         refilled = _refilled_at(fleet, took[0], parked["microvmId"])
         assert refilled is not None and refilled - took[0] <= 12.0, (took, refilled)
         assert invocation.calls.get("RunMicrovm") == 1 and invocation.calls.get("SuspendMicrovm") == 1
-        assert 3 <= invocation.calls.get("GetMicrovm", 0) <= 6, invocation.calls  # one per 5 s until the take
+        assert 9 <= invocation.calls.get("GetMicrovm", 0) <= 12, invocation.calls  # one per 5 s, 57 s of the minute
+        (refill,) = [vm for vm in _parked(fleet) if vm["microvmId"] != parked["microvmId"]]
+        assert [e["microvm_id"] for e in invocation.events("vm_parked")] == [refill["microvmId"]]
+
+
+def test_a_take_of_the_refill_in_the_same_tick_is_refilled_within_seconds(aws, monkeypatch) -> None:
+    """The refill of a take is watched from its park on: a client that takes it 20 s after the
+    first take, in the same tick, is refilled within 12 s as well (not at the next tick's list,
+    nor after the park grace of 30 s its unwatched suspend would have waited for). ``max_vms`` 4:
+    room for the base VM, the two taken and the refill."""
+    with deployed_fleet(aws, env={**SPEC, "MAX_VMS": "4", "WATCH_SECONDS": "5"}, pending_seconds=2) as fleet:
+        fleet.every_minute(monkeypatch, 2)
+        (parked,) = _parked(fleet)
+        start = fleet.clock.now()
+        client = fleet.emulator.direct_client(caller="client")
+        taken: list[str] = []
+
+        def take() -> None:
+            (vm,) = _parked(fleet)
+            client.resume_microvm(microvmIdentifier=vm["microvmId"])
+            taken.append(vm["microvmId"])
+
+        took = _during_sleeps(fleet, [(start + 15, take), (start + 35, take)])
+        invocation = fleet.invoke(monkeypatch)
+        assert len(took) == 2 and taken[0] == parked["microvmId"], (took, taken)
+        fleet.clock.advance(5)
+        refilled = _refilled_at(fleet, took[1], taken[1])
+        assert refilled is not None and refilled - took[1] <= 12.0, (took, refilled)
+        assert invocation.calls.get("RunMicrovm") == 2, invocation.calls
 
 
 def test_without_the_watch_a_take_waits_for_the_next_ticks_list(aws, monkeypatch) -> None:

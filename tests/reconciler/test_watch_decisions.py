@@ -39,6 +39,64 @@ def test_the_watch_looks_first_at_the_vm_read_longest_ago() -> None:
     assert core.watch_order(["x", "y"], {}) == ["x", "y"]  # ties keep the order given
 
 
+def _slot(phase: core.Phase, vm: str = "vm-1", role: core.Role = core.WARM, parking_since: Optional[float] = 100.0,
+          park_doubt_since: Optional[float] = None) -> core.Slot:
+    return core.Slot("warm-0", role, phase=phase, microvm_id=vm, parking_since=parking_since,
+                     park_doubt_since=park_doubt_since)
+
+
+@pytest.mark.parametrize(("slot", "watched"), [
+    (_slot(core.PARKED), True),
+    (_slot(core.PARKING), True),  # our suspend accepted: a client can take it once it lands
+    (_slot(core.PARKING, parking_since=None), False),  # suspend not sent, or refused
+    (_slot(core.PARKING, park_doubt_since=99.0), False),  # its answer lost: the plan settles the doubt
+    (_slot(core.STARTING), False),
+    (_slot(core.PARKED, role=core.BASE), False),
+    (_slot(core.PARKED, vm=""), False),
+])
+def test_the_watch_looks_at_parked_vms_and_those_whose_suspend_was_accepted(slot, watched) -> None:
+    assert core.watched_vms([slot]) == ({"vm-1": slot} if watched else {})
+
+
+def test_the_watched_vms_come_in_id_order() -> None:
+    slots = [_slot(core.PARKED, vm) for vm in ("c", "a", "b")]
+    assert list(core.watched_vms(slots)) == ["a", "b", "c"]
+
+
+@pytest.mark.parametrize(("phase", "state", "read_at", "news"), [
+    (core.PARKED, "SUSPENDED", 200.0, False),
+    (core.PARKED, "PENDING", 200.0, True),  # a client's resume
+    (core.PARKED, "RUNNING", 200.0, True),
+    (core.PARKED, core.GONE, 200.0, True),
+    (core.PARKED, "TERMINATED", 200.0, True),
+    (core.PARKING, "SUSPENDING", 101.0, False),  # our suspend, under way
+    (core.PARKING, "SUSPENDED", 102.0, False),
+    (core.PARKING, "RUNNING", 100.3, False),  # the read has not caught up with the suspend
+    (core.PARKING, "RUNNING", 130.0, False),  # ... within the park grace, the plan would wait too
+    (core.PARKING, "RUNNING", 130.5, True),  # past it: a client's
+    (core.PARKING, "TERMINATING", 101.0, True),  # a failed /suspend hook ends the VM
+])
+def test_a_read_is_news_when_the_plan_would_act_on_it(phase, state, read_at, news) -> None:
+    assert core.PARK_GRACE_SECONDS == 30.0
+    assert core.watch_news(_slot(phase), core.Observed("vm-1", state, 0.0), read_at) is news
+
+
+@pytest.mark.parametrize(("phase", "state", "vm", "parks"), [
+    (core.PARKING, "SUSPENDED", "vm-1", True),
+    (core.PARKING, "SUSPENDING", "vm-1", False),  # not landed yet
+    (core.PARKING, "SUSPENDED", "vm-2", False),  # another slot's VM
+    (core.PARKED, "SUSPENDED", "vm-1", False),  # parked already: nothing to write
+])
+def test_a_suspend_the_watch_saw_land_parks_the_slot(phase, state, vm, parks) -> None:
+    change = core.parked_by_watch(core.FleetSpec(fleet="f", image_arn="arn:image", min_vms=1, max_vms=3, warm_vms=1),
+                                  _slot(phase), core.Observed(vm, state, 0.0), 105.0)
+    if not parks:
+        assert change is None
+        return
+    assert change is not None and change.slot is not None and change.slot.phase == core.PARKED
+    assert [e["event"] for e in change.events] == ["vm_parked"] and not change.intents
+
+
 # ------------------------------------------------------------------ Looks.watch, scripted
 
 
@@ -114,12 +172,17 @@ def _looks(states: dict[str, str], admission: _Admission) -> tuple[Looks, _Shell
     return Looks(shell, admission, _Deadline(), set()), shell  # type: ignore[arg-type]
 
 
+def _parked(*vm_ids: str) -> dict[str, core.Slot]:
+    """Parked slots holding ``vm_ids``, as the watch is given them (by VM id)."""
+    return {vm: core.Slot(f"warm-{i}", core.WARM, phase=core.PARKED, microvm_id=vm) for i, vm in enumerate(vm_ids)}
+
+
 def test_a_take_is_kept_when_the_bucket_runs_dry_after_it() -> None:
     """The first VM looked at was taken: returned at once (the list that follows shows the others),
     with no token spent on the rest."""
     looks, shell = _looks({"a": "RUNNING", "b": "SUSPENDED"}, _Admission(grants=1))
-    (seen,) = looks.watch(["a", "b"])
-    assert seen.microvm_id == "a" and seen.state == "RUNNING" and shell.asked == ["a"]
+    (seen,), read = looks.watch(_parked("a", "b"))
+    assert seen.microvm_id == "a" and seen.state == "RUNNING" and shell.asked == ["a"] and read == [seen]
     assert looks.look("a", Source.PEEK) is not None
 
 
@@ -128,11 +191,11 @@ def test_the_next_watch_starts_where_a_dry_bucket_stopped_this_one() -> None:
     longest ago: never), and sees its take."""
     admission = _Admission(grants=1)
     looks, shell = _looks({"a": "SUSPENDED", "b": "SUSPENDED"}, admission)
-    assert looks.watch(["a", "b"]) == [] and shell.asked == ["a"]
+    assert looks.watch(_parked("a", "b"))[0] == [] and shell.asked == ["a"]
     shell.states["b"] = "RUNNING"
     admission.grants = 1
     shell.clock += 5
-    (seen,) = looks.watch(["a", "b"])
+    (seen,), _ = looks.watch(_parked("a", "b"))
     assert seen.microvm_id == "b" and shell.asked == ["a", "b"]
 
 
@@ -140,7 +203,7 @@ def test_a_token_reserved_a_moment_ahead_is_waited_for() -> None:
     """The bucket reserves the token 0.4 s ahead: the watch waits for it and looks."""
     admission = _Admission(grants=0, after=Deferral(WATCH_OPERATION, 0.4, "reserved"))
     looks, shell = _looks({"a": "RUNNING"}, admission)
-    (seen,) = looks.watch(["a"])
+    (seen,), _ = looks.watch(_parked("a"))
     assert seen.microvm_id == "a" and shell.clock == pytest.approx(100.4)
 
 
@@ -148,7 +211,7 @@ def test_a_token_reserved_past_the_ticks_bound_is_not_waited_for() -> None:
     admission = _Admission(grants=0, after=Deferral(WATCH_OPERATION, 0.4, "reserved"))
     looks, shell = _looks({"a": "RUNNING"}, admission)
     looks.deadline = _Deadline(left=0.2)  # type: ignore[assignment]
-    assert looks.watch(["a"]) == [] and shell.asked == [] and shell.clock == 100.0
+    assert looks.watch(_parked("a")) == ([], []) and shell.asked == [] and shell.clock == 100.0
 
 
 def _client_error(code: str, status: int) -> ClientError:
@@ -158,7 +221,7 @@ def _client_error(code: str, status: int) -> ClientError:
 
 def test_a_vm_the_service_no_longer_knows_is_a_change() -> None:
     looks, _ = _looks({"a": _client_error("ResourceNotFoundException", 404)}, _Admission(grants=1))
-    (seen,) = looks.watch(["a"])
+    (seen,), _ = looks.watch(_parked("a"))
     assert seen.state == core.GONE and seen.reason == "not_found"
 
 
@@ -168,7 +231,7 @@ def test_a_failed_look_ends_the_watch_keeping_nothing_unread(error) -> None:
     the watch stops there; the VM after it is not asked about."""
     admission = _Admission(grants=2)
     looks, shell = _looks({"a": error, "b": "RUNNING"}, admission)
-    assert looks.watch(["a", "b"]) == [] and shell.asked == ["a"]
+    assert looks.watch(_parked("a", "b")) == ([], []) and shell.asked == ["a"]
     if isinstance(error, ClientError):
         assert admission.refusals == ["ThrottlingException"]
     else:

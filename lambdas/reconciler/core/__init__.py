@@ -34,7 +34,7 @@ from .lifetimes import (
     SUCCESSOR_START_SECONDS,
     look_in_time,
 )
-from .watch import next_watch, watch_order
+from .watch import next_watch, parked_by_watch, watch_news, watch_order, watched_vms
 from .model import (
     BASE,
     DEAD,
@@ -160,11 +160,11 @@ __all__ = [
     "allocate_room", "answer_reason", "ask_about", "base_seen", "client_token", "count_live", "dead_probe_delay", "desired_slot_ids",
     "end_accepted", "end_requested", "retiring_end_requested", "ended", "event", "first_lifetime", "foreign_vms", "handed_over",
     "handover", "ledger_demand", "look_in_time", "member_of", "next_watch", "member_seen", "note", "note_wait",
-    "noted", "own_vm_ids", "park_answered", "park_sent", "parked_donor", "plan", "probe", "redrive",
+    "noted", "own_vm_ids", "park_answered", "parked_by_watch", "park_sent", "parked_donor", "plan", "probe", "redrive",
     "refused_for_room", "requeue", "retired_generations", "retiring_end", "retiring_seen", "retry_delay",
     "ready_seen", "run_answered", "run_failed", "run_lifetime", "run_requested", "serve_ask_failed",
     "serve_asked", "serve_due", "serving_life", "schedule_runs", "settle_park_doubt",
     "settle_slots", "shape", "short_slot_due", "since", "slot_order", "stray_is_idle", "stray_keys",
     "successor_lead", "to_confirm", "token_collision", "track", "track_strays", "trim_parked",
-    "unlisted_warm", "vm_ended", "warm_seen", "watch_order", "young_donor",
+    "unlisted_warm", "vm_ended", "warm_seen", "watch_news", "watch_order", "watched_vms", "young_donor",
 ]
