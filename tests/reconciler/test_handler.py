@@ -395,6 +395,7 @@ def test_concurrent_ticks_hold_the_lease_one_at_a_time(aws, monkeypatch) -> None
 # --------------------------------------------------------------------------- #11.3 no dip
 
 
+@pytest.mark.stores("memory")  # a decision over many ticks: the stores' own tests pin DynamoDB
 def test_no_dip_at_expiry_without_headroom(aws, monkeypatch) -> None:
     """#11.3: min 3 / warm 2 / max 5: no headroom for a successor, ever. Lifetimes are spread and
     a parked VM is handed to a base slot before its VM ends: RUNNING never below 3."""
@@ -415,6 +416,7 @@ def test_no_dip_at_expiry_without_headroom(aws, monkeypatch) -> None:
         assert_no_duplicates(fleet)
 
 
+@pytest.mark.stores("memory")  # a decision over many ticks: the stores' own tests pin DynamoDB
 @pytest.mark.parametrize("lifetime", [1500, 1200])
 def test_no_dip_at_expiry_with_headroom(aws, monkeypatch, lifetime) -> None:
     """min 3 / max 4: one slot of headroom. 1,200 s with a 300 s lead is under twice (2 x 300 +
@@ -432,6 +434,7 @@ def test_no_dip_at_expiry_with_headroom(aws, monkeypatch, lifetime) -> None:
         assert lowest >= 3
 
 
+@pytest.mark.stores("memory")  # a decision over many ticks: the stores' own tests pin DynamoDB
 def test_lowering_max_vms_ends_parked_vms_first(aws, monkeypatch) -> None:
     with deployed_fleet(aws, env={"MIN_VMS": "2", "WARM_VMS": "2", "MAX_VMS": "6"}) as fleet:
         fleet.every_minute(monkeypatch, 2)
@@ -445,6 +448,7 @@ def test_lowering_max_vms_ends_parked_vms_first(aws, monkeypatch) -> None:
         assert set(history(fleet, session)) <= {"PENDING", "RUNNING"}
 
 
+@pytest.mark.stores("memory")  # a decision over many ticks: the stores' own tests pin DynamoDB
 def test_lowering_warm_vms_drains_parked_slots(aws, monkeypatch) -> None:
     with deployed_fleet(aws, env={"MIN_VMS": "3", "WARM_VMS": "2", "MAX_VMS": "6"}) as fleet:
         fleet.every_minute(monkeypatch, 2)
@@ -606,6 +610,7 @@ def test_insufficient_capacity_backs_off_every_reconciler(aws, monkeypatch) -> N
         assert len(fleet.ours()) == 3
 
 
+@pytest.mark.stores("memory")  # a decision over many ticks: the stores' own tests pin DynamoDB
 def test_a_long_wait_passes_the_admission_deadline_once(aws, monkeypatch) -> None:
     """Seven minutes of InsufficientCapacity: each slot's wait passes the admission deadline
     (300 s) once and says so once (`admission_deadline_exceeded`), not on each of its attempts
@@ -671,6 +676,7 @@ def test_two_fleets_on_one_image_each_count_their_own(aws, monkeypatch) -> None:
 # --------------------------------------------------------------------------- strays (#13)
 
 
+@pytest.mark.stores("memory")  # a decision over many ticks: the stores' own tests pin DynamoDB
 def test_idle_strays_end_only_when_opted_in(aws, monkeypatch) -> None:
     env = {"MIN_VMS": "1", "WARM_VMS": "0", "MAX_VMS": "4", "TERMINATE_STRAYS": "1", "STRAY_GRACE_SECONDS": "600"}
     with deployed_fleet(aws, env=env) as fleet:
