@@ -396,7 +396,7 @@ def test_existing_app_with_its_own_resources() -> None:
 def test_the_fleets_of_a_stack_share_one_writer() -> None:
     app = new_app()
     stack = new_stack(app)
-    names = ["agente-0", "agente_1", "a", "x" * 64, "agente-4", "agente-5"]
+    names = ["agente-0", "agente_1", "a", "x" * 64]  # a hyphen, an underscore, the shortest, the longest
     for i, name in enumerate(names):
         AgentFleet(stack, f"Fleet{i}", project=project_with(name=name))
     template = Template.from_stack(stack)
