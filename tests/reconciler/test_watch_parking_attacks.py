@@ -327,3 +327,56 @@ def test_random_clients_never_lose_a_session_to_the_watch(aws, monkeypatch, seed
         invocations += fleet.every_minute(monkeypatch, 3)
         assert clients.taken
         _holds(fleet, clients, invocations, max_vms, 2)
+
+
+def test_a_parking_vm_handed_to_a_base_slot_by_a_step_that_then_fails_stays_the_base_slots(aws, monkeypatch) -> None:
+    """The refill's suspend takes 50 s (its slot PARKING, watched, into the next tick); a client
+    ends the base VM and no VM can be made (InsufficientCapacity): the next tick hands the parking
+    VM to the base slot (``vm_handed_over``), and the ledger's next write after the handover fails
+    (a step failure, retried). The watch's slots are the last plan's: the warm slot is never
+    written back over the handover, the VM stays the base slot's alone, and is resumed for it."""
+    from botocore.exceptions import ClientError
+
+    with deployed_fleet(aws, env={**ENV, "MAX_VMS": "3"}, pending_seconds=2, suspending_seconds=50) as fleet:
+        fleet.every_minute(monkeypatch, 2)
+        (first,) = _parked(fleet)
+        (base,) = [vm for vm in fleet.ours() if vm["state"] == "RUNNING"]
+        clients = Clients(fleet)
+        start = fleet.clock.now()
+        timed: Timed = [(start + 10, lambda: clients.take(first["microvmId"]))]
+
+        def base_ends() -> None:
+            fleet.emulator.inject("RunMicrovm", "InsufficientCapacity", times=None, caller=RECONCILER_CALLER)
+            clients.end(base["microvmId"])
+
+        refill: list[str] = []
+        clients.after_refill_suspend(first["microvmId"], lambda r: (refill.append(r.microvm_id),
+                                                                    timed.append((r.time + 1, base_ends))))
+        _during_sleeps(fleet, timed)
+        ledger, failed = fleet.memory[0], []
+        write = ledger.write
+
+        def failing_after_the_handover(fleet_name: str, fence: Any, puts: Any = (), **kwargs: Any) -> None:
+            puts = list(puts)
+            if failed == [False]:
+                failed[0] = True
+                raise ClientError({"Error": {"Code": "InternalServerError", "Message": "injected"},
+                                   "ResponseMetadata": {"HTTPStatusCode": 500}}, "TransactWriteItems")
+            write(fleet_name, fence, puts=puts, **kwargs)
+            if not failed and any(s.handover_from for s in puts):
+                failed.append(False)
+
+        monkeypatch.setattr(ledger, "write", failing_after_the_handover)
+        invocations = [fleet.invoke(monkeypatch)]
+        fleet.clock.advance(max(0.0, start + 60 - fleet.clock.now()))
+        invocations += fleet.every_minute(monkeypatch, 3)
+        assert failed == [True] and refill
+        handed = [e for i in invocations for e in i.events("vm_handed_over")]
+        assert [(e["slot"], e["microvm_id"]) for e in handed] == [("base-0", refill[0])], handed
+        assert invocations[1].result.get("step_failures") == 1, invocations[1].result
+        assert not clients.violations, clients.violations
+        assert_no_duplicates(fleet)
+        holders = [k for k, s in fleet.ledger_slots().items() if refill[0] in (s["microvm_id"], s["retiring_id"])]
+        assert holders == ["base-0"], holders
+        (vm,) = [v for v in fleet.emulator.microvms() if v["microvmId"] == refill[0]]
+        assert vm["state"] == "RUNNING"
