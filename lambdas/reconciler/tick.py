@@ -187,6 +187,8 @@ class Reconciler:
                     self.telemetry.flush()
                     return {"fleet": self.spec.fleet, "skipped": "store_error", "code": code}
                 pause(wait)
+        state = self.state
+        assert state is not None  # begin_tick made it; only end_tick, below, clears it
         calls = self.api_calls
         outcome: dict[str, Any] = {}
         steps = 0
@@ -203,20 +205,18 @@ class Reconciler:
                     failures += 1
                     outcome["step_failures"] = failures
                     self._step_failed(exc, "step")
-                    assert self.state is not None
-                    self.state.loaded = None  # read the ledger again: the failed write may have landed
+                    state.loaded = None  # read the ledger again: the failed write may have landed
                     if failures >= MAX_STEP_FAILURES:
                         break
                     result = StepResult(self.now(), [Wait(self.now() + STEP_RETRY_SECONDS * 2 ** (failures - 1), Reason.RETRY)])
-                    result.waits += [Wait(at, Reason.OWED) for at in self.state.dues]
+                    result.waits += [Wait(at, Reason.OWED) for at in state.dues]
                 steps += 1
                 result.listed = self.list_calls != lists
-                if self.state is not None:
-                    self.state.waits = [w for w in result.waits if w.reason != Reason.WATCH]
-                if self.state is not None and not self.state.admission.demand:
+                state.waits = [w for w in result.waits if w.reason != Reason.WATCH]
+                if not state.admission.demand:
                     # A step waiting for tokens is not woken to watch (asked again on each wake, the
                     # shared buckets gave other fleets' runs first: 300 fleets converged 22 s later).
-                    self._watch_next(result, self.state)
+                    self._watch_next(result, state)
                 wake = next_sleep(result, deadline, self.now())
                 if wake is None:
                     break
@@ -224,10 +224,9 @@ class Reconciler:
                     self.emit({"event": "tick_overtime", "reason": "a base slot is, or is about to be, without a VM",
                                "wake": round(wake.seconds, 3)})
                 pause(wake.seconds)
-                if self.state is not None:
-                    due = [w.reason for w in result.waits if w.at <= self.now() + 1e-6 and wakes(w.reason)]
-                    self.state.woken_for_answers = bool(due) and set(due) <= {Reason.SERVE, Reason.SERVED}
-                    self.state.woken_for_watch = bool(due) and set(due) == {Reason.WATCH}
+                due = [w.reason for w in result.waits if w.at <= self.now() + 1e-6 and wakes(w.reason)]
+                state.woken_for_answers = bool(due) and set(due) <= {Reason.SERVE, Reason.SERVED}
+                state.woken_for_watch = bool(due) and set(due) == {Reason.WATCH}
         except FencedOut:
             outcome["lease_lost"] = True
             self.emit({"event": "lease_lost", "reason": "another tick took the lease; this one stops"})

@@ -83,6 +83,8 @@ def assert_one_vm_per_slot_generation(emulator) -> None:
 
 def test_convergence_from_empty(emulator, tables, clock) -> None:
     r = reconciler(emulator, tables, clock, min_vms=3, max_vms=8, warm_vms=2)
+    spec = r.spec
+    assert r.refresh() is None and r.spec is spec  # no recipe to read: the spec given stands
     summary = tick(r, clock)
     assert summary["steps"] >= 2
     clock.advance(1)  # the parked slots finish SUSPENDING on their own: no step waits for that
