@@ -206,6 +206,9 @@ class Reconciler:
                     outcome["step_failures"] = failures
                     self._step_failed(exc, "step")
                     state.loaded = None  # read the ledger again: the failed write may have landed
+                    # and so may a hand-over of a parked VM: the watch writes parked slots back
+                    # whole, so it waits for the next step's own (a second later) rather than these
+                    state.parked = {}
                     if failures >= MAX_STEP_FAILURES:
                         break
                     result = StepResult(self.now(), [Wait(self.now() + STEP_RETRY_SECONDS * 2 ** (failures - 1), Reason.RETRY)])
