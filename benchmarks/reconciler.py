@@ -407,6 +407,7 @@ class Side:
         crash_fleet = rng.choice(self.fleets)
         # One fleet's app crash-loops: never the only fleet, whose VMs would all end 15 minutes in
         # and leave nothing to measure (1 fleet: no take, no refill, 2 h 45 min of an empty fleet).
+        # Drawn all the same, so that every later draw, and every larger run, stays as it was.
         if len(self.fleets) > 1:
             sim.call_at(start + 900, lambda: self.crash_loop(crash_fleet))
         sim.call_at(start + 900, lambda: emu.inject("SuspendMicrovm", "suspend_hook_failure", probability=0.01, times=None))

@@ -518,17 +518,25 @@ def act_during_sleep(fleet: "Fleet", after: float, action: Callable[[], None]) -
     (or when the sleep that spans it begins, if later): what happens while that tick sleeps. An
     action that advances the clock past the sleep's end delays the tick's wake to then. Returns
     the list that then holds when the action ran."""
-    reconciler = fleet._environment
+    return act_during_sleeps(fleet, [(after, action)])
+
+
+def act_during_sleeps(fleet: "Fleet", timed: list[tuple[float, Callable[[], None]]]) -> list[float]:
+    """:func:`act_during_sleep` for several actions: each ``(at, action)`` of ``timed`` runs, in
+    time order, in the sleep that spans ``at`` (or when the first sleep after it begins). An action
+    may add to ``timed`` while the tick runs (a client retrying 0.1 s later). Returns the list
+    that then holds when each ran."""
     done: list[float] = []
     advance = fleet.clock.advance
 
     def sleep(seconds: float) -> None:
         wake = fleet.clock.now() + seconds
-        if not done and wake >= after:
-            advance(max(0.0, after - fleet.clock.now()))  # the action comes during the sleep
+        while due := sorted((t for t in timed if t[0] <= wake), key=lambda t: t[0]):
+            timed.remove(due[0])
+            advance(max(0.0, due[0][0] - fleet.clock.now()))
             done.append(fleet.clock.now())
-            action()
+            due[0][1]()
         advance(max(0.0, wake - fleet.clock.now()))
 
-    reconciler.sleep = sleep
+    fleet._environment.sleep = sleep
     return done

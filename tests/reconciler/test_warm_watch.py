@@ -6,9 +6,9 @@ records (ground truth)."""
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
-from .harness import act_during_sleep, deployed_fleet
+from .harness import act_during_sleep, act_during_sleeps, deployed_fleet
 
 SPEC = {"MIN_VMS": "1", "WARM_VMS": "1", "MAX_VMS": "3"}
 
@@ -34,24 +34,6 @@ def _take_at(fleet: Any, at: float, parked: dict[str, Any]) -> list[float]:
 
     act_during_sleep(fleet, at, take)
     return took
-
-
-def _during_sleeps(fleet: Any, actions: list[tuple[float, Callable[[], None]]]) -> list[float]:
-    """Like ``act_during_sleep``, for several actions in one tick, each at its time (or when the
-    sleep that spans it begins); returns when each ran."""
-    done: list[float] = []
-    advance = fleet.clock.advance
-
-    def sleep(seconds: float) -> None:
-        wake = fleet.clock.now() + seconds
-        while len(done) < len(actions) and wake >= actions[len(done)][0]:
-            advance(max(0.0, actions[len(done)][0] - fleet.clock.now()))
-            done.append(fleet.clock.now())
-            actions[len(done) - 1][1]()
-        advance(max(0.0, wake - fleet.clock.now()))
-
-    fleet._environment.sleep = sleep
-    return done
 
 
 def test_a_take_during_a_tick_is_refilled_within_seconds(aws, monkeypatch) -> None:
@@ -92,7 +74,7 @@ def test_a_take_of_the_refill_in_the_same_tick_is_refilled_within_seconds(aws, m
             client.resume_microvm(microvmIdentifier=vm["microvmId"])
             taken.append(vm["microvmId"])
 
-        took = _during_sleeps(fleet, [(start + 15, take), (start + 35, take)])
+        took = act_during_sleeps(fleet, [(start + 15, take), (start + 35, take)])
         invocation = fleet.invoke(monkeypatch)
         assert len(took) == 2 and taken[0] == parked["microvmId"], (took, taken)
         fleet.clock.advance(5)

@@ -17,7 +17,7 @@ from typing import Any, Callable, Optional
 
 import pytest
 
-from .harness import RECONCILER_CALLER, deployed_fleet, deploy_fleet_state, list_lag, peak_live
+from .harness import RECONCILER_CALLER, act_during_sleeps, deployed_fleet, deploy_fleet_state, list_lag, peak_live
 from .support import assert_no_duplicates
 
 # What the reconciler decides over ticks: the stores in memory (harness.py), but where a test says.
@@ -74,22 +74,6 @@ class Clients:
         self.on.append(hook)
 
 
-def _during_sleeps(fleet: Any, timed: Timed) -> None:
-    """The warm environment's sleeps run each ``(at, action)`` of ``timed`` when the clock
-    reaches it (the list may grow while the tick runs)."""
-    advance = fleet.clock.advance
-
-    def sleep(seconds: float) -> None:
-        wake = fleet.clock.now() + seconds
-        while due := sorted((t for t in timed if t[0] <= wake), key=lambda t: t[0]):
-            timed.remove(due[0])
-            advance(max(0.0, due[0][0] - fleet.clock.now()))
-            due[0][1]()
-        advance(max(0.0, wake - fleet.clock.now()))
-
-    fleet._environment.sleep = sleep
-
-
 def _parked(fleet: Any) -> list[dict[str, Any]]:
     return [vm for vm in fleet.ours() if vm["state"] == "SUSPENDED" and not vm.get("idleSuspended")]
 
@@ -124,7 +108,7 @@ def _take_then(aws: Any, monkeypatch: Any, on_refill_suspend: Optional[Callable[
             clients.after_refill_suspend(first["microvmId"], lambda r: on_refill_suspend(fleet, clients, timed, r))
         if before is not None:
             before(fleet, clients, timed)
-        _during_sleeps(fleet, timed)
+        act_during_sleeps(fleet, timed)
         invocations = [fleet.invoke(monkeypatch)]
         fleet.clock.advance(max(0.0, start + 60 - fleet.clock.now()))
         invocations += fleet.every_minute(monkeypatch, 4)
@@ -265,7 +249,7 @@ def test_warm_vms_lowered_while_a_slot_parks_across_ticks(aws, monkeypatch, take
         refill: list[Any] = []
         clients.after_refill_suspend(first["microvmId"], refill.append)
         start = fleet.clock.now()
-        _during_sleeps(fleet, [(start + 36, lambda: clients.take(first["microvmId"]))])
+        act_during_sleeps(fleet, [(start + 36, lambda: clients.take(first["microvmId"]))])
         invocations = [fleet.invoke(monkeypatch)]
         assert refill
         fleet.clock.advance(max(0.0, start + 60 - fleet.clock.now()))
@@ -277,7 +261,7 @@ def test_warm_vms_lowered_while_a_slot_parks_across_ticks(aws, monkeypatch, take
         timed: Timed = []
         if take_after is not None:
             timed.append((refill[0].time + 20 + take_after, lambda: clients.take(refill[0].microvm_id, timed)))
-        _during_sleeps(fleet, timed)
+        act_during_sleeps(fleet, timed)
         invocations.append(fleet.invoke(monkeypatch))
         assert len(clients.taken) == (1 if take_after is None else 2)
         fleet.clock.advance(max(0.0, start + 120 - fleet.clock.now()))
@@ -299,7 +283,7 @@ def test_random_clients_never_lose_a_session_to_the_watch(aws, monkeypatch, seed
         if rng.random() < 0.6:
             list_lag(fleet, rng.choice([3.0, 8.0, 15.0]))
         timed: Timed = []
-        _during_sleeps(fleet, timed)
+        act_during_sleeps(fleet, timed)
 
         def act() -> None:
             choices = [vm["microvmId"] for vm in fleet.ours()
@@ -352,7 +336,7 @@ def test_a_parking_vm_handed_to_a_base_slot_by_a_step_that_then_fails_stays_the_
         refill: list[str] = []
         clients.after_refill_suspend(first["microvmId"], lambda r: (refill.append(r.microvm_id),
                                                                     timed.append((r.time + 1, base_ends))))
-        _during_sleeps(fleet, timed)
+        act_during_sleeps(fleet, timed)
         ledger, failed = fleet.memory[0], []
         write = ledger.write
 
