@@ -36,18 +36,25 @@ def _take_at(fleet: Any, at: float, parked: dict[str, Any]) -> list[float]:
     return took
 
 
+def _tick_with_a_take(fleet: Any, monkeypatch: Any) -> tuple[dict[str, Any], float, list[float], Any]:
+    """The fleet filled (two ticks), then a tick during which a client takes its parked VM 20 s
+    in: the VM taken, the tick's start, when it was taken, and the tick's invocation."""
+    fleet.every_minute(monkeypatch, 2)
+    (parked,) = _parked(fleet)
+    start = fleet.clock.now()
+    took = _take_at(fleet, start + 20, parked)
+    invocation = fleet.invoke(monkeypatch)
+    assert took, "the tick ended before the take"
+    return parked, start, took, invocation
+
+
 def test_a_take_during_a_tick_is_refilled_within_seconds(aws, monkeypatch) -> None:
     """A client resumes the parked VM 20 s into a tick: with the watch (5 s) a new VM is parked
     within 12 s of the take (the watch's period, a fresh list, PENDING, the warming, SUSPENDING),
     in the same tick; the watch goes on with the new VM, and its read of it SUSPENDED parks the
     slot in the tick (``vm_parked``)."""
     with deployed_fleet(aws, env={**SPEC, "WATCH_SECONDS": "5"}, pending_seconds=2) as fleet:
-        fleet.every_minute(monkeypatch, 2)
-        (parked,) = _parked(fleet)
-        start = fleet.clock.now()
-        took = _take_at(fleet, start + 20, parked)
-        invocation = fleet.invoke(monkeypatch)
-        assert took, "the tick ended before the take"
+        parked, _, took, invocation = _tick_with_a_take(fleet, monkeypatch)
         fleet.clock.advance(5)  # the refill's suspend lands
         refilled = _refilled_at(fleet, took[0], parked["microvmId"])
         assert refilled is not None and refilled - took[0] <= 12.0, (took, refilled)
@@ -88,12 +95,7 @@ def test_a_take_at_max_vms_is_left_to_the_next_ticks_list(aws, monkeypatch) -> N
     that sees it lists nothing more and runs nothing in that tick, and stops watching the VM the
     client has. Once the client ends it, the next tick's list shows the room and refills the slot."""
     with deployed_fleet(aws, env={**SPEC, "MAX_VMS": "2", "WATCH_SECONDS": "5"}, pending_seconds=2) as fleet:
-        fleet.every_minute(monkeypatch, 2)
-        (parked,) = _parked(fleet)
-        start = fleet.clock.now()
-        took = _take_at(fleet, start + 20, parked)
-        invocation = fleet.invoke(monkeypatch)
-        assert took, "the tick ended before the take"
+        parked, start, took, invocation = _tick_with_a_take(fleet, monkeypatch)
         assert invocation.calls.get("ListMicrovms") == 1 and "RunMicrovm" not in invocation.calls, invocation.calls
         assert 4 <= invocation.calls.get("GetMicrovm", 0) <= 6, invocation.calls  # none after the take
         fleet.emulator.direct_client(caller="client").terminate_microvm(microvmIdentifier=parked["microvmId"])
