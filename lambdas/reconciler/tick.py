@@ -68,7 +68,6 @@ class TickState:
     watched_at: Optional[float] = None  # when a watch last read them (a fresh list reads them too)
     watched: list[Observed] = field(default_factory=list)  # ... and what the watch saw change
     waits: list[Wait] = field(default_factory=list)  # the last step's waits but the watch's (a watch step keeps them)
-    live: Optional[int] = None  # the image's live VMs the last plan counted (toward max_vms)
 
 
 @dataclass
@@ -393,7 +392,6 @@ class Reconciler:
         state.answers_at = min(serve_waits) if serve_waits else None
         result.booked = bool(admission.booked())
         state.parked = core.watched_vms(step.slots.values())
-        state.live = plan.live_vms
         return result
 
     def _watch(self, state: TickState, now: float) -> Optional[StepResult]:
@@ -405,13 +403,6 @@ class Reconciler:
         news, read = state.looks.watch(state.parked)
         state.watched_at = now
         self._parked_by_watch(state, read)
-        if core.take_waits_for_room(news, state.live, self.spec.max_vms):
-            # A take at max_vms frees no room: no list and no plan for it now. A later step's plan
-            # sees it (the watch's read, newer than its list), the next tick's list at the latest;
-            # the client has the VM, so the watch leaves it.
-            for vm in news:
-                state.parked.pop(vm.microvm_id, None)
-            state.watched, news = news, []
         if not news:
             # Nothing else was due (woken for the watch alone): the last step's waits stand. Carried
             # as owed only, a server's answer due 3 s later waited for the next watch (5 s).

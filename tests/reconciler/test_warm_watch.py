@@ -90,21 +90,6 @@ def test_a_take_of_the_refill_in_the_same_tick_is_refilled_within_seconds(aws, m
         assert invocation.calls.get("RunMicrovm") == 2, invocation.calls
 
 
-def test_a_take_at_max_vms_is_left_to_the_next_ticks_list(aws, monkeypatch) -> None:
-    """``max_vms`` 2 (the base VM and the parked one): a client's take frees no room, so the watch
-    that sees it lists nothing more and runs nothing in that tick, and stops watching the VM the
-    client has. Once the client ends it, the next tick's list shows the room and refills the slot."""
-    with deployed_fleet(aws, env={**SPEC, "MAX_VMS": "2", "WATCH_SECONDS": "5"}, pending_seconds=2) as fleet:
-        parked, start, took, invocation = _tick_with_a_take(fleet, monkeypatch)
-        assert invocation.calls.get("ListMicrovms") == 1 and "RunMicrovm" not in invocation.calls, invocation.calls
-        assert 4 <= invocation.calls.get("GetMicrovm", 0) <= 6, invocation.calls  # none after the take
-        fleet.emulator.direct_client(caller="client").terminate_microvm(microvmIdentifier=parked["microvmId"])
-        fleet.clock.advance(max(0.0, start + 60 - fleet.clock.now()))
-        assert fleet.invoke(monkeypatch).calls.get("RunMicrovm") == 1
-        fleet.clock.advance(5)
-        assert _refilled_at(fleet, took[0], parked["microvmId"]) is not None
-
-
 def test_without_the_watch_a_take_waits_for_the_next_ticks_list(aws, monkeypatch) -> None:
     """``WATCH_SECONDS=0``: a tick at rest lists once and ends; a take between ticks is refilled
     by the next tick's list."""

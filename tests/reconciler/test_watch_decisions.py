@@ -81,21 +81,6 @@ def test_a_read_is_news_when_the_plan_would_act_on_it(phase, state, read_at, new
     assert core.watch_news(_slot(phase), core.Observed("vm-1", state, 0.0), read_at) is news
 
 
-@pytest.mark.parametrize(("states", "live", "max_vms", "waits"), [
-    (["RUNNING"], 2, 2, True),  # a take at max_vms: nothing to refill before room comes back
-    (["PENDING"], 3, 2, True),  # above it (clients' VMs): the same
-    (["RUNNING"], 1, 2, False),  # room: a list and a plan refill it now
-    (["RUNNING"], None, 2, False),  # no plan counted yet: list
-    (["TERMINATED"], 2, 2, False),  # an end frees room: list
-    ([core.GONE], 2, 2, False),
-    (["RUNNING", "TERMINATING"], 2, 2, False),
-    ([], 2, 2, False),  # no news: nothing to wait for
-])
-def test_a_take_at_max_vms_waits_for_the_next_list(states, live, max_vms, waits) -> None:
-    news = [core.Observed(f"vm-{i}", state, 0.0) for i, state in enumerate(states)]
-    assert core.take_waits_for_room(news, live, max_vms) is waits
-
-
 @pytest.mark.parametrize(("period", "woken"), [(60.0, False), (110.0, False), (111.0, True), (300.0, True)])
 def test_a_handover_wakes_a_step_only_when_the_next_scheduled_look_could_be_too_late(period, woken) -> None:
     """The lead is 120 s; the handover and the serve take about 10 s: a schedule of up to 110 s

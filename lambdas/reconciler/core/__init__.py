@@ -34,7 +34,7 @@ from .lifetimes import (
     SUCCESSOR_START_SECONDS,
     look_in_time,
 )
-from .watch import next_watch, parked_by_watch, take_waits_for_room, watch_news, watch_order, watched_vms
+from .watch import next_watch, parked_by_watch, watch_news, watch_order, watched_vms
 from .model import (
     BASE,
     DEAD,
@@ -165,6 +165,6 @@ __all__ = [
     "ready_seen", "run_answered", "run_failed", "run_lifetime", "run_requested", "serve_ask_failed",
     "serve_asked", "serve_due", "serving_life", "schedule_runs", "settle_park_doubt",
     "settle_slots", "shape", "short_slot_due", "since", "slot_order", "stray_is_idle", "stray_keys",
-    "successor_lead", "take_waits_for_room", "to_confirm", "token_collision", "track", "track_strays", "trim_parked",
+    "successor_lead", "to_confirm", "token_collision", "track", "track_strays", "trim_parked",
     "unlisted_warm", "vm_ended", "warm_seen", "watch_news", "watch_order", "watched_vms", "young_donor",
 ]

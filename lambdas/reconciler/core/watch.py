@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Iterable, Mapping, Optional
 
-from .model import LIVE, PARKED, PARKING, WARM, FleetSpec, Observed, Slot
+from .model import PARKED, PARKING, WARM, FleetSpec, Observed, Slot
 from .transitions import PARK_GRACE_SECONDS, Change, warm_seen
 
 #: The last watch of a tick is not worth a step closer than this to the one before it.
@@ -42,16 +42,6 @@ def watch_news(slot: Slot, vm: Observed, now: float) -> bool:
         return False
     return not (slot.phase == PARKING and vm.state in ("PENDING", "RUNNING") and slot.parking_since is not None
                 and now - slot.parking_since <= PARK_GRACE_SECONDS)
-
-
-def take_waits_for_room(news: Iterable[Observed], live: Optional[int], max_vms: int) -> bool:
-    """Whether the watch's news can wait for the next scheduled list: every VM in it is a take
-    (still live: a client resumed it) and the last plan counted ``live`` VMs of the image at
-    ``max_vms`` or above. A take moves a VM from our parked slot to the client and frees no room,
-    so a list and a plan now would refill nothing (1 fleet, min 4 / max 7 / warm 2: 9 such lists
-    in 3 hours, each idle); an end in the news frees room and is worth a list at once."""
-    news = list(news)
-    return bool(news) and live is not None and live >= max_vms and all(vm.state in LIVE for vm in news)
 
 
 def parked_by_watch(spec: FleetSpec, slot: Slot, vm: Observed, now: float) -> Optional[Change]:
