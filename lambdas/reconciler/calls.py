@@ -55,6 +55,7 @@ class Step:
     started_warm: list[str] = field(default_factory=list)
     at_max: set[str] = field(default_factory=set)  # slots whose run waits for room under max_vms
     later: set[str] = field(default_factory=set)  # parked slots whose run waits for the next tick
+    ended: set[str] = field(default_factory=set)  # VMs whose TerminateMicrovm this step was accepted
 
 
 @dataclass
@@ -104,7 +105,10 @@ class Calls:
         spec = self.shell.spec
         if slot is None or "RunMicrovm" in step.out:
             return
-        if step.live >= spec.max_vms and not intent.retry:
+        paid = intent.paid_by is not None and intent.paid_by in step.ended  # its VM's room (core.paid_successor)
+        if step.live >= spec.max_vms and not intent.retry and not paid:
+            if intent.paid_by is not None:  # the end it waits for was not accepted: look again soon
+                step.result.add(step.now + core.LATE_END_POLL_SECONDS, Reason.REPLACE)
             self.note(step, slot, "max_vms_reached", intent)
             step.at_max.add(slot.slot_id)
             return
@@ -130,13 +134,13 @@ class Calls:
         step.runs += 1
         held = step.slots[intent.slot_id]
         if outcome == "started":
-            step.live += 0 if intent.retry else 1
+            step.live += 0 if intent.retry or paid else 1
             step.filled += 1
             if held.role == WARM and not spec.serve:  # served fleets park on the server's answer instead
                 step.result.add(step.now + core.PENDING_POLL_SECONDS, Reason.LOOK)  # to park it once it runs
                 step.started_warm.append(held.microvm_id or "")
         elif outcome == "in_doubt":
-            step.live += 0 if intent.retry else 1  # the VM may exist (a lost response): counted until proven
+            step.live += 0 if intent.retry or paid else 1  # the VM may exist (a lost response): counted until proven
             step.result.add(step.now + core.retry_delay(held.errors), Reason.RETRY)
         elif outcome == "retry_later":
             step.result.add(step.now + core.retry_delay(max(1, held.errors)), Reason.RETRY)
@@ -320,6 +324,7 @@ class Calls:
             self.call_failed(step, intent, slot, exc, sent, resend)
             return
         if intent.kind == IntentKind.TERMINATE:
+            step.ended.add(intent.microvm_id or "")
             if slot is not None and intent.microvm_id == slot.microvm_id:
                 self.shell.write(step.slots, [core.end_accepted(slot, now)])
             self.shell.emit({"event": "vm_terminated", "slot": intent.slot_id, "microvm_id": intent.microvm_id,

@@ -367,8 +367,8 @@ def _first(vm: dict[str, Any], states: tuple[str, ...]) -> float:
     return next(at for at, state, _ in vm["history"] if state in states)
 
 
-def _parked_vm_taken_before_a_base_end(aws: str, stack: contextlib.ExitStack, monkeypatch: Any,
-                                       before: float) -> tuple[Any, dict[str, Any], float, Any]:
+def _parked_vm_taken_before_a_base_end(aws: str, stack: contextlib.ExitStack, monkeypatch: Any, before: float,
+                                       arm: Optional[Callable[[Any], None]] = None) -> tuple[Any, dict[str, Any], float, Any]:
     """min 1, warm 1, max 2, the parked VM taken by a client 3 minutes before a tick that starts
     ``before`` s ahead of the base VM's end as the reconciler counts it (its lifetime from the VM's
     start; rayd counts it from its ``/run``, when the VM runs): (fleet, the base VM, the tick's
@@ -385,6 +385,8 @@ def _parked_vm_taken_before_a_base_end(aws: str, stack: contextlib.ExitStack, mo
     client.resume_microvm(microvmIdentifier=suspended[0]["microvmId"])
     fleet.every_minute(monkeypatch, 3)
     assert fleet.emulator.state_of(suspended[0]["microvmId"]) == "RUNNING"  # still the client's
+    if arm is not None:
+        arm(fleet)
     start = fleet.clock.now()
     invocation = fleet.invoke(monkeypatch)
     (base,) = [vm for vm in fleet.emulator.microvms_ever() if vm["microvmId"] == base["microvmId"]]
@@ -411,6 +413,45 @@ def test_parked_vms_taken_by_clients_leave_a_base_end_nothing_replaces(aws, stac
     assert invocation.events("tick_overtime")  # it was the overtime's (nothing parked to hand over)
     _settle(fleet, monkeypatch, start)
     assert _peak_live(fleet) <= 2
+
+
+def _terminates(fleet: Any, since: float) -> list[Any]:
+    return [r for r in fleet.emulator.requests if r.caller == RECONCILER_CALLER and r.operation == "TerminateMicrovm"
+            and r.time >= since]
+
+
+def test_the_successor_runs_in_the_room_of_the_vm_ended_past_its_deadline(aws, stack, monkeypatch) -> None:
+    """The same end (nothing parked, no headroom): the successor's RunMicrovm goes out in the step
+    whose TerminateMicrovm ended the base VM (``past_deadline``), once the service accepted it: no
+    ListMicrovms between them and no wake to see the end first (``core.paid_successor``)."""
+    fleet, base, start, _ = _parked_vm_taken_before_a_base_end(aws, stack, monkeypatch, 51.0)
+    (end,) = [r for r in _terminates(fleet, start) if r.microvm_id == base["microvmId"]]
+    assert end.status == 200
+    runs = _runs(fleet, end.time, ok=True)
+    assert runs and runs[0].time - end.time < 0.5, [r.time - end.time for r in runs]
+    requests = list(fleet.emulator.requests)
+    between = requests[requests.index(end):requests.index(runs[0])]
+    assert [r.operation for r in between if r.caller == RECONCILER_CALLER and r.operation == "ListMicrovms"] == []
+    _settle(fleet, monkeypatch, start)
+    assert _peak_live(fleet) <= 2
+
+
+@pytest.mark.parametrize("fault", ["Conflict", "InternalServer"])
+def test_a_successor_whose_vm_end_was_refused_waits_for_the_end(aws, stack, monkeypatch, fault) -> None:
+    """The TerminateMicrovm at the deadline refused once (409, or a 500 that did nothing): the
+    successor is not run in that room (the VM still holds it, max_vms 2 with the client's); it
+    runs once the VM's end shows, never above ``max_vms``."""
+    def arm(f: Any) -> None:
+        f.emulator.inject("TerminateMicrovm", fault, times=1, caller=RECONCILER_CALLER)
+
+    fleet, base, start, _ = _parked_vm_taken_before_a_base_end(aws, stack, monkeypatch, 51.0, arm=arm)
+    ends = [r for r in _terminates(fleet, start) if r.microvm_id == base["microvmId"]]
+    assert ends and ends[0].status in (409, 500), [(r.time - start, r.status) for r in ends]
+    runs = _runs(fleet, ends[0].time, ok=True)
+    assert not runs or runs[0].time - ends[0].time >= 0.4, [r.time - ends[0].time for r in runs]
+    _settle(fleet, monkeypatch, start)
+    assert _peak_live(fleet) <= 2
+    assert _runs(fleet, ends[0].time, ok=True), "never replaced"
 
 
 @pytest.mark.xfail(strict=True, reason=(

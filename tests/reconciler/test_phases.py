@@ -356,6 +356,39 @@ def test_the_server_is_asked_about_a_vm_that_serves_nobody_yet(row, state, asked
 # ------------------------------------------------------------------------------ rayd's deadline
 
 
+@pytest.mark.parametrize("parked", [False, True])
+def test_a_vm_ended_past_its_deadline_at_max_vms_pays_for_its_successor(parked) -> None:
+    """A served fleet at max_vms (a client's VM holds the headroom): base-0's VM is past its end
+    (rayd ended its agents, still listed RUNNING). It is ended, and with nothing parked its
+    successor runs in its room in the same step (``paid_by``: the shell runs it once the end is
+    accepted), with no wake to see the end first. With a parked VM the slot takes it instead."""
+    rows = [base(0, "b0", vm_started_at=NOW - 3600, lifetime=3600)]
+    look = [seen("RUNNING", "b0", NOW - 3600), seen("RUNNING", "client")]
+    if parked:
+        rows.append(warm(0, "w0", vm_started_at=NOW - 100))
+        look.append(seen("SUSPENDED", "w0", NOW - 100))
+    plan = core.plan(spec(1, 2 + parked, int(parked), serve=True, rayd_deadline=True, max_lifetime_seconds=3600),
+                     ledger(*rows), look, NOW)
+    ends = [(i.microvm_id, i.reason) for i in plan.intents if i.kind == "terminate"]
+    successors = [i for i in plan.intents if i.kind == "run" and i.successor]
+    if parked:
+        assert intents(plan, "resume") == [("resume", "base-0", "w0")] and not any(i.paid_by for i in plan.intents)
+        return
+    assert ends == [("b0", "past_deadline")]
+    assert [(i.slot_id, i.paid_by) for i in successors] == [("base-0", "b0")]
+    assert plan.wake_at(core.Reason.REPLACE) is None or plan.wake_at(core.Reason.REPLACE) > NOW + 60
+
+
+def test_a_successor_run_keeps_the_end_asked_of_the_vm_it_replaces_apart() -> None:
+    """Run in the room of its VM, whose end the service accepted in the same step: that end is
+    the retiring VM's (not asked again before a list could show it), never the new VM's."""
+    row = base(0, "b0", vm_started_at=NOW - 3600, ending="past_deadline", end_requested_at=NOW)
+    intent = core.Intent(core.IntentKind.RUN, "base-0", "b0", role=core.BASE, successor=True, paid_by="b0")
+    slot = core.admit_run(spec(1, 2, 0, max_lifetime_seconds=3600), row, intent, NOW)
+    assert (slot.retiring_id, slot.microvm_id, slot.retiring_end_asked_at) == ("b0", None, NOW)
+    assert slot.ending is None and slot.end_requested_at is None and slot.room_asked_at is None
+
+
 @pytest.mark.parametrize("asked_ago, ended", [
     (None, True),
     (1.0, False),  # asked a second ago: a look could not show its end yet

@@ -263,6 +263,7 @@ class Intent:
     retry: bool = False  # a RunMicrovm with a token already sent (in doubt): needs no headroom
     donor: Optional[str] = None  # resume or handover: the warm slot giving its VM
     expires: float = 0.0  # a successor: when the VM it replaces ends
+    paid_by: Optional[str] = None  # a successor that runs in the room of its VM, ended in the same step
 
 
 class Reason(StrEnum):

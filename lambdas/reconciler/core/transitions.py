@@ -340,6 +340,10 @@ def admit_run(spec: FleetSpec, slot: Slot, intent: Intent, now: float,
         slot.queued_at = now
         slot.request = None
         slot.in_doubt_since = None
+        # The end asked of the VM it replaces (core.paid_successor's) is the retiring VM's, not
+        # the new one's: not asked again before a list could show it (CONSISTENCY_SECONDS).
+        slot.retiring_end_asked_at = slot.end_requested_at
+        slot.ending = slot.end_requested_at = slot.room_asked_at = None
     if slot.request is None:
         slot.lifetime = run_lifetime(spec, slot, intent)
         slot.request = request(slot) if request else {"maximumDurationInSeconds": slot.lifetime}
