@@ -45,7 +45,8 @@ def _live_at(fleet: Any, at: float, but: str = "") -> int:
                and vm["history"][0][0] <= at < _gone(vm))
 
 
-def _scene(aws: str, stack: Any, monkeypatch: Any, arm: Optional[Callable[[Any], None]] = None) -> tuple[Any, dict, float]:
+def _scene(aws: str, stack: Any, monkeypatch: Any,
+           arm: Optional[Callable[[Any], None]] = None) -> tuple[Any, dict, float]:
     fleet, base, start, _ = _parked_vm_taken_before_a_base_end(aws, stack, monkeypatch, 51.0, arm=arm)
     _settle(fleet, monkeypatch, start)
     return fleet, base, start
@@ -145,7 +146,8 @@ def test_a_tick_killed_between_the_end_and_the_run_replaces_the_vm_next_tick(aws
     "count was already above max_vms (a client's own VM of the fleet's image + the parked VM it "
     "took = 2 = max_vms 2 besides the base VM): the successor's RunMicrovm went out at +51.0 s of "
     "the tick, in the step of the past_deadline end, with 2 other VMs live -> 3 live, max_vms 2. "
-    "177b644^ passes (the successor waits for room). A paid run needs step.live - 1 < max_vms (that guard in Calls.run makes it pass)."))
+    "177b644^ passes (the successor waits for room). A paid run needs step.live - 1 < max_vms "
+    "(that guard in Calls.run makes it pass)."))
 def test_a_successor_never_runs_while_others_hold_max_vms(aws, stack, monkeypatch) -> None:
     """A client's own VM of the fleet's image (a session) runs before the tick: with the VM the
     client took, the fleet's image holds 3 VMs, above max_vms 2 (the client's doing). The base VM
@@ -155,7 +157,7 @@ def test_a_successor_never_runs_while_others_hold_max_vms(aws, stack, monkeypatc
         f.emulator.direct_client(caller="client").run_microvm(imageIdentifier=f.image, clientToken="session-0")
 
     fleet, base, start = _scene(aws, stack, monkeypatch, arm)
-    got = _holds(fleet, base, start)
+    _holds(fleet, base, start)
     runs = [r for r in _runs(fleet, start, ok=True)]
     over = [(round(r.time - start, 2), _live_at(fleet, r.time + 1e-6, but=r.microvm_id)) for r in runs
             if _live_at(fleet, r.time + 1e-6, but=r.microvm_id) >= 2]
