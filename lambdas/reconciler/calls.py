@@ -105,7 +105,9 @@ class Calls:
         spec = self.shell.spec
         if slot is None or "RunMicrovm" in step.out:
             return
-        paid = intent.paid_by is not None and intent.paid_by in step.ended  # its VM's room (core.paid_successor)
+        # Its VM's room (core.paid_successor): the end accepted frees one place, room only while
+        # the others leave it under max_vms (clients' VMs may hold the image above it).
+        paid = intent.paid_by is not None and intent.paid_by in step.ended and step.live - 1 < spec.max_vms
         if step.live >= spec.max_vms and not intent.retry and not paid:
             if intent.paid_by is not None:  # the end it waits for was not accepted: look again soon
                 step.result.add(step.now + core.LATE_END_POLL_SECONDS, Reason.REPLACE)

@@ -141,24 +141,19 @@ def test_a_tick_killed_between_the_end_and_the_run_replaces_the_vm_next_tick(aws
     assert got["peak"] <= 2
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "found (177b644): Calls.run lets a paid successor skip the max_vms check when the plan's live "
-    "count was already above max_vms (a client's own VM of the fleet's image + the parked VM it "
-    "took = 2 = max_vms 2 besides the base VM): the successor's RunMicrovm went out at +51.0 s of "
-    "the tick, in the step of the past_deadline end, with 2 other VMs live -> 3 live, max_vms 2. "
-    "177b644^ passes (the successor waits for room). A paid run needs step.live - 1 < max_vms "
-    "(that guard in Calls.run makes it pass)."))
 def test_a_successor_never_runs_while_others_hold_max_vms(aws, stack, monkeypatch) -> None:
     """A client's own VM of the fleet's image (a session) runs before the tick: with the VM the
     client took, the fleet's image holds 3 VMs, above max_vms 2 (the client's doing). The base VM
     ended past its deadline frees one room, yet 2 others still hold max_vms: a successor run then
-    makes 3 live again, the reconciler's doing (without a paid successor it waits for room)."""
+    makes 3 live again, the reconciler's doing: it waits for room. (Found by attack on 177b644:
+    RunMicrovm at +51.0 s, in the step of the end, with 2 others live; fixed by the guard
+    ``step.live - 1 < max_vms`` in Calls.run.)"""
     def arm(f: Any) -> None:
         f.emulator.direct_client(caller="client").run_microvm(imageIdentifier=f.image, clientToken="session-0")
 
     fleet, base, start = _scene(aws, stack, monkeypatch, arm)
     _holds(fleet, base, start)
-    runs = [r for r in _runs(fleet, start, ok=True)]
+    runs = _runs(fleet, start, ok=True)
     over = [(round(r.time - start, 2), _live_at(fleet, r.time + 1e-6, but=r.microvm_id)) for r in runs
             if _live_at(fleet, r.time + 1e-6, but=r.microvm_id) >= 2]
     assert over == [], (over, fleet.env["MAX_VMS"])
