@@ -274,9 +274,6 @@ SUCCESSOR = ("run", "base-0", "b0")  # planned; with no headroom the shell notes
 
 @pytest.mark.parametrize("end_in,donor_life,expect,wake", [
     (500, 20_000, [SUCCESSOR], ("handover", 500 - 120)),  # no headroom: the handover comes 120 s before the end
-    # nothing parked to hand over: no step is woken for it (the first scheduled look within the
-    # lead, at most a minute later, sees the end coming and wakes for it)
-    (500, None, [SUCCESSOR], ("handover", None)),
     (100, 20_000, [("resume", "base-0", "w0")], None),  # within the handover lead: the parked VM takes over
     # too near its own end (it is due a successor itself): ended for room
     (100, 600, [("terminate", "warm-0", "w0"), SUCCESSOR, ("run", "warm-0", "w0")], ("replace", 0.5)),
@@ -289,16 +286,7 @@ def test_a_successor_without_headroom(end_in, donor_life, expect, wake) -> None:
     assert intents(plan) == expect
     if wake is not None:
         reason, at = wake
-        assert plan.wake_at(core.Reason(reason)) == (None if at is None else NOW + at)
-
-
-def test_a_handover_wakes_a_step_when_the_schedule_could_look_too_late() -> None:
-    """Nothing parked to hand over, but a five-minute schedule may not look within the handover
-    lead (120 s) in time: the step is woken 120 s before the end all the same."""
-    rows, look = successor_rows(500)
-    plan = core.plan(spec(1, 1, 0, look_period_seconds=300.0), rows, look, NOW)
-    assert intents(plan) == [SUCCESSOR]
-    assert plan.wake_at(core.Reason.HANDOVER) == NOW + 500 - 120
+        assert plan.wake_at(core.Reason(reason)) == NOW + at
 
 
 def test_successors_that_wait_for_room_run_at_ends_of_ours() -> None:

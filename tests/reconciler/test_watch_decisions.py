@@ -81,16 +81,6 @@ def test_a_read_is_news_when_the_plan_would_act_on_it(phase, state, read_at, new
     assert core.watch_news(_slot(phase), core.Observed("vm-1", state, 0.0), read_at) is news
 
 
-@pytest.mark.parametrize(("period", "woken"), [(60.0, False), (110.0, False), (111.0, True), (300.0, True)])
-def test_a_handover_wakes_a_step_only_when_the_next_scheduled_look_could_be_too_late(period, woken) -> None:
-    """The lead is 120 s; the handover and the serve take about 10 s: a schedule of up to 110 s
-    looks in time by itself."""
-    from lambdas.reconciler.core.phases import handover_look_in_time
-
-    assert core.HANDOVER_LEAD_SECONDS == 120.0
-    assert handover_look_in_time(period, 1000.0) is not woken
-
-
 @pytest.mark.parametrize(("phase", "state", "vm", "parks"), [
     (core.PARKING, "SUSPENDED", "vm-1", True),
     (core.PARKING, "SUSPENDING", "vm-1", False),  # not landed yet

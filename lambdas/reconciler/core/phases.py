@@ -518,9 +518,7 @@ def place_successor(d: Draft, room: Room, intent: Intent) -> None:
             d.wake(max(free + EXPIRY_WAKE_SECONDS, d.now + LATE_END_POLL_SECONDS))
         return
     if expires - d.now > HANDOVER_LEAD_SECONDS:
-        due = expires - HANDOVER_LEAD_SECONDS
-        if room.donors or room.young or not handover_look_in_time(d.spec.look_period_seconds, due):
-            d.wake(due, Reason.HANDOVER)
+        d.wake(expires - HANDOVER_LEAD_SECONDS, Reason.HANDOVER)
         return
     lead = successor_lead(d.spec)
     usable = [s for s in room.donors if (s.vm_started_at or d.now) + (s.lifetime or d.spec.max_lifetime_seconds) - d.now > lead]
@@ -545,16 +543,6 @@ def paid_successor(d: Draft, intent: Intent) -> None:
     a ListMicrovms and a second below ``min_vms`` more (1 fleet, min 4 / max 7: 6 in 3 hours).
     Not accepted, the run waits as before (the shell wakes the step for it)."""
     d.successors[d.successors.index(intent)] = dataclasses.replace(intent, paid_by=intent.microvm_id)
-
-
-def handover_look_in_time(period: float, due: float) -> bool:
-    """Whether the first scheduled look after a handover comes due (at most a ``period`` later) is
-    still in time for the end it prepares (:func:`no_room_at_all`'s wakes) when there is nothing
-    to hand over: no step wakes for it then. Each such wake is a ListMicrovms, and at ``max_vms``
-    with no parked VM it found nothing to do (1 fleet, min 4 / max 7 / warm 2: 6 wakes in 3 hours,
-    all idle). With a parked VM the wake stays: a handover a minute later is confirmed by the next
-    tick's list at the VM's very end (10 fleets, seed 3: 1.9 s below ``min_vms`` three times)."""
-    return due + period + SUCCESSOR_START_SECONDS <= due + HANDOVER_LEAD_SECONDS
 
 
 def room_for_successor(d: Draft, room: Room) -> None:
