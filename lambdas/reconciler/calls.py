@@ -109,7 +109,7 @@ class Calls:
         # the others leave it under max_vms (clients' VMs may hold the image above it).
         paid = intent.paid_by is not None and intent.paid_by in step.ended and step.live - 1 < spec.max_vms
         if step.live >= spec.max_vms and not intent.retry and not paid:
-            if intent.paid_by is not None:  # the end it waits for was not accepted: look again soon
+            if intent.paid_by is not None:  # its end not accepted, or others hold the room: look again soon
                 step.result.add(step.now + core.LATE_END_POLL_SECONDS, Reason.REPLACE)
             self.note(step, slot, "max_vms_reached", intent)
             step.at_max.add(slot.slot_id)

@@ -17,22 +17,14 @@ from lambdas.reconciler import index
 
 from .harness import RECONCILER_CALLER, peak_live
 from .support import _Killed, assert_no_duplicates
-from .test_overtime import _parked_vm_taken_before_a_base_end, _runs, _settle
+from .test_overtime import ENDED, _parked_vm_taken_before_a_base_end, _runs, _settle, _terminates
 
 pytestmark = pytest.mark.stores("memory")
-
-ENDED = ("TERMINATING", "TERMINATED")
-
 
 @pytest.fixture
 def stack() -> Iterator[contextlib.ExitStack]:
     with contextlib.ExitStack() as s:
         yield s
-
-
-def _terminates(fleet: Any, since: float) -> list[Any]:
-    return [r for r in fleet.emulator.requests if r.caller == RECONCILER_CALLER and r.operation == "TerminateMicrovm"
-            and r.time >= since]
 
 
 def _gone(vm: dict[str, Any]) -> float:

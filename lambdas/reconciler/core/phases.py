@@ -12,8 +12,7 @@ from __future__ import annotations
 
 import bisect
 import copy
-import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Iterable, Mapping, Optional
 
 from .lifetimes import EXPIRY_WAKE_SECONDS, SUCCESSOR_START_SECONDS, look_in_time
@@ -98,7 +97,6 @@ class Draft:
     successors: list[Intent] = field(default_factory=list)
     retiring_waits: list[float] = field(default_factory=list)  # due successors held by their own retiring VM
     handovers: list[Intent] = field(default_factory=list)
-    ending_now: dict[str, str] = field(default_factory=dict)  # slot -> its VM this plan ends past its deadline
     facts: Mapping[str, Ready] = field(default_factory=dict)  # the server's answers, by VM
 
     def apply(self, change: Change) -> None:
@@ -334,7 +332,6 @@ def end_past_deadline(d: Draft, slot: Slot, current: Optional[Observed], expires
     if current is not None and not current.ended and slot.phase == RUNNING and not slot.ending:
         if expires <= d.now:
             d.intents.append(Intent(IntentKind.TERMINATE, slot.slot_id, slot.microvm_id, reason="past_deadline"))
-            d.ending_now[slot.slot_id] = slot.microvm_id or ""
         else:
             d.wake(expires, Reason.REPLACE)
     retiring = d.seen.get(slot.retiring_id or "")
@@ -530,7 +527,8 @@ def place_successor(d: Draft, room: Room, intent: Intent) -> None:
                                   reason="handover", donor=donor.slot_id))
     elif room.donors:
         room_for_successor(d, room)
-    elif intent.microvm_id and d.ending_now.get(slot.slot_id) == intent.microvm_id:
+    elif any(i.kind == IntentKind.TERMINATE and i.reason == "past_deadline" and i.microvm_id == intent.microvm_id
+             for i in d.intents):
         paid_successor(d, intent)
     else:
         no_room_at_all(d, expires)
@@ -542,7 +540,7 @@ def paid_successor(d: Draft, intent: Intent) -> None:
     not live), with no wake and no list to see the end first. At ``max_vms`` each base VM's end cost
     a ListMicrovms and a second below ``min_vms`` more (1 fleet, min 4 / max 7: 6 in 3 hours).
     Not accepted, the run waits as before (the shell wakes the step for it)."""
-    d.successors[d.successors.index(intent)] = dataclasses.replace(intent, paid_by=intent.microvm_id)
+    d.successors[d.successors.index(intent)] = replace(intent, paid_by=intent.microvm_id)
 
 
 def room_for_successor(d: Draft, room: Room) -> None:
