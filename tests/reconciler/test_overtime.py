@@ -11,19 +11,19 @@ from __future__ import annotations
 
 import contextlib
 import copy
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Iterator
 
 import pytest
 
 from lambdas.reconciler import index
 
+from .deadline_scene import (ENDED, ends_ahead, first_in, no_headroom_fleet, runs_since, settle,
+                             taken_before_a_base_end, terminates, to_before_end)
 from .harness import RECONCILER_CALLER, act_during_sleep, deployed_fleet, list_lag, peak_live, seconds_below
 
 # What the reconciler decides over ticks: the stores in memory (harness.py).
 pytestmark = pytest.mark.stores("memory")
 
-NO_HEADROOM = {"MIN_VMS": "2", "WARM_VMS": "0", "MAX_VMS": "2", "IDLE_SECONDS": ""}
-ENDED = ("TERMINATING", "TERMINATED")
 
 
 @pytest.fixture
@@ -32,28 +32,7 @@ def stack() -> Iterator[contextlib.ExitStack]:
         yield s
 
 
-def _fleet(aws: str, stack: contextlib.ExitStack, monkeypatch: Any, before: Optional[Callable[[Any], None]] = None,
-           env: Optional[dict[str, str]] = None, minutes: int = 2) -> Any:
-    fleet = stack.enter_context(deployed_fleet(aws, env={**NO_HEADROOM, **(env or {})}, pending_seconds=2))
-    if before is not None:
-        before(fleet)
-    fleet.every_minute(monkeypatch, minutes)
-    assert len(fleet.live(("RUNNING",))) == int(fleet.env["MIN_VMS"])
-    return fleet
-
-
 # ------------------------------------------------------------------ ground truth
-
-
-def _ends(fleet: Any) -> list[tuple[float, str]]:
-    live = {vm["microvmId"] for vm in fleet.live()}
-    return sorted((vm["servesUntil"], vm["microvmId"])
-                  for vm in fleet.emulator.microvms_ever() if vm["microvmId"] in live)
-
-
-def _runs(fleet: Any, since: float, ok: Optional[bool] = None) -> list[Any]:
-    return [r for r in fleet.emulator.requests if r.operation == "RunMicrovm" and r.caller == RECONCILER_CALLER
-            and r.time >= since and (ok is None or (r.status < 300) == ok)]
 
 
 def _lists(fleet: Any, since: float, until: float = float("inf")) -> list[Any]:
@@ -81,20 +60,7 @@ def _sound(fleet: Any, since: float, ended: int = 1) -> None:
     assert len(fleet.live(("RUNNING",))) == int(fleet.env["MIN_VMS"])
 
 
-def _to_before_end(fleet: Any, before: float) -> tuple[float, str, float]:
-    """Move the clock to ``before`` seconds ahead of the next end: (end, its VM, the tick's start)."""
-    end, vm_id = _ends(fleet)[0]
-    fleet.clock.advance(end - before - fleet.clock.now())
-    return end, vm_id, fleet.clock.now()
-
-
 _hook_sleep = act_during_sleep
-
-
-def _settle(fleet: Any, monkeypatch: Any, tick_start: float) -> None:
-    """The schedule's next tick (60 s after ``tick_start``) and one more."""
-    fleet.clock.advance(max(0.0, tick_start + 60 - fleet.clock.now()))
-    fleet.every_minute(monkeypatch, 2)
 
 
 # ------------------------------------------------------------------ lists fail or lag in overtime
@@ -102,45 +68,45 @@ def _settle(fleet: Any, monkeypatch: Any, tick_start: float) -> None:
 
 def test_a_list_refused_in_the_first_overtime_step_is_asked_again_in_the_second(aws, stack, monkeypatch) -> None:
     """The overtime step's ListMicrovms answers 500: the second step (1 s later) lists and replaces."""
-    fleet = _fleet(aws, stack, monkeypatch)
-    end, _, start = _to_before_end(fleet, 51.0)
+    fleet = no_headroom_fleet(aws, stack, monkeypatch)
+    end, _, start = to_before_end(fleet, 51.0)
     _hook_sleep(fleet, end, lambda: fleet.emulator.inject("ListMicrovms", "InternalServer", times=1,
                                                            caller=RECONCILER_CALLER))
     invocation = fleet.invoke(monkeypatch)
     assert "lease_lost" not in invocation.result
-    runs = _runs(fleet, end, ok=True)
+    runs = runs_since(fleet, end, ok=True)
     assert runs and runs[0].time - end <= 3.0, (end, [r.time for r in runs])
     assert len(invocation.events("tick_overtime")) == 2
     assert fleet.clock.now() - start <= 59.0 + 1.0
-    _settle(fleet, monkeypatch, start)
+    settle(fleet, monkeypatch, start)
     _sound(fleet, end - 1)
 
 
 def test_lists_refused_in_every_overtime_step_leave_it_to_the_next_tick(aws, stack, monkeypatch) -> None:
     """Every overtime list 500s: the tick gives up within its time (MAX_OVERTIME_STEPS lists, not
     a retry loop), the next tick replaces at once."""
-    fleet = _fleet(aws, stack, monkeypatch)
-    end, _, start = _to_before_end(fleet, 51.0)
+    fleet = no_headroom_fleet(aws, stack, monkeypatch)
+    end, _, start = to_before_end(fleet, 51.0)
     _hook_sleep(fleet, end, lambda: fleet.emulator.inject("ListMicrovms", "InternalServer", times=3,
                                                            caller=RECONCILER_CALLER))
     invocation = fleet.invoke(monkeypatch)
-    assert not _runs(fleet, end)
+    assert not runs_since(fleet, end)
     assert len(_lists(fleet, start + 50, start + 60)) <= 3
     assert fleet.clock.now() - start <= 59.0 + 1.0
     assert "steps" in invocation.result
     fleet.clock.advance(start + 60 - fleet.clock.now())
     fleet.invoke(monkeypatch)
-    runs = _runs(fleet, end, ok=True)
+    runs = runs_since(fleet, end, ok=True)
     assert runs and runs[0].time - (start + 60) <= 1.0
-    _settle(fleet, monkeypatch, start + 60)
+    settle(fleet, monkeypatch, start + 60)
     _sound(fleet, end - 1)
 
 
 def test_a_throttled_list_in_overtime(aws, stack, monkeypatch) -> None:
     """ListMicrovms answers 429 at once in the gap (a throttling storm): no raise, no retry storm,
     the replacement comes with the second step or the next tick."""
-    fleet = _fleet(aws, stack, monkeypatch)
-    end, _, start = _to_before_end(fleet, 51.0)
+    fleet = no_headroom_fleet(aws, stack, monkeypatch)
+    end, _, start = to_before_end(fleet, 51.0)
 
     def storm() -> None:
         fleet.emulator.set_rate_limit("ListMicrovms", 0.2, 1.0, surge=0)
@@ -152,7 +118,7 @@ def test_a_throttled_list_in_overtime(aws, stack, monkeypatch) -> None:
     assert "steps" in invocation.result
     assert len(_lists(fleet, start + 50, start + 60)) <= 2
     assert fleet.clock.now() - start <= 59.0 + 1.0
-    _settle(fleet, monkeypatch, start)
+    settle(fleet, monkeypatch, start)
     _sound(fleet, end - 1)
 
 
@@ -160,42 +126,42 @@ def test_a_throttled_list_in_overtime(aws, stack, monkeypatch) -> None:
 def test_a_list_that_still_shows_the_vm_running_after_its_end(aws, stack, monkeypatch, stale) -> None:
     """Every read sees the service ``stale`` s late: the VM still reads RUNNING 1 s after its end.
     The second overtime step (a second later) replaces it; within ~1 s + stale of its end."""
-    fleet = _fleet(aws, stack, monkeypatch)
-    end, _, start = _to_before_end(fleet, 51.0)
+    fleet = no_headroom_fleet(aws, stack, monkeypatch)
+    end, _, start = to_before_end(fleet, 51.0)
     fleet.emulator.stale_seconds = stale
     invocation = fleet.invoke(monkeypatch)
-    runs = _runs(fleet, end, ok=True)
+    runs = runs_since(fleet, end, ok=True)
     assert runs and runs[0].time - end <= 2.5 + stale, (end, [r.time - end for r in runs],
                                                         invocation.events("tick_overtime"))
-    _settle(fleet, monkeypatch, start)
+    settle(fleet, monkeypatch, start)
     fleet.emulator.stale_seconds = 0.0
-    _settle(fleet, monkeypatch, fleet.clock.now())
+    settle(fleet, monkeypatch, fleet.clock.now())
     _sound(fleet, end - 1)
 
 
 def test_a_list_stale_past_both_overtime_steps(aws, stack, monkeypatch) -> None:
     """Reads 4 s late: neither overtime step sees the end; the next tick replaces, no duplicate."""
-    fleet = _fleet(aws, stack, monkeypatch)
-    end, _, start = _to_before_end(fleet, 51.0)
+    fleet = no_headroom_fleet(aws, stack, monkeypatch)
+    end, _, start = to_before_end(fleet, 51.0)
     fleet.emulator.stale_seconds = 4.0
     invocation = fleet.invoke(monkeypatch)
     assert "steps" in invocation.result
     assert fleet.clock.now() - start <= 59.0 + 1.0
-    _settle(fleet, monkeypatch, start)
+    settle(fleet, monkeypatch, start)
     fleet.emulator.stale_seconds = 0.0
-    _settle(fleet, monkeypatch, fleet.clock.now())
+    settle(fleet, monkeypatch, fleet.clock.now())
     _sound(fleet, end - 1)
 
 
 def test_list_lag_hides_the_successor_from_the_second_overtime_step(aws, stack, monkeypatch) -> None:
     """New VMs are missing from lists for 30 s: the step after the run must not start another."""
-    fleet = _fleet(aws, stack, monkeypatch)
-    end, _, start = _to_before_end(fleet, 50.5)
+    fleet = no_headroom_fleet(aws, stack, monkeypatch)
+    end, _, start = to_before_end(fleet, 50.5)
     list_lag(fleet, 30.0)
     fleet.invoke(monkeypatch)
-    runs = _runs(fleet, end, ok=True)
+    runs = runs_since(fleet, end, ok=True)
     assert runs and runs[0].time - end <= 2.5
-    _settle(fleet, monkeypatch, start)
+    settle(fleet, monkeypatch, start)
     _sound(fleet, end - 1)
 
 
@@ -207,8 +173,8 @@ def test_list_lag_hides_the_successor_from_the_second_overtime_step(aws, stack, 
 def test_the_successor_run_fails_in_overtime(aws, stack, monkeypatch, kind, lag) -> None:
     """The overtime step's run is refused, or made but its answer lost (with new VMs listed up to
     30 s late: the next tick must find it by the slot's token), or its app crashes at once."""
-    fleet = _fleet(aws, stack, monkeypatch)
-    end, _, start = _to_before_end(fleet, 51.0)
+    fleet = no_headroom_fleet(aws, stack, monkeypatch)
+    end, _, start = to_before_end(fleet, 51.0)
     if lag:
         list_lag(fleet, lag)
     # A crash hits the VM the run makes; the run's other faults are narrowed to the reconciler.
@@ -217,13 +183,13 @@ def test_the_successor_run_fails_in_overtime(aws, stack, monkeypatch, kind, lag)
     invocation = fleet.invoke(monkeypatch)
     assert "steps" in invocation.result
     assert fleet.clock.now() - start <= 59.0 + 1.0
-    assert len([r for r in _runs(fleet, start + 50) if r.time <= start + 60.0]) <= 2
-    _settle(fleet, monkeypatch, start)
+    assert len([r for r in runs_since(fleet, start + 50) if r.time <= start + 60.0]) <= 2
+    settle(fleet, monkeypatch, start)
     if kind == "crash":
-        _settle(fleet, monkeypatch, fleet.clock.now())
+        settle(fleet, monkeypatch, fleet.clock.now())
     _sound(fleet, end - 1)
     # A failed run waits at most for the next tick (60 s after this one's start), not longer.
-    ok = _runs(fleet, end, ok=True)
+    ok = runs_since(fleet, end, ok=True)
     assert ok[0].time <= start + 61.0, [r.time - end for r in ok]
 
 
@@ -234,15 +200,15 @@ def test_the_successor_run_fails_in_overtime(aws, stack, monkeypatch, kind, lag)
 def test_a_second_invocation_while_the_overtime_tick_sleeps(aws, stack, monkeypatch, timeout) -> None:
     """A duplicate delivery (or the next schedule early) starts while the overtime tick sleeps for
     the end: it takes the lease over; the late tick is fenced at its next write. One successor."""
-    fleet = _fleet(aws, stack, monkeypatch)
-    end, _, start = _to_before_end(fleet, 53.0)
+    fleet = no_headroom_fleet(aws, stack, monkeypatch)
+    end, _, start = to_before_end(fleet, 53.0)
     first = fleet._environment
     second: list[Any] = []
     _hook_sleep(fleet, start + 50.5, lambda: second.append(fleet.invoke(monkeypatch, timeout=timeout, cold=True)))
     invocation = fleet.invoke(monkeypatch, cold=False) if fleet._environment is first else None
     assert invocation is not None and second
     assert "steps" in invocation.result
-    _settle(fleet, monkeypatch, start)
+    settle(fleet, monkeypatch, start)
     _sound(fleet, end - 1)
 
 
@@ -252,8 +218,8 @@ def test_a_second_invocation_while_an_overtime_call_is_in_flight(aws, stack, mon
     carried out, before its answer reaches the first tick (the service's thread runs it); new VMs
     are listed 30 s late. The second must find the successor by the slot's token, and the first,
     acting on a list older than the second's run, must not start another."""
-    fleet = _fleet(aws, stack, monkeypatch)
-    end, _, start = _to_before_end(fleet, 51.0)
+    fleet = no_headroom_fleet(aws, stack, monkeypatch)
+    end, _, start = to_before_end(fleet, 51.0)
     list_lag(fleet, 30.0)
     second: list[Any] = []
 
@@ -267,7 +233,7 @@ def test_a_second_invocation_while_an_overtime_call_is_in_flight(aws, stack, mon
     invocation = fleet.invoke(monkeypatch)
     assert second and second[0] is not None
     assert "steps" in invocation.result
-    _settle(fleet, monkeypatch, start)
+    settle(fleet, monkeypatch, start)
     _sound(fleet, end - 1)
 
 
@@ -277,8 +243,8 @@ def test_a_second_invocation_while_an_overtime_call_is_in_flight(aws, stack, mon
 @pytest.mark.parametrize("timeout,into_tick", [(60.0, 51.2), (61.3, 52.2)])
 def test_never_past_the_invocation_time_less_its_margin(aws, stack, monkeypatch, timeout, into_tick) -> None:
     """Whatever the end, no step starts later than the invocation's time less 8 s."""
-    fleet = _fleet(aws, stack, monkeypatch)
-    end, _, start = _to_before_end(fleet, into_tick)
+    fleet = no_headroom_fleet(aws, stack, monkeypatch)
+    end, _, start = to_before_end(fleet, into_tick)
     steps_at: list[float] = []
     reconciler = fleet._environment
     step = reconciler.step
@@ -292,7 +258,7 @@ def test_never_past_the_invocation_time_less_its_margin(aws, stack, monkeypatch,
     assert "steps" in invocation.result
     assert max(steps_at) - start <= timeout - 6.0 + 1e-6, (steps_at[-3:], start)
     assert fleet.clock.now() - start < timeout
-    runs = _runs(fleet, end, ok=True)
+    runs = runs_since(fleet, end, ok=True)
     if end + 1.0 - start <= timeout - 6.0:
         assert runs and runs[0].time - end <= 2.5
     monkeypatch.undo()
@@ -301,13 +267,13 @@ def test_never_past_the_invocation_time_less_its_margin(aws, stack, monkeypatch,
 @pytest.mark.parametrize("tick_seconds,into_tick", [("30", 40.0), ("45", 56.0)])
 def test_other_tick_lengths_with_a_long_timeout(aws, stack, monkeypatch, tick_seconds, into_tick) -> None:
     """A function given 65 s whatever its tick_seconds: the overtime covers the gap."""
-    fleet = _fleet(aws, stack, monkeypatch, env={"TICK_SECONDS": tick_seconds})
-    end, _, start = _to_before_end(fleet, into_tick)
+    fleet = no_headroom_fleet(aws, stack, monkeypatch, env={"TICK_SECONDS": tick_seconds})
+    end, _, start = to_before_end(fleet, into_tick)
     invocation = fleet.invoke(monkeypatch)
-    runs = _runs(fleet, end, ok=True)
+    runs = runs_since(fleet, end, ok=True)
     assert runs and runs[0].time - end <= 2.5, ([r.time - end for r in runs], invocation.events("tick_overtime"))
     assert fleet.clock.now() - start <= 59.0 + 1.0
-    _settle(fleet, monkeypatch, start)
+    settle(fleet, monkeypatch, start)
     _sound(fleet, end - 1)
 
 
@@ -315,19 +281,19 @@ def test_other_tick_lengths_with_a_long_timeout(aws, stack, monkeypatch, tick_se
 def test_a_skewed_lambda_clock(aws, stack, monkeypatch, skew) -> None:
     """The function's clock is ``skew`` s off the service's (the handler's time left is the
     context's): the successor still starts about a second after the service's end."""
-    fleet = _fleet(aws, stack, monkeypatch)
+    fleet = no_headroom_fleet(aws, stack, monkeypatch)
     reconciler = fleet.reconciler(monkeypatch)
     reconciler.clock = lambda: fleet.clock.now() + skew
     reconciler.sleep = fleet.clock.advance
     index._RECONCILER = reconciler
     fleet.invoke(monkeypatch, cold=False)  # learns the offset
     fleet.clock.advance(60 - 50)
-    end, _, start = _to_before_end(fleet, 51.5)
+    end, _, start = to_before_end(fleet, 51.5)
     invocation = fleet.invoke(monkeypatch, cold=False)
-    runs = _runs(fleet, end, ok=True)
+    runs = runs_since(fleet, end, ok=True)
     assert runs and runs[0].time - end <= 2.5, ([r.time - end for r in runs], invocation.events("tick_overtime"))
     assert fleet.clock.now() - start <= 59.0 + 1.0
-    _settle(fleet, monkeypatch, start)
+    settle(fleet, monkeypatch, start)
     _sound(fleet, end - 1)
 
 
@@ -339,7 +305,7 @@ def test_two_ends_a_few_seconds_apart_in_one_gap(aws, stack, monkeypatch) -> Non
     of time: it runs the successor at once and does not wait for the server's answer, which would
     space the ends ~5 s apart): the two successors end 3.5 s apart, both in the same gap. Each must
     be replaced within ~2.5 s of its own end (the second overtime step is for the second end)."""
-    fleet = _fleet(aws, stack, monkeypatch)
+    fleet = no_headroom_fleet(aws, stack, monkeypatch)
     client = fleet.emulator.direct_client(caller="client")
     fleet.emulator.terminating_seconds = 0.1
     t = fleet.clock.now()
@@ -351,46 +317,16 @@ def test_two_ends_a_few_seconds_apart_in_one_gap(aws, stack, monkeypatch) -> Non
     fleet.emulator.terminating_seconds = 3.0
     fleet.every_minute(monkeypatch, 1)
     assert len(fleet.live(("RUNNING",))) == 2, [(i.result, [e["message"] for e in i.events()]) for i in fleet.invocations[-3:]]
-    (first, _), (second, _) = _ends(fleet)
+    (first, _), (second, _) = ends_ahead(fleet)
     gap = second - first
     assert 1.0 < gap < 5.0, gap
-    end, _, start = _to_before_end(fleet, 50.3)
+    end, _, start = to_before_end(fleet, 50.3)
     invocation = fleet.invoke(monkeypatch)
-    runs = _runs(fleet, end, ok=True)
+    runs = runs_since(fleet, end, ok=True)
     assert len(runs) >= 2, ([r.time - end for r in runs], invocation.events("tick_overtime"))
     assert runs[0].time - first <= 2.5 and runs[1].time - second <= 2.5, ([r.time - end for r in runs], gap)
-    _settle(fleet, monkeypatch, start)
+    settle(fleet, monkeypatch, start)
     _sound(fleet, end - 1)
-
-
-def _first(vm: dict[str, Any], states: tuple[str, ...]) -> float:
-    return next(at for at, state, _ in vm["history"] if state in states)
-
-
-def _parked_vm_taken_before_a_base_end(aws: str, stack: contextlib.ExitStack, monkeypatch: Any, before: float,
-                                       arm: Optional[Callable[[Any], None]] = None) -> tuple[Any, dict[str, Any], float, Any]:
-    """min 1, warm 1, max 2, the parked VM taken by a client 3 minutes before a tick that starts
-    ``before`` s ahead of the base VM's end as the reconciler counts it (its lifetime from the VM's
-    start; rayd counts it from its ``/run``, when the VM runs): (fleet, the base VM, the tick's
-    start, its invocation)."""
-    fleet = stack.enter_context(deployed_fleet(aws, env={"MIN_VMS": "1", "WARM_VMS": "1", "MAX_VMS": "2",
-                                                         "IDLE_SECONDS": ""}, pending_seconds=2))
-    fleet.every_minute(monkeypatch, 3)
-    suspended = fleet.live(("SUSPENDED",))
-    assert len(suspended) == 1 and len(fleet.live(("RUNNING",))) == 1
-    (base,) = [vm for vm in fleet.emulator.microvms_ever() if vm["microvmId"] == fleet.live(("RUNNING",))[0]["microvmId"]]
-    counted_end = base["servesUntil"] - (_first(base, ("RUNNING",)) - base["startedAt"])
-    fleet.clock.advance(counted_end - before - 180.0 - fleet.clock.now())
-    client = fleet.emulator.direct_client(caller="client")
-    client.resume_microvm(microvmIdentifier=suspended[0]["microvmId"])
-    fleet.every_minute(monkeypatch, 3)
-    assert fleet.emulator.state_of(suspended[0]["microvmId"]) == "RUNNING"  # still the client's
-    if arm is not None:
-        arm(fleet)
-    start = fleet.clock.now()
-    invocation = fleet.invoke(monkeypatch)
-    (base,) = [vm for vm in fleet.emulator.microvms_ever() if vm["microvmId"] == base["microvmId"]]
-    return fleet, base, start, invocation
 
 
 def test_parked_vms_taken_by_clients_leave_a_base_end_nothing_replaces(aws, stack, monkeypatch) -> None:
@@ -403,36 +339,31 @@ def test_parked_vms_taken_by_clients_leave_a_base_end_nothing_replaces(aws, stac
     parked VM is now the product's pool VM, with the pool's idle policy (300 s), and one taken long
     before and idle since is SUSPENDED again, which a tick that never saw it run hands to the base
     slot (nothing to replace at the end then)."""
-    fleet, base, start, invocation = _parked_vm_taken_before_a_base_end(aws, stack, monkeypatch, 51.0)
+    fleet, base, start, invocation = taken_before_a_base_end(aws, stack, monkeypatch, 51.0)
     assert "steps" in invocation.result
     assert _peak_live(fleet) <= 2
-    end = _first(base, ENDED)
+    end = first_in(base, ENDED)
     assert end - start > 50.0, end - start  # in the gap
-    runs = _runs(fleet, end, ok=True)
+    runs = runs_since(fleet, end, ok=True)
     assert runs and runs[0].time - end <= 2.5, ([r.time - end for r in runs], invocation.events("tick_overtime"))
     assert invocation.events("tick_overtime")  # it was the overtime's (nothing parked to hand over)
-    _settle(fleet, monkeypatch, start)
+    settle(fleet, monkeypatch, start)
     assert _peak_live(fleet) <= 2
-
-
-def _terminates(fleet: Any, since: float) -> list[Any]:
-    return [r for r in fleet.emulator.requests if r.caller == RECONCILER_CALLER and r.operation == "TerminateMicrovm"
-            and r.time >= since]
 
 
 def test_the_successor_runs_in_the_room_of_the_vm_ended_past_its_deadline(aws, stack, monkeypatch) -> None:
     """The same end (nothing parked, no headroom): the successor's RunMicrovm goes out in the step
     whose TerminateMicrovm ended the base VM (``past_deadline``), once the service accepted it: no
     ListMicrovms between them and no wake to see the end first (``core.paid_successor``)."""
-    fleet, base, start, _ = _parked_vm_taken_before_a_base_end(aws, stack, monkeypatch, 51.0)
-    (end,) = [r for r in _terminates(fleet, start) if r.microvm_id == base["microvmId"]]
+    fleet, base, start, _ = taken_before_a_base_end(aws, stack, monkeypatch, 51.0)
+    (end,) = [r for r in terminates(fleet, start) if r.microvm_id == base["microvmId"]]
     assert end.status == 200
-    runs = _runs(fleet, end.time, ok=True)
+    runs = runs_since(fleet, end.time, ok=True)
     assert runs and runs[0].time - end.time < 0.5, [r.time - end.time for r in runs]
     requests = list(fleet.emulator.requests)
     between = requests[requests.index(end):requests.index(runs[0])]
     assert [r.operation for r in between if r.caller == RECONCILER_CALLER and r.operation == "ListMicrovms"] == []
-    _settle(fleet, monkeypatch, start)
+    settle(fleet, monkeypatch, start)
     assert _peak_live(fleet) <= 2
 
 
@@ -444,14 +375,14 @@ def test_a_successor_whose_vm_end_was_refused_waits_for_the_end(aws, stack, monk
     def arm(f: Any) -> None:
         f.emulator.inject("TerminateMicrovm", fault, times=1, caller=RECONCILER_CALLER)
 
-    fleet, base, start, _ = _parked_vm_taken_before_a_base_end(aws, stack, monkeypatch, 51.0, arm=arm)
-    ends = [r for r in _terminates(fleet, start) if r.microvm_id == base["microvmId"]]
+    fleet, base, start, _ = taken_before_a_base_end(aws, stack, monkeypatch, 51.0, arm=arm)
+    ends = [r for r in terminates(fleet, start) if r.microvm_id == base["microvmId"]]
     assert ends and ends[0].status in (409, 500), [(r.time - start, r.status) for r in ends]
-    runs = _runs(fleet, ends[0].time, ok=True)
+    runs = runs_since(fleet, ends[0].time, ok=True)
     assert not runs or runs[0].time - ends[0].time >= 0.4, [r.time - ends[0].time for r in runs]
-    _settle(fleet, monkeypatch, start)
+    settle(fleet, monkeypatch, start)
     assert _peak_live(fleet) <= 2
-    assert _runs(fleet, ends[0].time, ok=True), "never replaced"
+    assert runs_since(fleet, ends[0].time, ok=True), "never replaced"
 
 
 @pytest.mark.xfail(strict=True, reason=(
@@ -462,10 +393,10 @@ def test_a_base_vm_is_not_ended_before_rayd_ends_it(aws, stack, monkeypatch) -> 
     """The reconciler's TerminateMicrovm at a base VM's deadline (``past_deadline``) frees its room
     under max_vms for a successor once rayd (PID 1) ended its agents; never before: the VM serves
     until then (``servesUntil``, rayd's deadline, counted from its ``/run``)."""
-    fleet, base, start, _ = _parked_vm_taken_before_a_base_end(aws, stack, monkeypatch, 51.0)
-    _settle(fleet, monkeypatch, start)
+    fleet, base, start, _ = taken_before_a_base_end(aws, stack, monkeypatch, 51.0)
+    settle(fleet, monkeypatch, start)
     (base,) = [vm for vm in fleet.emulator.microvms_ever() if vm["microvmId"] == base["microvmId"]]
-    ended = _first(base, ENDED)
+    ended = first_in(base, ENDED)
     assert ended >= base["servesUntil"] - 0.1, (ended - start, base["servesUntil"] - start)
 
 
@@ -475,8 +406,8 @@ def test_the_next_schedule_arrives_during_an_overtime_that_outlives_the_minute(a
     """``tick_seconds`` 55 (allowed: under the minute) makes the timeout 70 s and the overtime
     reach 62 s: past the next scheduled tick (60 s). That tick starts while the first sleeps in
     overtime; both must not start a successor each, nor exceed max_vms."""
-    fleet = _fleet(aws, stack, monkeypatch, env={"TICK_SECONDS": tick_seconds})
-    end, _, start = _to_before_end(fleet, into_tick)
+    fleet = no_headroom_fleet(aws, stack, monkeypatch, env={"TICK_SECONDS": tick_seconds})
+    end, _, start = to_before_end(fleet, into_tick)
     timeout = float(tick_seconds) + 15.0
     second: list[Any] = []
     _hook_sleep(fleet, start + second_at, lambda: second.append(fleet.invoke(monkeypatch, timeout=timeout, cold=True)))
@@ -484,9 +415,9 @@ def test_the_next_schedule_arrives_during_an_overtime_that_outlives_the_minute(a
     index._RECONCILER = first
     invocation = fleet.invoke(monkeypatch, timeout=timeout, cold=False)
     assert "steps" in invocation.result
-    runs = _runs(fleet, end, ok=True)
+    runs = runs_since(fleet, end, ok=True)
     assert runs and runs[0].time - end <= 2.5, [r.time - end for r in runs]
-    _settle(fleet, monkeypatch, fleet.clock.now() - 60)
+    settle(fleet, monkeypatch, fleet.clock.now() - 60)
     _sound(fleet, end - 1)
 
 
@@ -499,24 +430,24 @@ RETRIED_WITHIN = {"InternalServer": 4.5, "InsufficientCapacity": 7.0}
 def test_a_run_refused_once_before_the_deadline_is_tried_again_at_once(aws, stack, monkeypatch, kind) -> None:
     """Control: the same one-off refusal of the successor's run within the tick's time (an end
     at 40 s) is tried again a few seconds later, in the same tick."""
-    fleet = _fleet(aws, stack, monkeypatch)
-    end, _, start = _to_before_end(fleet, 40.0)
+    fleet = no_headroom_fleet(aws, stack, monkeypatch)
+    end, _, start = to_before_end(fleet, 40.0)
     _hook_sleep(fleet, end, lambda: fleet.emulator.inject("RunMicrovm", kind, times=1, caller=RECONCILER_CALLER))
     fleet.invoke(monkeypatch)
-    ok = _runs(fleet, end, ok=True)
-    assert ok and ok[0].time - end <= RETRIED_WITHIN[kind], [r.time - end for r in _runs(fleet, end)]
+    ok = runs_since(fleet, end, ok=True)
+    assert ok and ok[0].time - end <= RETRIED_WITHIN[kind], [r.time - end for r in runs_since(fleet, end)]
 
 
 @pytest.mark.parametrize("kind", ["InternalServer", "InsufficientCapacity"])
 def test_a_run_refused_once_in_overtime_is_tried_again_in_overtime(aws, stack, monkeypatch, kind) -> None:
-    fleet = _fleet(aws, stack, monkeypatch)
-    end, _, start = _to_before_end(fleet, 50.5)
+    fleet = no_headroom_fleet(aws, stack, monkeypatch)
+    end, _, start = to_before_end(fleet, 50.5)
     _hook_sleep(fleet, end, lambda: fleet.emulator.inject("RunMicrovm", kind, times=1, caller=RECONCILER_CALLER))
     invocation = fleet.invoke(monkeypatch)
     assert fleet.clock.now() - start <= 59.0 + 1.0
     assert len(invocation.events("tick_overtime")) >= 2  # the step whose run was refused, and its retry
-    ok = _runs(fleet, end, ok=True)
-    assert ok and ok[0].time - end <= RETRIED_WITHIN[kind], ([r.time - end for r in _runs(fleet, end)],
+    ok = runs_since(fleet, end, ok=True)
+    assert ok and ok[0].time - end <= RETRIED_WITHIN[kind], ([r.time - end for r in runs_since(fleet, end)],
                                                             invocation.result)
 
 
@@ -524,10 +455,10 @@ def test_a_run_refused_once_in_overtime_is_tried_again_in_overtime(aws, stack, m
 def test_other_tick_lengths_with_the_synthesized_timeout_within_it(aws, stack, monkeypatch, tick_seconds,
                                                                    into_tick) -> None:
     """The construct gives the function tick_seconds + 15 s (reconciler.py): 7 s of overtime."""
-    fleet = _fleet(aws, stack, monkeypatch, env={"TICK_SECONDS": tick_seconds})
-    end, _, start = _to_before_end(fleet, into_tick)
+    fleet = no_headroom_fleet(aws, stack, monkeypatch, env={"TICK_SECONDS": tick_seconds})
+    end, _, start = to_before_end(fleet, into_tick)
     fleet.invoke(monkeypatch, timeout=float(tick_seconds) + 15.0)
-    runs = _runs(fleet, end, ok=True)
+    runs = runs_since(fleet, end, ok=True)
     assert runs and runs[0].time - end <= 2.5, [r.time - end for r in runs]
     assert fleet.clock.now() - start <= float(tick_seconds) + 7.0 + 1e-6
 
@@ -538,14 +469,14 @@ def test_other_tick_lengths_an_end_past_the_overtime_is_the_next_ticks(aws, stac
     """With tick_seconds below 50 the construct's timeout (tick_seconds + 15) leaves 7 s of overtime
     (index.py: remaining - 8 - deadline), less than the gap to the next scheduled tick: an end
     after it is replaced by the next tick, at its start (docs/reconciler.md, "Ends between two ticks")."""
-    fleet = _fleet(aws, stack, monkeypatch, env={"TICK_SECONDS": tick_seconds})
-    end, _, start = _to_before_end(fleet, into_tick)
+    fleet = no_headroom_fleet(aws, stack, monkeypatch, env={"TICK_SECONDS": tick_seconds})
+    end, _, start = to_before_end(fleet, into_tick)
     fleet.invoke(monkeypatch, timeout=float(tick_seconds) + 15.0)
     assert fleet.clock.now() - start <= float(tick_seconds) + 7.0 + 1e-6
-    assert not _runs(fleet, end, ok=True)
+    assert not runs_since(fleet, end, ok=True)
     fleet.clock.advance(start + 60 - fleet.clock.now())
     fleet.invoke(monkeypatch, timeout=float(tick_seconds) + 15.0)
-    runs = _runs(fleet, end, ok=True)
+    runs = runs_since(fleet, end, ok=True)
     assert runs and runs[0].time - (start + 60) <= 1.0, [r.time - end for r in runs]
 
 
@@ -565,22 +496,22 @@ def _other_fleets_take_the_run_budget(fleet: Any, ahead: float, operation: str =
 def test_the_shared_run_budget_empty_before_the_deadline_is_waited_for(aws, stack, monkeypatch) -> None:
     """Control: other fleets hold the shared RunMicrovm tokens for 2 s when a base VM ends within
     the tick (40 s): the successor runs when the tokens come, ~2 s later, in the same tick."""
-    fleet = _fleet(aws, stack, monkeypatch)
-    end, _, start = _to_before_end(fleet, 40.0)
+    fleet = no_headroom_fleet(aws, stack, monkeypatch)
+    end, _, start = to_before_end(fleet, 40.0)
     _hook_sleep(fleet, end + 0.5, _other_fleets_take_the_run_budget(fleet, 2.0))
     fleet.invoke(monkeypatch)
-    ok = _runs(fleet, end, ok=True)
-    assert ok and ok[0].time - end <= 4.5, [r.time - end for r in _runs(fleet, end)]
+    ok = runs_since(fleet, end, ok=True)
+    assert ok and ok[0].time - end <= 4.5, [r.time - end for r in runs_since(fleet, end)]
 
 
 def test_the_shared_run_budget_empty_at_the_overtime_step(aws, stack, monkeypatch) -> None:
-    fleet = _fleet(aws, stack, monkeypatch)
-    end, _, start = _to_before_end(fleet, 50.5)
+    fleet = no_headroom_fleet(aws, stack, monkeypatch)
+    end, _, start = to_before_end(fleet, 50.5)
     _hook_sleep(fleet, end + 0.5, _other_fleets_take_the_run_budget(fleet, 2.0))
     invocation = fleet.invoke(monkeypatch)
     assert fleet.clock.now() - start <= 59.0 + 1.0
-    ok = _runs(fleet, end, ok=True)
-    assert ok and ok[0].time - end <= 4.5, ([r.time - end for r in _runs(fleet, end)], invocation.result,
+    ok = runs_since(fleet, end, ok=True)
+    assert ok and ok[0].time - end <= 4.5, ([r.time - end for r in runs_since(fleet, end)], invocation.result,
                                             [e["message"] for e in invocation.events()][-6:])
 
 
@@ -588,8 +519,8 @@ def test_a_redrive_while_the_overtime_tick_sleeps(aws, stack, monkeypatch) -> No
     """An operator's ``{"action": "redrive"}`` lands while the tick sleeps for the end: it takes
     the lease, so the late tick is fenced. Nothing may be doubled or raised; the next scheduled
     tick replaces the VM at once."""
-    fleet = _fleet(aws, stack, monkeypatch)
-    end, _, start = _to_before_end(fleet, 52.0)
+    fleet = no_headroom_fleet(aws, stack, monkeypatch)
+    end, _, start = to_before_end(fleet, 52.0)
     redriven: list[Any] = []
     _hook_sleep(fleet, start + 51.0, lambda: redriven.append(
         fleet.invoke(monkeypatch, {"action": "redrive"}, timeout=65.0, cold=True)))
@@ -599,9 +530,9 @@ def test_a_redrive_while_the_overtime_tick_sleeps(aws, stack, monkeypatch) -> No
     assert redriven and "fleet" in invocation.result
     fleet.clock.advance(max(0.0, start + 60 - fleet.clock.now()))
     fleet.invoke(monkeypatch)
-    ok = _runs(fleet, end, ok=True)
+    ok = runs_since(fleet, end, ok=True)
     assert ok and ok[0].time <= max(end + 2.5, start + 61.0), [r.time - end for r in ok]
-    _settle(fleet, monkeypatch, start + 60)
+    settle(fleet, monkeypatch, start + 60)
     _sound(fleet, end - 1)
 
 
@@ -609,24 +540,24 @@ def test_a_redrive_while_the_overtime_tick_sleeps(aws, stack, monkeypatch) -> No
 def test_a_stale_list_around_the_deadline(aws, stack, monkeypatch, into_tick, stale) -> None:
     """An end just before the deadline, read late: the steps around the deadline (within it and
     the overtime's) neither hammer ListMicrovms nor miss the end by more than the staleness."""
-    fleet = _fleet(aws, stack, monkeypatch)
-    end, _, start = _to_before_end(fleet, into_tick)
+    fleet = no_headroom_fleet(aws, stack, monkeypatch)
+    end, _, start = to_before_end(fleet, into_tick)
     fleet.emulator.stale_seconds = stale
     invocation = fleet.invoke(monkeypatch)
     fleet.emulator.stale_seconds = 0.0
     lists = _lists(fleet, end, end + 10)
     assert len(lists) <= 4, [r.time - end for r in lists]
-    ok = _runs(fleet, end, ok=True)
-    assert ok and ok[0].time - end <= 2.5 + stale, ([r.time - end for r in _runs(fleet, end)],
+    ok = runs_since(fleet, end, ok=True)
+    assert ok and ok[0].time - end <= 2.5 + stale, ([r.time - end for r in runs_since(fleet, end)],
                                                     invocation.events("tick_overtime"))
-    _settle(fleet, monkeypatch, start)
+    settle(fleet, monkeypatch, start)
     _sound(fleet, end - 1)
 
 
 @pytest.mark.parametrize("into_tick", [40.0, 48.5])
 def test_a_list_late_by_more_than_the_wake_does_not_hammer_listmicrovms(aws, stack, monkeypatch, into_tick) -> None:
-    fleet = _fleet(aws, stack, monkeypatch)
-    end, _, start = _to_before_end(fleet, into_tick)
+    fleet = no_headroom_fleet(aws, stack, monkeypatch)
+    end, _, start = to_before_end(fleet, into_tick)
     fleet.emulator.stale_seconds = 1.5
     fleet.invoke(monkeypatch)
     fleet.emulator.stale_seconds = 0.0
@@ -640,7 +571,7 @@ def test_three_ends_in_one_gap_are_replaced_in_overtime(aws, stack, monkeypatch)
     invocation with 1.5 s of time, which does not wait for the server's answer: one that waited
     would space the ends 4 s apart, the third past the overtime.)"""
     three = {"MIN_VMS": "3", "MAX_VMS": "3"}
-    fleet = _fleet(aws, stack, monkeypatch, env=three)
+    fleet = no_headroom_fleet(aws, stack, monkeypatch, env=three)
     client = fleet.emulator.direct_client(caller="client")
     fleet.emulator.terminating_seconds = 0.1
     t = fleet.clock.now()
@@ -651,16 +582,16 @@ def test_three_ends_in_one_gap_are_replaced_in_overtime(aws, stack, monkeypatch)
         fleet.invoke(monkeypatch, timeout=7.5)  # 1.5 s of time (less the 6 s call margin): replaces it at once
     fleet.emulator.terminating_seconds = 3.0
     fleet.every_minute(monkeypatch, 1)
-    ends = [e for e, _ in _ends(fleet)]
+    ends = [e for e, _ in ends_ahead(fleet)]
     assert len(ends) == 3 and 1.0 < ends[1] - ends[0] < 3.0 and 1.0 < ends[2] - ends[1] < 3.0, ends
-    end, _, start = _to_before_end(fleet, 50.2)
+    end, _, start = to_before_end(fleet, 50.2)
     fleet.invoke(monkeypatch)
-    runs = _runs(fleet, end, ok=True)
+    runs = runs_since(fleet, end, ok=True)
     assert len(runs) == 3 and all(r.time - e <= 2.5 for r, e in zip(runs, ends)), [r.time - end for r in runs]
     assert fleet.clock.now() - start <= 59.0 + 1.0
     fleet.clock.advance(start + 60 - fleet.clock.now())
     fleet.invoke(monkeypatch)
-    _settle(fleet, monkeypatch, start + 60)
+    settle(fleet, monkeypatch, start + 60)
     _sound(fleet, end - 1)
 
 
@@ -669,17 +600,17 @@ def test_the_shared_list_budget_empty_at_the_overtime_step(aws, stack, monkeypat
     """Other fleets hold every ListMicrovms token of the shared budget at the overtime step: held
     0.5 s or 3 s, a later overtime step (the budget's wait, within the 7 s) lists and replaces.
     No raise, nothing doubled."""
-    fleet = _fleet(aws, stack, monkeypatch)
-    end, _, start = _to_before_end(fleet, 50.5)
+    fleet = no_headroom_fleet(aws, stack, monkeypatch)
+    end, _, start = to_before_end(fleet, 50.5)
     _hook_sleep(fleet, end + 0.9, _other_fleets_take_the_run_budget(fleet, held, "ListMicrovms"))
     invocation = fleet.invoke(monkeypatch)
     assert "steps" in invocation.result
     assert fleet.clock.now() - start <= 59.0 + 1.0
-    ok = _runs(fleet, end, ok=True)
-    assert ok and ok[0].time - end <= 1.9 + held + 0.6, ([r.time - end for r in _runs(fleet, end)],
+    ok = runs_since(fleet, end, ok=True)
+    assert ok and ok[0].time - end <= 1.9 + held + 0.6, ([r.time - end for r in runs_since(fleet, end)],
                                                           [e["message"] for e in invocation.events()][-6:])
     assert len(_lists(fleet, start + 50, start + 60)) <= 3
-    _settle(fleet, monkeypatch, start + 60)
+    settle(fleet, monkeypatch, start + 60)
     _sound(fleet, end - 1)
 
 
@@ -688,7 +619,7 @@ def test_a_retry_after_of_a_thousand_seconds_backs_every_fleet_off_a_minute_at_m
     second) put the shared ListMicrovms backoff 1,000 s ahead for every fleet of the table: the
     fleet did not list for minutes after the quota was lifted. The backoff is capped at 60 s
     (tick.MAX_RETRY_AFTER_SECONDS; the service's own values were never measured)."""
-    fleet = _fleet(aws, stack, monkeypatch)
+    fleet = no_headroom_fleet(aws, stack, monkeypatch)
     fleet.emulator.set_rate_limit("ListMicrovms", 0.001, 1, surge=0)
     fleet.every_minute(monkeypatch, 2)  # the first list takes the one token; the second is a 429 (~940 s)
     throttled = [r for r in fleet.emulator.requests if r.operation == "ListMicrovms" and r.status == 429]
@@ -729,7 +660,7 @@ def test_a_tick_that_waited_for_the_holder_runs_what_comes_due_in_its_overtime(a
         # A, frozen while B ran, makes no call after B took over (stopped by the fence at its next
         # write, or finding nothing it may do before its own end).
         assert not [r for r in fleet.emulator.requests if r.caller == RECONCILER_CALLER and r.time > b_ended]
-        runs = _runs(fleet, t0, ok=True)
+        runs = runs_since(fleet, t0, ok=True)
         late = [r for r in runs if r.time > fired[0] + 10]  # past B's own deadline
         assert late, [(round(r.time - t0, 3)) for r in runs]  # B worked in its overtime
         assert all(r.time <= fired[0] + 25 - 8 + 1e-6 for r in runs), [(round(r.time - t0, 3)) for r in runs]

@@ -17,7 +17,7 @@ from lambdas.reconciler import index
 
 from .harness import RECONCILER_CALLER, peak_live
 from .support import _Killed, assert_no_duplicates
-from .test_overtime import ENDED, _parked_vm_taken_before_a_base_end, _runs, _settle, _terminates
+from .deadline_scene import gone_at, live_at, runs_since, settle, taken_before_a_base_end, terminates
 
 pytestmark = pytest.mark.stores("memory")
 
@@ -27,31 +27,21 @@ def stack() -> Iterator[contextlib.ExitStack]:
         yield s
 
 
-def _gone(vm: dict[str, Any]) -> float:
-    return next((at for at, state, _ in vm["history"] if state in ENDED), float("inf"))
-
-
-def _live_at(fleet: Any, at: float, but: str = "") -> int:
-    """VMs of the fleet's image alive (born, not ending) at ``at``, ``but`` one."""
-    return sum(1 for vm in fleet.emulator.microvms_ever() if vm["imageArn"] == fleet.image and vm["microvmId"] != but
-               and vm["history"][0][0] <= at < _gone(vm))
-
-
 def _scene(aws: str, stack: Any, monkeypatch: Any,
            arm: Optional[Callable[[Any], None]] = None) -> tuple[Any, dict, float]:
-    fleet, base, start, _ = _parked_vm_taken_before_a_base_end(aws, stack, monkeypatch, 51.0, arm=arm)
-    _settle(fleet, monkeypatch, start)
+    fleet, base, start, _ = taken_before_a_base_end(aws, stack, monkeypatch, 51.0, arm=arm)
+    settle(fleet, monkeypatch, start)
     return fleet, base, start
 
 
 def _holds(fleet: Any, base: dict[str, Any], start: float) -> dict[str, Any]:
     """What every scenario must hold, and the numbers."""
     assert_no_duplicates(fleet)
-    ends = [r for r in _terminates(fleet, start) if r.microvm_id == base["microvmId"]]
+    ends = [r for r in terminates(fleet, start) if r.microvm_id == base["microvmId"]]
     ours_after = [vm for vm in fleet.emulator.microvms_ever() if vm["imageArn"] == fleet.image
                   and (vm["clientToken"] or "").startswith("rz1-") and vm["history"][0][0] >= start]
     new_ids = {vm["microvmId"] for vm in ours_after}
-    new_ended = [r for r in _terminates(fleet, start) if r.microvm_id in new_ids]
+    new_ended = [r for r in terminates(fleet, start) if r.microvm_id in new_ids]
     assert new_ended == [], [(r.time - start, r.microvm_id) for r in new_ended]  # no end of a new VM
     lists = [r for r in fleet.emulator.requests if r.caller == RECONCILER_CALLER and r.operation == "ListMicrovms"
              and r.time >= start]
@@ -66,7 +56,7 @@ def test_a_lost_terminate_answer_leaves_one_end_and_one_successor(aws, stack, mo
         "TerminateMicrovm", "lost_response", times=1, caller=RECONCILER_CALLER))
     got = _holds(fleet, base, start)
     assert [r.status for r in got["ends"]] == [500]  # asked once
-    runs = _runs(fleet, got["ends"][0].time, ok=True)
+    runs = runs_since(fleet, got["ends"][0].time, ok=True)
     assert runs and runs[0].time - got["ends"][0].time >= 0.4
     assert len(got["new"]) == 1, [vm["microvmId"] for vm in got["new"]]
     assert got["peak"] <= 2
@@ -82,7 +72,7 @@ def test_a_paid_run_that_fails_after_the_end_is_run_again_once(aws, stack, monke
         "RunMicrovm", fault, times=1, caller=RECONCILER_CALLER))
     got = _holds(fleet, base, start)
     assert [r.status for r in got["ends"]] == [200]
-    live_new = [vm for vm in got["new"] if _gone(vm) == float("inf")]
+    live_new = [vm for vm in got["new"] if gone_at(vm) == float("inf")]
     assert len(live_new) == 1, [(vm["microvmId"], vm["history"][-1][1]) for vm in got["new"]]
     assert got["peak"] <= 2
     assert len(got["lists"]) <= 12, len(got["lists"])
@@ -129,7 +119,7 @@ def test_a_tick_killed_between_the_end_and_the_run_replaces_the_vm_next_tick(aws
     assert killed and killed[0]["ended"]
     got = _holds(fleet, base, start)
     assert [r.status for r in got["ends"]] == [200]
-    assert len([vm for vm in got["new"] if _gone(vm) == float("inf")]) == 1
+    assert len([vm for vm in got["new"] if gone_at(vm) == float("inf")]) == 1
     assert got["peak"] <= 2
 
 
@@ -145,9 +135,9 @@ def test_a_successor_never_runs_while_others_hold_max_vms(aws, stack, monkeypatc
 
     fleet, base, start = _scene(aws, stack, monkeypatch, arm)
     _holds(fleet, base, start)
-    runs = _runs(fleet, start, ok=True)
-    over = [(round(r.time - start, 2), _live_at(fleet, r.time + 1e-6, but=r.microvm_id)) for r in runs
-            if _live_at(fleet, r.time + 1e-6, but=r.microvm_id) >= 2]
+    runs = runs_since(fleet, start, ok=True)
+    over = [(round(r.time - start, 2), live_at(fleet, r.time + 1e-6, but=r.microvm_id)) for r in runs
+            if live_at(fleet, r.time + 1e-6, but=r.microvm_id) >= 2]
     assert over == [], (over, fleet.env["MAX_VMS"])
 
 
