@@ -3,8 +3,8 @@ max_vms, its successor run in its room, ``core.paid_successor``) decides on a li
 what a client or the service did since the tick's last look (a session started, the base VM
 ended, room freed) is seen before the end and the run, and the run never takes the reconciler
 above max_vms. (Planned on the tick's last list instead, to save that list, the step ran the
-successor with 3 VMs live against max_vms 2 in three of these scenarios.) Also: the handover up to
-``HANDOVER_EARLY_SECONDS`` before its lead, on the look at hand.
+successor with 3 VMs live against max_vms 2 in three of these scenarios.) Also: the handover at
+its lead.
 
 Most scenarios are min 1 / warm 1 / max 2 with the parked VM taken by a client 3 minutes before
 the tick that ends the base VM (``deadline_scene.taken_before_a_base_end``): the tick lists about
@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterator
 
 import pytest
 
-from .harness import RECONCILER_CALLER, act_during_sleep, deployed_fleet, list_lag, peak_live
+from .harness import RECONCILER_CALLER, act_during_sleep, deployed_fleet, list_lag, peak_live, seconds_below
 from .support import assert_no_duplicates
 from .deadline_scene import (first_in, gone_at, live_at, no_headroom_fleet, runs_since, settle, taken_before_a_base_end,
                              terminates, to_before_end)
@@ -342,19 +342,20 @@ def _handover_fleet(aws: str, stack: contextlib.ExitStack, monkeypatch: Any, bef
     return fleet, base, start
 
 
-@pytest.mark.parametrize("before", [121.0, 123.0, 125.0, 126.0])
-def test_the_handover_on_a_look_up_to_5_s_early(aws, stack, monkeypatch, before) -> None:
-    """The tick's list lands ``before`` s ahead of the base VM's end: within the lead and up to
-    5 s sooner the parked VM is taken on that list (ResumeMicrovm in the tick's first step, no
-    list of its own at 120 s); 126 s ahead, the step wakes at 120 s and lists. Either way the
-    base VM's end leaves min_vms served, the parked VM is taken once, never above max_vms, no
-    duplicate."""
+@pytest.mark.parametrize("before", [119.0, 121.0, 126.0])
+def test_the_handover_at_its_lead(aws, stack, monkeypatch, before) -> None:
+    """The tick's list lands ``before`` s ahead of the base VM's end: within the handover lead
+    (120 s) the parked VM is taken on that list (ResumeMicrovm in the tick's first step); sooner,
+    the step wakes at the lead and lists (a list there also finds clients' takes of parked VMs:
+    300 fleets' refill median rose from 8.1 to 11.2 s when it was skipped within 5 s of a look).
+    Either way the base VM's end leaves min_vms served, the parked VM is taken once, never above
+    max_vms, no duplicate."""
     fleet, base, start = _handover_fleet(aws, stack, monkeypatch, before)
     resumes = [(round(r.time - start, 2), r.status) for r in fleet.emulator.requests
                if r.caller == RECONCILER_CALLER and r.operation == "ResumeMicrovm" and r.time >= start]
     lists = [round(t - start, 2) for t in _lists(fleet, start, start + 60)]
     assert len(resumes) == 1 and resumes[0][1] == 200, (resumes, lists)
-    if before <= 125.0:
+    if before <= 120.0:
         assert resumes[0][0] < 1.0 and lists == [0.0], (resumes, lists)
     else:
         assert resumes[0][0] >= before - 120.0 and len(lists) == 2, (resumes, lists)
@@ -362,5 +363,4 @@ def test_the_handover_on_a_look_up_to_5_s_early(aws, stack, monkeypatch, before)
     fleet.every_minute(monkeypatch, 2)  # past the base VM's end
     assert_no_duplicates(fleet)
     assert peak_live(fleet) <= 2
-    from .harness import seconds_below
     assert seconds_below(fleet, 1, start, fleet.clock.now()) == 0.0

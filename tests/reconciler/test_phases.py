@@ -275,9 +275,6 @@ SUCCESSOR = ("run", "base-0", "b0")  # planned; with no headroom the shell notes
 @pytest.mark.parametrize("end_in,donor_life,expect,wake", [
     (500, 20_000, [SUCCESSOR], ("handover", 500 - 120)),  # no headroom: the handover comes 120 s before the end
     (100, 20_000, [("resume", "base-0", "w0")], None),  # within the handover lead: the parked VM takes over
-    # a few seconds before the lead (a tick's list just before it): on this look, no list of its own
-    (120 + core.HANDOVER_EARLY_SECONDS, 20_000, [("resume", "base-0", "w0")], None),
-    (120 + core.HANDOVER_EARLY_SECONDS + 1, 20_000, [SUCCESSOR], ("handover", core.HANDOVER_EARLY_SECONDS + 1)),
     # too near its own end (it is due a successor itself): ended for room
     (100, 600, [("terminate", "warm-0", "w0"), SUCCESSOR, ("run", "warm-0", "w0")], ("replace", 0.5)),
     (100, None, [SUCCESSOR], ("replace", 101)),  # nothing parked: replaced a second after its end

@@ -70,7 +70,6 @@ from .model import (
 )
 from .observe import foreign_vms, stray_is_idle, stray_keys, to_confirm, track_strays, unlisted_warm
 from .phases import (
-    HANDOVER_EARLY_SECONDS,
     HANDOVER_LEAD_SECONDS,
     LATE_END_POLL_SECONDS,
     PENDING_POLL_SECONDS,
@@ -153,7 +152,7 @@ from .transitions import (
 __all__ = [
     "BASE", "CONSISTENCY_SECONDS", "Change", "DEAD", "DEAD_PROBE_FIRST_SECONDS", "DEAD_PROBE_SECONDS",
     "DeadKind", "Draft", "ENDED", "EXPIRY_MARGIN_SECONDS", "EXPIRY_WAKE_SECONDS", "Failure", "FleetSpec",
-    "GONE", "HANDOVER_EARLY_SECONDS", "HANDOVER_LEAD_SECONDS", "Intent", "IntentKind", "LATE_END_POLL_SECONDS", "LIVE", "MEMBER",
+    "GONE", "HANDOVER_LEAD_SECONDS", "Intent", "IntentKind", "LATE_END_POLL_SECONDS", "LIVE", "MEMBER",
     "MIN_STAGGER_STEP_SECONDS", "Observed", "PARKED", "PARKING", "PARK_GRACE_SECONDS", "PENDING_POLL_SECONDS",
     "Phase", "Plan", "QUEUED", "REFUSED_FOR_ROOM", "REQUEST_FAILURES", "ROOM_REFUSED_SECONDS", "RUNNING",
     "Ready", "Reason", "Role", "SERVE_EXPECTED_SECONDS", "SERVE_POLL_SECONDS", "SERVE_RETRY_SECONDS", "SERVING", "SHARED_BACKOFFS", "SLOW_START_SECONDS", "STARTING", "SUCCESSOR_START_SECONDS",

@@ -65,10 +65,6 @@ from .transitions import (
 PENDING_POLL_SECONDS = 2.6
 #: A base successor without headroom takes a parked VM this long before the old VM's end.
 HANDOVER_LEAD_SECONDS = 120.0
-#: ... or up to this much sooner, on the look at hand, rather than a list of its own at the lead
-#: (a VM started in a tick's first step comes within the lead just after a later tick's list: 1
-#: fleet, seed 22, a list 0.6 s after the tick's for each of 6 ends in 3 hours).
-HANDOVER_EARLY_SECONDS = 5.0
 #: A VM still listed after its expected end (a list that lags, a clock a little off) is looked at
 #: again this long after, not at once.
 LATE_END_POLL_SECONDS = 0.5
@@ -518,7 +514,7 @@ def place_successor(d: Draft, room: Room, intent: Intent) -> None:
         if not look_in_time(d.spec.look_period_seconds, free, expires):
             d.wake(max(free + EXPIRY_WAKE_SECONDS, d.now + LATE_END_POLL_SECONDS))
         return
-    if expires - d.now > HANDOVER_LEAD_SECONDS + HANDOVER_EARLY_SECONDS:
+    if expires - d.now > HANDOVER_LEAD_SECONDS:
         d.wake(expires - HANDOVER_LEAD_SECONDS, Reason.HANDOVER)
         return
     lead = successor_lead(d.spec)
