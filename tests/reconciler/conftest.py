@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from typing import Iterator
 
 import pytest
@@ -24,3 +25,10 @@ def _stores(request: pytest.FixtureRequest) -> Iterator[None]:
     token = STORES.set(mark.args[0] if mark else "dynamodb")
     yield
     STORES.reset(token)
+
+
+@pytest.fixture
+def stack() -> Iterator[contextlib.ExitStack]:
+    """Contexts a scenario opens (deployed fleets), closed when the test ends."""
+    with contextlib.ExitStack() as s:
+        yield s

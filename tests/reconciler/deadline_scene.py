@@ -28,11 +28,10 @@ def taken_before_a_base_end(aws: str, stack: contextlib.ExitStack, monkeypatch: 
     fleet.every_minute(monkeypatch, 3)
     suspended = fleet.live(("SUSPENDED",))
     assert len(suspended) == 1 and len(fleet.live(("RUNNING",))) == 1
-    (base,) = [vm for vm in fleet.emulator.microvms_ever() if vm["microvmId"] == fleet.live(("RUNNING",))[0]["microvmId"]]
-    counted_end = base["servesUntil"] - (first_in(base, ("RUNNING",)) - base["startedAt"])
-    fleet.clock.advance(counted_end - before - 180.0 - fleet.clock.now())
-    client = fleet.emulator.direct_client(caller="client")
-    client.resume_microvm(microvmIdentifier=suspended[0]["microvmId"])
+    running = fleet.live(("RUNNING",))[0]["microvmId"]
+    (base,) = [vm for vm in fleet.emulator.microvms_ever() if vm["microvmId"] == running]
+    fleet.clock.advance(counted_end(base) - before - 180.0 - fleet.clock.now())
+    client_of(fleet).resume_microvm(microvmIdentifier=suspended[0]["microvmId"])
     fleet.every_minute(monkeypatch, 3)
     assert fleet.emulator.state_of(suspended[0]["microvmId"]) == "RUNNING"  # still the client's
     if arm is not None:
@@ -43,6 +42,17 @@ def taken_before_a_base_end(aws: str, stack: contextlib.ExitStack, monkeypatch: 
     return fleet, base, start, invocation
 
 
+def client_of(fleet: Any) -> Any:
+    """A client of the fleet's image that is not the reconciler (the product's client, a session)."""
+    return fleet.emulator.direct_client(caller="client")
+
+
+def counted_end(base: dict[str, Any]) -> float:
+    """A base VM's end as the reconciler counts it: its lifetime from the VM's start, where rayd
+    counts it from its ``/run``, when the VM runs."""
+    return float(base["servesUntil"]) - (first_in(base, ("RUNNING",)) - base["startedAt"])
+
+
 def runs_since(fleet: Any, since: float, ok: Optional[bool] = None) -> list[Any]:
     return [r for r in fleet.emulator.requests if r.operation == "RunMicrovm" and r.caller == RECONCILER_CALLER
             and r.time >= since and (ok is None or (r.status < 300) == ok)]
@@ -51,6 +61,11 @@ def runs_since(fleet: Any, since: float, ok: Optional[bool] = None) -> list[Any]
 def terminates(fleet: Any, since: float) -> list[Any]:
     return [r for r in fleet.emulator.requests if r.caller == RECONCILER_CALLER and r.operation == "TerminateMicrovm"
             and r.time >= since]
+
+
+def lists_since(fleet: Any, since: float, until: float = float("inf")) -> list[Any]:
+    return [r for r in fleet.emulator.requests if r.operation == "ListMicrovms" and r.caller == RECONCILER_CALLER
+            and since <= r.time <= until]
 
 
 def settle(fleet: Any, monkeypatch: Any, tick_start: float) -> None:
@@ -69,8 +84,9 @@ def live_at(fleet: Any, at: float, but: str = "") -> int:
                and vm["history"][0][0] <= at < gone_at(vm))
 
 
-def no_headroom_fleet(aws: str, stack: contextlib.ExitStack, monkeypatch: Any, before: Optional[Callable[[Any], None]] = None,
-           env: Optional[dict[str, str]] = None, minutes: int = 2) -> Any:
+def no_headroom_fleet(aws: str, stack: contextlib.ExitStack, monkeypatch: Any,
+                      before: Optional[Callable[[Any], None]] = None,
+                      env: Optional[dict[str, str]] = None, minutes: int = 2) -> Any:
     fleet = stack.enter_context(deployed_fleet(aws, env={**NO_HEADROOM, **(env or {})}, pending_seconds=2))
     if before is not None:
         before(fleet)
@@ -90,3 +106,17 @@ def to_before_end(fleet: Any, before: float) -> tuple[float, str, float]:
     end, vm_id = ends_ahead(fleet)[0]
     fleet.clock.advance(end - before - fleet.clock.now())
     return end, vm_id, fleet.clock.now()
+
+
+def runs_over_max(fleet: Any, since: float) -> list[tuple[float, int]]:
+    """Our RunMicrovm calls since ``since`` that went out with ``MAX_VMS`` others of the image
+    already live (ground truth): (seconds after ``since``, others live)."""
+    top = int(fleet.env["MAX_VMS"])
+    return [(round(r.time - since, 2), others) for r in runs_since(fleet, since, ok=True)
+            if (others := live_at(fleet, r.time + 1e-6, but=r.microvm_id)) >= top]
+
+
+def take_parked(fleet: Any, n: int) -> None:
+    """A client resumes (takes) every parked VM at each look (``support._drive``'s ``each``)."""
+    for vm in fleet.live(("SUSPENDED",)):
+        client_of(fleet).resume_microvm(microvmIdentifier=vm["microvmId"])

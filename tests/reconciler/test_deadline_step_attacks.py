@@ -14,29 +14,19 @@ emulator: its request log and each VM's history."""
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable, Iterator
+from collections import Counter
+from typing import Any, Callable
 
 import pytest
 
+from .deadline_scene import (client_of, counted_end, gone_at, lists_since, no_headroom_fleet, runs_over_max,
+                             runs_since, settle, take_parked, taken_before_a_base_end, terminates, to_before_end)
 from .harness import RECONCILER_CALLER, act_during_sleep, deployed_fleet, list_lag, peak_live, seconds_below
-from .support import assert_no_duplicates
-from .deadline_scene import (first_in, gone_at, live_at, no_headroom_fleet, runs_since, settle, taken_before_a_base_end,
-                             terminates, to_before_end)
+from .support import _drive, assert_no_duplicates
 
 pytestmark = pytest.mark.stores("memory")
 
 BEFORE = 51.0  # the tick starts this long before the base VM's end as the reconciler counts it
-
-
-@pytest.fixture
-def stack() -> Iterator[contextlib.ExitStack]:
-    with contextlib.ExitStack() as s:
-        yield s
-
-
-def _lists(fleet: Any, since: float, until: float = float("inf")) -> list[float]:
-    return [r.time for r in fleet.emulator.requests if r.caller == RECONCILER_CALLER
-            and r.operation == "ListMicrovms" and since <= r.time <= until]
 
 
 def _in_sleep(at: float, action: Callable[[Any], None]) -> Callable[[Any], None]:
@@ -46,17 +36,6 @@ def _in_sleep(at: float, action: Callable[[Any], None]) -> Callable[[Any], None]
         start = fleet.clock.now()
         act_during_sleep(fleet, start + at, lambda: action(fleet))
     return arm
-
-
-def _over_max_runs(fleet: Any, since: float) -> list[tuple[float, int]]:
-    """Our RunMicrovm calls that went out with max_vms others already live (ground truth)."""
-    top = int(fleet.env["MAX_VMS"])
-    out = []
-    for r in runs_since(fleet, since, ok=True):
-        others = live_at(fleet, r.time + 1e-6, but=r.microvm_id)
-        if others >= top:
-            out.append((round(r.time - since, 2), others))
-    return out
 
 
 def test_a_client_session_started_after_the_last_list_is_not_overrun(aws, stack, monkeypatch) -> None:
@@ -69,17 +48,14 @@ def test_a_client_session_started_after_the_last_list_is_not_overrun(aws, stack,
         f.emulator.direct_client(caller="client").run_microvm(imageIdentifier=f.image, clientToken="session-0")
 
     fleet, base, start, _ = taken_before_a_base_end(aws, stack, monkeypatch, BEFORE,
-                                                              arm=_in_sleep(BEFORE - 4.0, session))
+                                                    arm=_in_sleep(BEFORE - 4.0, session))
     ends = [r for r in terminates(fleet, start) if r.microvm_id == base["microvmId"]]
-    lists = _lists(fleet, start, ends[0].time if ends else float("inf"))
+    lists = [r.time for r in lists_since(fleet, start, ends[0].time if ends else float("inf"))]
     settle(fleet, monkeypatch, start)
     assert_no_duplicates(fleet)
-    over = _over_max_runs(fleet, start)
-    assert over == [], (over, [round(t - start, 2) for t in lists], [(round(r.time - start, 2), r.status) for r in ends])
-
-
-def _client(fleet: Any) -> Any:
-    return fleet.emulator.direct_client(caller="client")
+    over = runs_over_max(fleet, start)
+    assert over == [], (over, [round(t - start, 2) for t in lists],
+                        [(round(r.time - start, 2), r.status) for r in ends])
 
 
 def _base_after(fleet: Any, start: float, base: dict[str, Any]) -> list[dict[str, Any]]:
@@ -111,7 +87,7 @@ def test_room_freed_by_a_client_after_the_last_list_still_gets_one_successor(aws
     def end_taken(f: Any) -> None:
         running = [v for v in f.live(("RUNNING",)) if v["microvmId"] != holder["base"]]
         for v in running:
-            _client(f).terminate_microvm(microvmIdentifier=v["microvmId"])
+            client_of(f).terminate_microvm(microvmIdentifier=v["microvmId"])
 
     def arm(f: Any) -> None:
         holder["base"] = _base_vm(f)
@@ -123,7 +99,7 @@ def test_room_freed_by_a_client_after_the_last_list_still_gets_one_successor(aws
     ends = [r for r in terminates(fleet, start) if r.microvm_id == base["microvmId"]]
     assert [r.status for r in ends] == [200], [(r.time - start, r.status) for r in ends]
     assert peak_live(fleet) <= 2
-    assert _over_max_runs(fleet, start) == []
+    assert runs_over_max(fleet, start) == []
     got = _base_after(fleet, start, base)
     assert len([vm for vm in got if gone_at(vm) == float("inf")]) >= 1
     assert _slot_gap(fleet, start, base) <= 4.0, _slot_gap(fleet, start, base)
@@ -132,29 +108,29 @@ def test_room_freed_by_a_client_after_the_last_list_still_gets_one_successor(aws
 @pytest.mark.parametrize("how", ["client_terminates", "app_exits"])
 def test_a_base_vm_gone_before_its_deadline_step_is_replaced_once(aws, stack, monkeypatch, how) -> None:
     """The base VM ends 6 s before its deadline, after the tick's last list (a client's
-    TerminateMicrovm, or its app exits): the deadline step's list shows it gone and the slot gets exactly one successor, never above max_vms, no VM of the
-    client's ended, and below min_vms no longer than the gap to a fresh look."""
+    TerminateMicrovm, or its app exits): the deadline step's list shows it gone and the slot gets
+    exactly one successor, never above max_vms, no VM of the client's ended, and below min_vms no
+    longer than the gap to a fresh look."""
     def gone(f: Any) -> None:
         vm = _base_vm(f)
         if how == "client_terminates":
-            _client(f).terminate_microvm(microvmIdentifier=vm)
+            client_of(f).terminate_microvm(microvmIdentifier=vm)
         else:
             f.emulator.exit_app(vm)
 
     fleet, base, start, _ = taken_before_a_base_end(aws, stack, monkeypatch, BEFORE,
-                                                              arm=_in_sleep(BEFORE - 6.0, gone))
+                                                    arm=_in_sleep(BEFORE - 6.0, gone))
     ends = [(round(r.time - start, 2), r.status) for r in terminates(fleet, start)]
     runs = [(round(r.time - start, 2), r.status) for r in runs_since(fleet, start)]
     settle(fleet, monkeypatch, start)
     assert_no_duplicates(fleet)
     assert peak_live(fleet) <= 2
-    assert _over_max_runs(fleet, start) == [], (ends, runs)
+    assert runs_over_max(fleet, start) == [], (ends, runs)
     got = _base_after(fleet, start, base)
     assert len([vm for vm in got if gone_at(vm) == float("inf")]) == 1, [vm["microvmId"] for vm in got]
     client_ended = [r for r in terminates(fleet, start) if r.microvm_id != base["microvmId"]]
     assert client_ended == []
     gap = _slot_gap(fleet, start, base)
-    print("ends", ends, "runs", runs, "gap", round(gap, 2))
     assert gap <= 12.0, (gap, ends, runs)
 
 
@@ -164,7 +140,7 @@ def test_a_client_filling_the_room_after_the_last_list_is_not_overrun(aws, stack
     after the tick's last list; or it ends the base VM itself and starts a session in its room.
     Either way max_vms 2 is held by the client's VMs at the deadline: a successor run is ours."""
     def arm(f: Any) -> None:
-        client = _client(f)
+        client = client_of(f)
         if how == "resume_own_session":
             vm = client.run_microvm(imageIdentifier=f.image, clientToken="session-1")["microvmId"]
             f.clock.advance(3.0)
@@ -183,14 +159,14 @@ def test_a_client_filling_the_room_after_the_last_list_is_not_overrun(aws, stack
     ends = [(round(r.time - start, 2), r.status) for r in terminates(fleet, start)]
     settle(fleet, monkeypatch, start)
     assert_no_duplicates(fleet)
-    over = _over_max_runs(fleet, start)
-    assert over == [], (over, ends, [round(t - start, 2) for t in _lists(fleet, start, start + 60)])
+    over = runs_over_max(fleet, start)
+    assert over == [], (over, ends, [round(r.time - start, 2) for r in lists_since(fleet, start, start + 60)])
 
 
 @pytest.mark.parametrize("before", [55.0, 56.0, 56.5, 57.0, 58.0, 62.0])
 def test_a_deadline_near_the_hard_stop_calls_nothing_after_the_timeout(aws, stack, monkeypatch, before) -> None:
     """The base VM's deadline falls near the invocation's end (65 s, its hard bound 8 s before):
-    the deadline step (no list of its own, so quicker) calls nothing after the timeout, and the
+    the deadline step calls nothing after the timeout, and the
     slot still gets exactly one successor by the next tick, never above max_vms."""
     fleet, base, start, invocation = taken_before_a_base_end(aws, stack, monkeypatch, before)
     returned = fleet.clock.now()
@@ -201,31 +177,20 @@ def test_a_deadline_near_the_hard_stop_calls_nothing_after_the_timeout(aws, stac
     settle(fleet, monkeypatch, start)
     assert_no_duplicates(fleet)
     assert peak_live(fleet) <= 2
-    assert _over_max_runs(fleet, start) == []
+    assert runs_over_max(fleet, start) == []
     got = _base_after(fleet, start, base)
     assert len([vm for vm in got if gone_at(vm) == float("inf")]) == 1, ([vm["microvmId"] for vm in got], ends)
-    print("before", before, "ends", ends, "gap", round(_slot_gap(fleet, start, base), 2))
-
-
-def _take_parked(fleet: Any, n: int) -> None:
-    """A client resumes (takes) every parked VM at each look."""
-    for vm in fleet.live(("SUSPENDED",)):
-        _client(fleet).resume_microvm(microvmIdentifier=vm["microvmId"])
 
 
 @pytest.mark.parametrize("skew", [30.0, -30.0])
 def test_a_clock_30_s_off_ends_each_vm_once_at_its_deadline(aws, monkeypatch, skew) -> None:
     """The reconciler's clock 30 s ahead of or behind the service's (learned from DynamoDB's
     dates), 600 s VMs at max_vms with the parked VM taken at each look, so that every base VM's
-    end is a deadline step's on the tick's last list: each end asked once and accepted, none
+    end is a deadline step's: each end asked once and accepted, none
     (past_deadline) more than 5 s before rayd's own deadline, never above max_vms, no duplicate,
     nothing of a client's touched, no error."""
-    from collections import Counter
-
-    from .support import _drive
-
     got: dict[str, Any] = {}
-    out = _drive(aws, monkeypatch, lifetime=600, min_vms=1, warm_vms=1, max_vms=2, each=_take_parked, skew=skew,
+    out = _drive(aws, monkeypatch, lifetime=600, min_vms=1, warm_vms=1, max_vms=2, each=take_parked, skew=skew,
                  check=lambda f: got.update(fleet=f, vms={vm["microvmId"]: vm for vm in f.emulator.microvms_ever()}))
     fleet, vms = got["fleet"], got["vms"]
     accepted = Counter(vm for _, status, vm in out["terminates"] if status < 300)
@@ -242,6 +207,21 @@ def test_a_clock_30_s_off_ends_each_vm_once_at_its_deadline(aws, monkeypatch, sk
     assert out["errors"] == [], out["errors"][:3]
 
 
+def _second_session(aws: str, stack: contextlib.ExitStack, monkeypatch: Any, at: float,
+                    lag: float = 0.0) -> tuple[Any, float]:
+    """min 1 / warm 0 / max 2, a client session of the fleet's image running, and a tick that
+    starts ``BEFORE`` s ahead of the base VM's end, during which a second session starts ``at`` s
+    in (the reconciler's lists omitting VMs younger than ``lag`` s): (fleet, the tick's start)."""
+    fleet = no_headroom_fleet(aws, stack, monkeypatch, env={"MIN_VMS": "1", "WARM_VMS": "0", "MAX_VMS": "2"})
+    client_of(fleet).run_microvm(imageIdentifier=fleet.image, clientToken="session-0")
+    _, _, start = to_before_end(fleet, BEFORE)
+    act_during_sleep(fleet, start + at, lambda: client_of(fleet).run_microvm(imageIdentifier=fleet.image,
+                                                                           clientToken="session-1"))
+    if lag:
+        list_lag(fleet, lag)
+    fleet.invoke(monkeypatch)
+    return fleet, start
+
 
 @pytest.mark.parametrize("at", [5.0, 30.0, 47.0])
 def test_no_parked_slot_a_second_session_in_the_tick_is_not_overrun(aws, stack, monkeypatch, at) -> None:
@@ -249,20 +229,12 @@ def test_no_parked_slot_a_second_session_in_the_tick_is_not_overrun(aws, stack, 
     fleet's image holds the other room at the tick's list. A second session started ``at`` s into
     the tick (51 s before the base VM's end) holds the room the end frees: a successor run then is
     ours above max_vms."""
-    def first_session(f: Any) -> None:
-        _client(f).run_microvm(imageIdentifier=f.image, clientToken="session-0")
-
-    fleet = no_headroom_fleet(aws, stack, monkeypatch, env={"MIN_VMS": "1", "WARM_VMS": "0", "MAX_VMS": "2"})
-    first_session(fleet)
-    end, vm_id, start = to_before_end(fleet, BEFORE)
-    act_during_sleep(fleet, start + at, lambda: _client(fleet).run_microvm(imageIdentifier=fleet.image,
-                                                                           clientToken="session-1"))
-    fleet.invoke(monkeypatch)
-    lists = [round(t - start, 2) for t in _lists(fleet, start, start + 60)]
+    fleet, start = _second_session(aws, stack, monkeypatch, at)
+    lists = [round(r.time - start, 2) for r in lists_since(fleet, start, start + 60)]
     ends = [(round(r.time - start, 2), r.status) for r in terminates(fleet, start)]
     settle(fleet, monkeypatch, start)
     assert_no_duplicates(fleet)
-    over = _over_max_runs(fleet, start)
+    over = runs_over_max(fleet, start)
     assert over == [], (over, lists, ends)
 
 
@@ -277,7 +249,7 @@ def test_two_base_vms_at_their_deadlines_in_one_tick(aws, stack, monkeypatch, ap
                                                          "IDLE_SECONDS": ""}, pending_seconds=2))
     fleet.every_minute(monkeypatch, 2)
     assert len(fleet.live(("RUNNING",))) == 2
-    _client(fleet).run_microvm(imageIdentifier=fleet.image, clientToken="session-0")
+    client_of(fleet).run_microvm(imageIdentifier=fleet.image, clientToken="session-0")
     fleet.every_minute(monkeypatch, 1)
     rows = fleet.memory[0]._slots[fleet.fleet]
     bases = sorted((k for k, v in rows.items() if v.get("role") == "base"))
@@ -293,7 +265,7 @@ def test_two_base_vms_at_their_deadlines_in_one_tick(aws, stack, monkeypatch, ap
     runs = [(round(r.time - start, 2), r.status) for r in runs_since(fleet, start)]
     settle(fleet, monkeypatch, start)
     assert_no_duplicates(fleet)
-    assert _over_max_runs(fleet, start) == [], (ends, runs)
+    assert runs_over_max(fleet, start) == [], (ends, runs)
     accepted = [e for e in ends if e[1] < 300 and e[2]]
     assert len(accepted) == 2 and all(e[2] for e in ends), ends
     new = [vm for vm in fleet.emulator.microvms_ever() if (vm["clientToken"] or "").startswith("rz1-")
@@ -313,21 +285,16 @@ def test_a_session_a_lagging_list_omits_is_not_overrun(aws, stack, monkeypatch, 
     ``lag`` s (an eventually consistent list; 0.5 s measured): the second session, started ``at``
     s into the tick, is missing from every list up to the deadline (+49.0 s) whether or not the
     step lists afresh."""
-    fleet = no_headroom_fleet(aws, stack, monkeypatch, env={"MIN_VMS": "1", "WARM_VMS": "0", "MAX_VMS": "2"})
-    _client(fleet).run_microvm(imageIdentifier=fleet.image, clientToken="session-0")
-    end, vm_id, start = to_before_end(fleet, BEFORE)
-    act_during_sleep(fleet, start + at, lambda: _client(fleet).run_microvm(imageIdentifier=fleet.image,
-                                                                           clientToken="session-1"))
-    list_lag(fleet, lag)
-    fleet.invoke(monkeypatch)
+    fleet, start = _second_session(aws, stack, monkeypatch, at, lag)
     ends = [(round(r.time - start, 2), r.status) for r in terminates(fleet, start)]
     settle(fleet, monkeypatch, start)
     assert_no_duplicates(fleet)
-    over = _over_max_runs(fleet, start)
-    assert over == [], (over, ends, [round(t - start, 2) for t in _lists(fleet, start, start + 60)])
+    over = runs_over_max(fleet, start)
+    assert over == [], (over, ends, [round(r.time - start, 2) for r in lists_since(fleet, start, start + 60)])
 
 
-def _handover_fleet(aws: str, stack: contextlib.ExitStack, monkeypatch: Any, before: float) -> tuple[Any, dict, float]:
+def _handover_fleet(aws: str, stack: contextlib.ExitStack, monkeypatch: Any,
+                    before: float) -> tuple[Any, dict, float]:
     """min 1 / warm 1 / max 2 (no headroom), the parked VM SUSPENDED; the clock moved to ``before``
     s ahead of the base VM's end as the reconciler counts it, then one tick."""
     fleet = stack.enter_context(deployed_fleet(aws, env={"MIN_VMS": "1", "WARM_VMS": "1", "MAX_VMS": "2",
@@ -335,8 +302,7 @@ def _handover_fleet(aws: str, stack: contextlib.ExitStack, monkeypatch: Any, bef
     fleet.every_minute(monkeypatch, 3)
     assert len(fleet.live(("SUSPENDED",))) == 1 and len(fleet.live(("RUNNING",))) == 1
     (base,) = [vm for vm in fleet.emulator.microvms_ever() if vm["microvmId"] == _base_vm(fleet)]
-    counted_end = base["servesUntil"] - (first_in(base, ("RUNNING",)) - base["startedAt"])
-    fleet.clock.advance(counted_end - before - fleet.clock.now())
+    fleet.clock.advance(counted_end(base) - before - fleet.clock.now())
     start = fleet.clock.now()
     fleet.invoke(monkeypatch)
     return fleet, base, start
@@ -353,7 +319,7 @@ def test_the_handover_at_its_lead(aws, stack, monkeypatch, before) -> None:
     fleet, base, start = _handover_fleet(aws, stack, monkeypatch, before)
     resumes = [(round(r.time - start, 2), r.status) for r in fleet.emulator.requests
                if r.caller == RECONCILER_CALLER and r.operation == "ResumeMicrovm" and r.time >= start]
-    lists = [round(t - start, 2) for t in _lists(fleet, start, start + 60)]
+    lists = [round(r.time - start, 2) for r in lists_since(fleet, start, start + 60)]
     assert len(resumes) == 1 and resumes[0][1] == 200, (resumes, lists)
     if before <= 120.0:
         assert resumes[0][0] < 1.0 and lists == [0.0], (resumes, lists)

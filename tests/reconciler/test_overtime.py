@@ -9,15 +9,14 @@ VM's history (live VMs never above ``max_vms``, one successor per ended VM, when
 
 from __future__ import annotations
 
-import contextlib
 import copy
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import pytest
 
 from lambdas.reconciler import index
 
-from .deadline_scene import (ENDED, ends_ahead, first_in, no_headroom_fleet, runs_since, settle,
+from .deadline_scene import (ENDED, ends_ahead, first_in, lists_since, no_headroom_fleet, runs_since, settle,
                              taken_before_a_base_end, terminates, to_before_end)
 from .harness import RECONCILER_CALLER, act_during_sleep, deployed_fleet, list_lag, peak_live, seconds_below
 
@@ -25,19 +24,7 @@ from .harness import RECONCILER_CALLER, act_during_sleep, deployed_fleet, list_l
 pytestmark = pytest.mark.stores("memory")
 
 
-
-@pytest.fixture
-def stack() -> Iterator[contextlib.ExitStack]:
-    with contextlib.ExitStack() as s:
-        yield s
-
-
 # ------------------------------------------------------------------ ground truth
-
-
-def _lists(fleet: Any, since: float, until: float = float("inf")) -> list[Any]:
-    return [r for r in fleet.emulator.requests if r.operation == "ListMicrovms" and r.caller == RECONCILER_CALLER
-            and since <= r.time <= until]
 
 
 _peak_live = peak_live
@@ -91,7 +78,7 @@ def test_lists_refused_in_every_overtime_step_leave_it_to_the_next_tick(aws, sta
                                                            caller=RECONCILER_CALLER))
     invocation = fleet.invoke(monkeypatch)
     assert not runs_since(fleet, end)
-    assert len(_lists(fleet, start + 50, start + 60)) <= 3
+    assert len(lists_since(fleet, start + 50, start + 60)) <= 3
     assert fleet.clock.now() - start <= 59.0 + 1.0
     assert "steps" in invocation.result
     fleet.clock.advance(start + 60 - fleet.clock.now())
@@ -116,7 +103,7 @@ def test_a_throttled_list_in_overtime(aws, stack, monkeypatch) -> None:
     invocation = fleet.invoke(monkeypatch)
     fleet.emulator.remove_rate_limit("ListMicrovms")
     assert "steps" in invocation.result
-    assert len(_lists(fleet, start + 50, start + 60)) <= 2
+    assert len(lists_since(fleet, start + 50, start + 60)) <= 2
     assert fleet.clock.now() - start <= 59.0 + 1.0
     settle(fleet, monkeypatch, start)
     _sound(fleet, end - 1)
@@ -545,7 +532,7 @@ def test_a_stale_list_around_the_deadline(aws, stack, monkeypatch, into_tick, st
     fleet.emulator.stale_seconds = stale
     invocation = fleet.invoke(monkeypatch)
     fleet.emulator.stale_seconds = 0.0
-    lists = _lists(fleet, end, end + 10)
+    lists = lists_since(fleet, end, end + 10)
     assert len(lists) <= 4, [r.time - end for r in lists]
     ok = runs_since(fleet, end, ok=True)
     assert ok and ok[0].time - end <= 2.5 + stale, ([r.time - end for r in runs_since(fleet, end)],
@@ -561,7 +548,7 @@ def test_a_list_late_by_more_than_the_wake_does_not_hammer_listmicrovms(aws, sta
     fleet.emulator.stale_seconds = 1.5
     fleet.invoke(monkeypatch)
     fleet.emulator.stale_seconds = 0.0
-    lists = _lists(fleet, end, end + 10)
+    lists = lists_since(fleet, end, end + 10)
     assert len(lists) <= 4, [round(r.time - end, 2) for r in lists]
 
 
@@ -609,7 +596,7 @@ def test_the_shared_list_budget_empty_at_the_overtime_step(aws, stack, monkeypat
     ok = runs_since(fleet, end, ok=True)
     assert ok and ok[0].time - end <= 1.9 + held + 0.6, ([r.time - end for r in runs_since(fleet, end)],
                                                           [e["message"] for e in invocation.events()][-6:])
-    assert len(_lists(fleet, start + 50, start + 60)) <= 3
+    assert len(lists_since(fleet, start + 50, start + 60)) <= 3
     settle(fleet, monkeypatch, start + 60)
     _sound(fleet, end - 1)
 
