@@ -22,6 +22,7 @@
                                                     # build the product's agent image over that rayd zip
     npx cdk synth -c base_image=rayito-base-caps    # ... over the base published in the account (composed at deploy)
     npx cdk synth -c build_image=false              # as rayito agent deploy --no-build (docs/image.md)
+    CDK_VALIDATION=true npx cdk synth               # also run the CDK's built-in CloudFormation validation
 
 Every flag of ``rayito agent deploy`` that ``rayito-constructs plan`` takes is accepted as context
 under its name with ``_`` (``min_vms``, ``warm``, ``max_sessions``, ``memory``, ``idle``, ``env``,
@@ -38,7 +39,7 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Optional
+from typing import Mapping, Optional
 
 # jsii starts Node.js when aws_cdk is imported and prints a banner on Node 20 (end of life since
 # 2026-04-30; this project is tested on it): silenced for `npx cdk synth` outside make too. Only
@@ -47,6 +48,24 @@ os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
 
 DEFAULT_PROJECT = "examples/mi-agente"
 EXIT_INVALID = 2
+
+
+def builtin_validation(environ: Mapping[str, str]) -> bool:
+    """Whether the CDK's built-in CloudFormation validation runs: only when ``CDK_VALIDATION=true``.
+
+    aws-cdk-lib runs cfn-lint, compiled to WebAssembly, over every template of every synth unless
+    told otherwise; here it costs about 5 of a synth's 8 CPU seconds (docs/performance.md). The
+    templates this app can write are the library's, and the suite checks them with cfn-lint and
+    with this very validation, its errors as errors (tests/test_cdk_validation.py), so it is off by
+    default here; an app of your own that imports the constructs keeps the CDK's default."""
+    return environ.get("CDK_VALIDATION", "").strip().lower() == "true"
+
+
+def new_app() -> "object":
+    """The app ``npx cdk synth`` runs: the CDK's built-in validation as :func:`builtin_validation` says."""
+    import aws_cdk as cdk
+
+    return cdk.App(builtin_cloud_formation_validation=builtin_validation(os.environ))
 
 
 def main(app: "Optional[object]" = None) -> int:
@@ -58,7 +77,7 @@ def main(app: "Optional[object]" = None) -> int:
     from rayito_constructs.monitoring import retention_from_days
     from rayito_constructs.model.overrides import name_what_was_typed, read_context
 
-    app = app or cdk.App()
+    app = app or new_app()
     options: dict = {}
     try:
         overrides, options, problems = read_context(app.node.get_all_context())

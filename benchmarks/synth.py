@@ -2,7 +2,7 @@
 then 1, 10 and 50 fleets in one app, against a hand-written baseline.
 
     .venv/bin/python -m benchmarks.synth [--repeat 3] [--sizes 1 10 50] [--json]
-        [--before FOLDER] [--peers-python PYTHON] [--no-fleets]
+        [--before FOLDER] [--peers-python PYTHON] [--no-fleets] [--cdk-validation default|on|off]
 
 **Whole process** (what ``make synth`` waits for, without the CDK CLI's own Node start): ``python
 app.py`` in a process of its own, as ``npx cdk synth`` runs it (``CDK_OUTDIR``, and cdk.json's
@@ -16,6 +16,10 @@ to exit on its own: this process adopts and reaps it) are reported.
 
 * ``--before FOLDER``: the same for another checkout's ``app.py`` (``git archive <commit> | tar -x
   -C FOLDER``), with this interpreter: the synth time before a change.
+* ``--cdk-validation``: the CDK's built-in CloudFormation validation (cfn-lint in WebAssembly,
+  about 5 CPU-s of any synth process that runs it) as each app ships it (``default``: app.py runs
+  it only with ``CDK_VALIDATION=true``, the peers and ``--before`` always), or ``on``/``off`` for
+  every app alike.
 * ``--peers-python PYTHON``: an interpreter with the peer libraries installed (``lambda-microvm-cdk``,
   ``cdk-github-microvm-runners``; docs/performance.md says how): their apps in
   ``benchmarks/peer_apps/`` as whole processes, first and warm alike (they keep no cache of their own).
@@ -158,12 +162,22 @@ def whole_process(command: list[str], cwd: Path, env: dict[str, str], repeat: in
     return {"first": summary(first), "warm": summary(warm)}
 
 
-def _base_env() -> dict[str, str]:
+#: ``--cdk-validation``: the ``CDK_VALIDATION`` every measured process gets. ``default``: none, so
+#: each app runs as shipped (app.py without the CDK's built-in validation, the peers with it);
+#: ``on`` and ``off`` measure every app alike, with it and without it.
+CDK_VALIDATION: dict[str, Optional[str]] = {"default": None, "on": "true", "off": "false"}
+
+
+def _base_env(validation: str = "default") -> dict[str, str]:
     """The environment ``make synth`` gives the app (Makefile): no bytecode written, Node 20's
-    banner off, the product layer's wheelhouse; the account and region of ``cdk synth``."""
+    banner off, the product layer's wheelhouse; the account and region of ``cdk synth``; the
+    CDK's built-in validation as ``validation`` (a key of :data:`CDK_VALIDATION`) says."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("CDK_")}
     env.update(PYTHONDONTWRITEBYTECODE="1", JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION="20",
                CDK_DEFAULT_ACCOUNT="123456789012", CDK_DEFAULT_REGION="us-east-1")
+    value = CDK_VALIDATION[validation]
+    if value is not None:
+        env["CDK_VALIDATION"] = value
     env.setdefault("RAYITO_CONSTRUCTS_WHEELHOUSE", str(ROOT / ".make" / "wheels"))
     return env
 
@@ -183,8 +197,9 @@ PEERS: dict[str, tuple[str, str, Callable[[], list[str]]]] = {
 }
 
 
-def processes(repeat: int, before: Optional[Path], peers_python: Optional[str]) -> dict[str, Any]:
-    env = _base_env()
+def processes(repeat: int, before: Optional[Path], peers_python: Optional[str],
+              validation: str = "default") -> dict[str, Any]:
+    env = _base_env(validation)
     report: dict[str, Any] = {}
     ours_env = {**env, "CDK_CONTEXT_JSON": _context(ROOT)}
     report["ours (example, app.py)"] = whole_process([sys.executable, "app.py"], ROOT, ours_env, repeat, own_cache=True)
@@ -363,6 +378,7 @@ def fleets(sizes: list[int], repeat: int) -> dict[str, Any]:
 
 
 def _print(report: dict[str, Any]) -> None:
+    print(f"the CDK's built-in validation: {report.get('cdk_validation', 'default')}")
     print(f"{'whole process':36}{'first s':>9}{'cpu s':>8}{'warm s':>9}{'cpu s':>8}{'template bytes':>16}{'resources':>11}")
     for name, data in report["processes"].items():
         if "not_measured" in data:
@@ -405,9 +421,13 @@ def main() -> None:
     parser.add_argument("--before", type=Path, help="another checkout whose app.py is measured the same way")
     parser.add_argument("--peers-python", help="an interpreter with the peer libraries installed")
     parser.add_argument("--no-fleets", action="store_true", help="only the whole processes")
+    parser.add_argument("--cdk-validation", choices=sorted(CDK_VALIDATION), default="default",
+                        help="the CDK's built-in validation of the whole processes: as each app ships it (default), "
+                             "or on or off for all")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    report: dict[str, Any] = {"processes": processes(args.repeat, args.before, args.peers_python)}
+    report: dict[str, Any] = {"cdk_validation": args.cdk_validation,
+                              "processes": processes(args.repeat, args.before, args.peers_python, args.cdk_validation)}
     report["ratios"] = ratios(report["processes"])
     if not args.no_fleets:
         report["fleets"] = fleets(args.sizes, args.repeat)

@@ -8,7 +8,15 @@ from typing import TYPE_CHECKING, Callable, Iterator
 
 import pytest
 
-from .template_gate import BackgroundLinter
+# The CDK's built-in CloudFormation validation (cfn-lint in WebAssembly, on by default in
+# aws-cdk-lib) costs every synth about 5 CPU-s in a new Node process and more than a quarter of a
+# CDK test file's time; the session gate lints every distinct template the suite records with
+# cfn-lint itself (template_gate.py), and tests/test_cdk_validation.py runs the CDK's validation on the
+# templates app.py writes, its errors as errors. Set before aws_cdk is imported: jsii's Node process reads
+# the variable when it synthesizes, from the environment it was started with.
+os.environ.setdefault("CDK_VALIDATION", "false")
+
+from .template_gate import BackgroundLinter  # noqa: E402
 
 if TYPE_CHECKING:
     from .recipe_writer_helpers import CloudFormationEndpoint

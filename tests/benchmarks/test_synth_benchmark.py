@@ -48,3 +48,11 @@ def test_a_whole_process_run_reports_what_app_py_wrote(tmp_path) -> None:
                          "peer": {"first": {"seconds": 2.0, "cpu_seconds": 2.0}, "warm": {"seconds": 3.0, "cpu_seconds": 1.0}},
                          "absent": {"not_measured": "no --peers-python given"}}) == {
         "ours / peer, first, CPU": 1.1, "ours / peer, warm, CPU": 1.0}
+
+
+def test_the_cdks_validation_is_set_for_every_app_alike_or_left_as_shipped(monkeypatch) -> None:
+    monkeypatch.setenv("CDK_VALIDATION", "false")  # the suite's own setting never leaks into a measurement
+    assert "CDK_VALIDATION" not in bench._base_env()
+    assert bench._base_env("default") == bench._base_env()
+    assert bench._base_env("on")["CDK_VALIDATION"] == "true"
+    assert bench._base_env("off")["CDK_VALIDATION"] == "false"
