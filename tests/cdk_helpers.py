@@ -28,24 +28,38 @@ PRODUCT_HOOKS = {
 }
 
 
-def stand_in_rayd() -> str:
-    """A stand-in for the product's ``rayito-image.zip`` (its Dockerfile, ``rayd``, the notices),
-    the same bytes at the same path every time, so that fleets build the product's agent image."""
-    import io
-    import tempfile
-    import zipfile
-    from pathlib import Path
+#: The stand-in base's Dockerfile: rayd as its entry point, as the product's release zip has it.
+BASE_DOCKERFILE = 'FROM scratch\nCOPY rayd /usr/local/bin/rayd\nENTRYPOINT ["/usr/local/bin/rayd"]\n'
 
+
+def stand_in_base_zip(*, rayd: bool = True, notice: str = "stand-in", variant: str | None = None) -> bytes:
+    """A stand-in for the product's ``rayito-image.zip`` (its Dockerfile, the notices, ``rayd``;
+    ``variant="slim"`` marks the slim variant), the same bytes on every call: each entry's time is
+    fixed, since a zip records its entries' times and two calls a second apart would differ."""
+    import io
+    import zipfile
+
+    entries = [("Dockerfile", BASE_DOCKERFILE), ("licenses/LICENSE", notice)]
+    entries += [("rayd", "\x7fELF stand-in")] if rayd else []
+    entries += [("kernel-sidecar/ipython/startup/warmup_variant", "slim\n")] if variant == "slim" else []
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w") as archive:
-        for name, data in (("Dockerfile", 'FROM scratch\nCOPY rayd /usr/local/bin/rayd\nENTRYPOINT ["/usr/local/bin/rayd"]\n'),
-                           ("licenses/LICENSE", "stand-in"), ("rayd", "\x7fELF stand-in")):
-            info = zipfile.ZipInfo(name, date_time=(1980, 1, 1, 0, 0, 0))
-            archive.writestr(info, data)
+        for name, data in entries:
+            archive.writestr(zipfile.ZipInfo(name, date_time=(1980, 1, 1, 0, 0, 0)), data)
+    return buffer.getvalue()
+
+
+def stand_in_rayd() -> str:
+    """:func:`stand_in_base_zip` at the same path every time, so that fleets build the product's
+    agent image."""
+    import tempfile
+    from pathlib import Path
+
+    data = stand_in_base_zip()
     path = Path(tempfile.gettempdir()) / "rayito-constructs-tests" / "rayito-image.zip"
     path.parent.mkdir(parents=True, exist_ok=True)
-    if not path.is_file() or path.read_bytes() != buffer.getvalue():
-        path.write_bytes(buffer.getvalue())
+    if not path.is_file() or path.read_bytes() != data:
+        path.write_bytes(data)
     return str(path)
 
 

@@ -29,22 +29,8 @@ from rayito_constructs.image_composition import (
 )
 
 from .cdk_helpers import PRODUCT_HOOKS, lint_template, nag, new_app, new_stack
+from .cdk_helpers import stand_in_base_zip as base_zip
 from .conftest import EXAMPLE
-
-BASE_DOCKERFILE = 'FROM scratch\nCOPY rayd /usr/local/bin/rayd\nENTRYPOINT ["/usr/local/bin/rayd"]\n'
-
-
-def base_zip(*, rayd: bool = True, variant: str | None = None) -> bytes:
-    """A stand-in for the product's rayito-image.zip: its Dockerfile, rayd and the notices."""
-    buffer = io.BytesIO()
-    with zipfile.ZipFile(buffer, "w") as archive:
-        archive.writestr("Dockerfile", BASE_DOCKERFILE)
-        if rayd:
-            archive.writestr("rayd", b"\x7fELF stand-in")
-        archive.writestr("licenses/LICENSE", "stand-in")
-        if variant == "slim":
-            archive.writestr("kernel-sidecar/ipython/startup/warmup_variant", "slim\n")
-    return buffer.getvalue()
 
 
 @pytest.fixture

@@ -14,11 +14,9 @@ process with the staged code and only the product layer on its path, as Lambda r
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import time
 import uuid
-import zipfile
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -33,6 +31,7 @@ from rayito_constructs.testing import MicrovmsEmulator
 
 from . import contract_support as cs
 from .cdk_helpers import new_app, stack_props
+from .cdk_helpers import stand_in_base_zip as base_zip
 from .conftest import EXAMPLE, ROOT
 from .lifecycle_harness import resolve
 from .recipe_writer_helpers import CFN_HOST, CloudFormationEndpoint, FaultProxy
@@ -42,18 +41,6 @@ STACK_ID = f"arn:aws:cloudformation:us-east-1:{ACCOUNT}:stack/MiAgente/0d5c5a40-
 FUNCTION_ARN = f"arn:aws:lambda:us-east-1:{ACCOUNT}:function:MiAgente-ImageComposer"
 BASE = "rayito-base-caps"
 BASE_BUCKET = f"rayito-artifacts-{ACCOUNT}-us-east-1"
-BASE_DOCKERFILE = 'FROM scratch\nCOPY rayd /usr/local/bin/rayd\nENTRYPOINT ["/usr/local/bin/rayd"]\n'
-
-
-def base_zip(*, rayd: bool = True, notice: str = "stand-in") -> bytes:
-    """A stand-in for the product's rayito-image.zip, as ``rayito setup`` uploads it."""
-    buffer = io.BytesIO()
-    with zipfile.ZipFile(buffer, "w") as archive:
-        archive.writestr("Dockerfile", BASE_DOCKERFILE)
-        if rayd:
-            archive.writestr("rayd", b"\x7fELF stand-in")
-        archive.writestr("licenses/LICENSE", notice)
-    return buffer.getvalue()
 
 
 class Synthesized:
