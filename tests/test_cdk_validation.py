@@ -99,15 +99,16 @@ SHAPES: dict[str, dict[str, str]] = {
 }
 
 # app.py's main() over each shape in one process: one Node, whose validation engine starts once.
+# Each App reads cdk.json's context from CDK_CONTEXT_JSON (_run), and the shape's over it.
 EVERY_SHAPE = """
 import json, sys
 import aws_cdk as cdk
 import app
-base, shapes, out = json.loads(sys.argv[1]), json.loads(sys.argv[2]), sys.argv[3]
+shapes, out = json.loads(sys.argv[1]), sys.argv[2]
 codes = {}
 for name, context in shapes.items():
     scope = cdk.App(builtin_cloud_formation_validation=True, outdir=f"{out}/{name}", analytics_reporting=False,
-                    context={**base, **context})
+                    context=context)
     try:
         codes[name] = app.main(scope)
     except Exception as exc:  # the validation failing the synth
@@ -117,11 +118,9 @@ print(json.dumps(codes))
 
 
 def test_every_shape_of_app_pys_stack_passes_the_cdks_validation_as_errors(tmp_path) -> None:
-    cdk_context = json.loads((ROOT / "cdk.json").read_text())["context"]
     shapes = {name: {key: stand_in_rayd() if value == "RAYD" else value for key, value in context.items()}
               for name, context in SHAPES.items()}
-    result = _run([sys.executable, "-c", EVERY_SHAPE, json.dumps(cdk_context), json.dumps(shapes),
-                   str(tmp_path / "out")], tmp_path, {}, "true")
+    result = _run([sys.executable, "-c", EVERY_SHAPE, json.dumps(shapes), str(tmp_path / "out")], tmp_path, {}, "true")
     assert result.returncode == 0, result.stderr[-3000:]
     codes = json.loads(result.stdout.strip().splitlines()[-1])
     assert codes == dict.fromkeys(SHAPES, 0), result.stderr[-3000:]
