@@ -163,6 +163,22 @@ def kill_trees(roots: Iterable[int]) -> set[int]:
     return stopped
 
 
+def stop_trees(roots: Iterable[int], *, timeout: float = 5.0) -> set[int]:
+    """``SIGSTOP`` the trees and return once every process signalled shows ``T`` (or is gone).
+
+    ``kill`` only queues the signal: a sleeping process wakes (``R``) to take it and stops when
+    next scheduled, which on a loaded machine can be after the VM already reports SUSPENDED. A
+    suspended VM runs nothing, so the freeze waits for the stop, ``timeout`` at most."""
+    pids = signal_trees(roots, signal.SIGSTOP)
+    deadline = time.monotonic() + timeout
+    waiting = set(pids)
+    while waiting and time.monotonic() < deadline:
+        waiting = {pid for pid in waiting if process_state(pid) not in (None, "T", "t", "Z", "X")}
+        if waiting:
+            time.sleep(0.005)
+    return pids
+
+
 def process_state(pid: int) -> Optional[str]:
     """The one-letter state in ``/proc/<pid>/stat`` (``T`` stopped, ``S``/``R`` running...)."""
     try:

@@ -66,7 +66,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from .front import GuestFront
 from .guest_error import GuestError
-from .guest_process import GuestProcess, kill_trees, signal_trees
+from .guest_process import GuestProcess, kill_trees, signal_trees, stop_trees
 from .images import ImageRuntime
 from .loopback import Loopback
 from .rayd import serve
@@ -298,7 +298,7 @@ class Guest:
     def _freeze(self) -> None:
         if not self.frozen:
             self.frozen = True
-            signal_trees(self._roots(), signal.SIGSTOP)
+            stop_trees(self._roots())
 
     def _thaw(self) -> None:
         if self.frozen:

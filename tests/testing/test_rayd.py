@@ -9,6 +9,7 @@ stand-in saw (the RPCs it answered, the processes it runs, the VM's state in the
 from __future__ import annotations
 
 import json
+import os
 import time
 from typing import Any
 
@@ -16,7 +17,7 @@ import grpc
 import pytest
 
 from rayito_constructs.testing import MicrovmsEmulator, VirtualClock
-from rayito_constructs.testing.guest_process import process_state
+from rayito_constructs.testing.guest_process import descendants, kill_trees, process_state, stop_trees
 from rayito_constructs.testing.secret_gateway import Route, SecretGateway
 
 from .helpers import host_request, raw_health
@@ -278,6 +279,29 @@ def test_suspend_freezes_the_processes_and_a_new_connection_resumes_them(hosted,
         again.close()
     finally:
         Sandbox.kill(sandbox.sandbox_id, session=session)
+
+
+def test_a_freeze_returns_only_once_every_process_of_the_trees_is_stopped() -> None:
+    """``kill(SIGSTOP)`` only queues the signal; a suspended VM runs nothing, so the emulator's
+    freeze waits until ``/proc`` shows every process stopped (a busy loop and a sleeping child,
+    twenty times: the race showed as ``R`` right after the suspend on a loaded CI machine)."""
+    import signal
+    import subprocess
+    import sys
+
+    script = "import collections, subprocess; subprocess.Popen(['sleep', '300']); collections.deque(iter(int, 1), maxlen=0)"
+    root = subprocess.Popen([sys.executable, "-c", script])
+    try:
+        pids = _wait(lambda: [pid for pid in descendants([root.pid]) if pid != root.pid] and descendants([root.pid]))
+        for _ in range(20):
+            stopped = stop_trees([root.pid])
+            assert stopped == pids and {process_state(pid) for pid in pids} == {"T"}
+            for pid in pids:
+                os.kill(pid, signal.SIGCONT)
+            _wait(lambda: {process_state(pid) for pid in pids} <= {"S", "R"})
+    finally:
+        kill_trees([root.pid])
+        root.wait(timeout=10)
 
 
 def test_without_auto_resume_a_suspended_vm_answers_nothing_until_resumed(hosted, session) -> None:
