@@ -347,7 +347,7 @@ class Guest:
             self.processes[proc.pid] = proc
             frozen, halted = self.frozen, self.halted
         if frozen:
-            signal_trees([proc.pid], signal.SIGSTOP)
+            stop_trees([proc.pid])
         if halted:
             kill_trees([proc.pid])
         return proc
