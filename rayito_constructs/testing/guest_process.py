@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import logging
 import os
 import re
 import signal
@@ -23,6 +24,7 @@ from typing import Callable, Iterable, Iterator, Optional
 
 #: Chunks of output a process keeps for readers (older ones are only in the log file).
 KEPT_CHUNKS = 4096
+_LOG = logging.getLogger(__name__)
 _PPID = re.compile(r"^PPid:\s+(\d+)", re.MULTILINE)
 
 
@@ -164,19 +166,44 @@ def kill_trees(roots: Iterable[int]) -> set[int]:
 
 
 def stop_trees(roots: Iterable[int], *, timeout: float = 5.0) -> set[int]:
-    """``SIGSTOP`` the trees and return once every process signalled shows ``T`` (or is gone).
+    """``SIGSTOP`` the trees and return once every process signalled is :func:`frozen`.
 
     ``kill`` only queues the signal: a sleeping process wakes (``R``) to take it and stops when
     next scheduled, which on a loaded machine can be after the VM already reports SUSPENDED. A
-    suspended VM runs nothing, so the freeze waits for the stop, ``timeout`` at most."""
+    suspended VM runs nothing, so the freeze waits, ``timeout`` at most."""
     pids = signal_trees(roots, signal.SIGSTOP)
     deadline = time.monotonic() + timeout
     waiting = set(pids)
-    while waiting and time.monotonic() < deadline:
-        waiting = {pid for pid in waiting if process_state(pid) not in (None, "T", "t", "Z", "X")}
+    while waiting:
+        waiting = {pid for pid in waiting if not frozen(pid)}
+        if waiting and time.monotonic() >= deadline:
+            _LOG.warning("guest processes %s not stopped %.1f s after SIGSTOP", sorted(waiting), timeout)
+            break
         if waiting:
             time.sleep(0.005)
     return pids
+
+
+_SIGSTOP_BIT = 1 << (signal.SIGSTOP - 1)
+_PENDING = re.compile(r"^(?:SigPnd|ShdPnd):\s*([0-9a-f]+)$", re.MULTILINE)
+
+
+def frozen(pid: int) -> bool:
+    """The process runs no more code of its own: stopped (``T``, ``t``), ended (``Z``, ``X``,
+    gone), or waiting in the kernel (``D``) with ``SIGSTOP`` pending, which it takes before it
+    returns to user space (a parent in ``vfork`` waits so until its child execs, and a stopped
+    child never does)."""
+    state = process_state(pid)
+    if state in (None, "T", "t", "Z", "X"):
+        return True
+    if state != "D":
+        return False
+    try:
+        with open(f"/proc/{pid}/status", encoding="ascii", errors="replace") as handle:
+            masks = _PENDING.findall(handle.read())
+    except OSError:
+        return True
+    return any(int(mask, 16) & _SIGSTOP_BIT for mask in masks)
 
 
 def process_state(pid: int) -> Optional[str]:
