@@ -144,7 +144,7 @@ def plan_document(project: AgentProject) -> dict[str, Any]:
     # ``rayd=``); ``plan`` reads no app's context, so it plans for the default: the fleet runs
     # the image ``rayito agent deploy`` published (the product ignores a folder's Dockerfile).
     recipe = plan_recipe(project)
-    warnings = [*project.warnings, *recipe.warnings, *_reconciler_warnings(project, recipe)]
+    warnings = [*project.warnings, *recipe.warnings, *_reconciler_warnings(project, recipe), *_image_warnings(project)]
     cost = estimate(project, has_recipe=recipe.encoded is not None)
     serve = dataclasses.asdict(project.serve)
     serve["idle_seconds"] = serve.pop("idle")
@@ -183,6 +183,19 @@ def _reconciler_warnings(project: AgentProject, recipe: RecipePlan) -> list[Flee
     if reconciler and recipe.encoded is None:
         raise ProjectError([Problem("reconciler", f"{FLEET_FILE}: stack.{reconciler_needs_recipe(recipe)}")])
     return []
+
+
+def _image_warnings(project: AgentProject) -> list[FleetWarning]:
+    """``image_unbuildable``: the product cannot build the folder's image (a file its build copies
+    is missing...). A stack that builds the image refuses the folder at synth with this line, as
+    ``rayito agent deploy`` does at its build; one that runs a published image does not need it."""
+    from .image_composition import image_problem
+
+    problem = image_problem(project)
+    if problem is None:
+        return []
+    return [FleetWarning("image_unbuildable", f"{problem}; a stack that builds the image (base_artifact, "
+                         "base_image) refuses this folder at synth, as rayito agent deploy does at its build")]
 
 
 def _render(doc: dict[str, Any], out: TextIO) -> None:

@@ -21,6 +21,7 @@ import zipfile
 from typing import Any, Mapping, Optional
 
 from rayito._agent._project_base import installable_runtime, project_template, template_name
+from rayito._agent._install_plan import NODE_LOCKFILES
 from rayito._agent._template import _write_context
 from rayito._images import DEFAULT_MEMORY_MIB, inherited_configuration
 from rayito._images_publish_domain import (
@@ -36,6 +37,7 @@ from rayito._templates._build import fetch_base_artifact, resolve_base_version
 from rayito._templates._context import collect_context_files
 from rayito._templates._dockerfile import TEMPLATE_ENV_CONTEXT_PATH
 from rayito.cli._artifact import RAYD_ENTRY
+from rayito.exceptions import SandboxException
 
 from ._lambdas.reconciler.composition import (
     DECLARED_KEYS,
@@ -84,7 +86,30 @@ def build_context(project: Any, *, template_env: Optional[Mapping[str, str]] = N
     """The project's side of the composition (the template's spec and its context files), as
     the overlay zip the image composer lays over a base published in the account;
     ``base_version`` pins that base's version as the product's ``base_version`` does."""
-    return template_overlay(agent_template(project, base_version=base_version), template_env)
+    template = agent_template(project, base_version=base_version)
+    try:
+        return template_overlay(template, template_env)
+    except SandboxException as exc:  # the product's BuildException: a file its build copies is missing
+        reason = getattr(exc, "reason", None)
+        raise CompositionError(f"source: the product cannot build this project's image ({_line(exc)}"
+                               f"{f'; {reason}' if reason else ''}){_hint(exc)}") from None
+
+
+def image_problem(project: Any) -> Optional[str]:
+    """Why the product cannot build ``project``'s agent image, in one line, or None (what
+    ``rayito agent deploy`` would refuse at its build, and a fleet that builds the image at synth)."""
+    try:
+        build_context(getattr(project, "product", project))
+    except CompositionError as exc:
+        return str(exc)
+    return None
+
+
+def _hint(exc: BaseException) -> str:
+    """A Node project's lockfile is the usual missing file: its build runs ``npm ci``."""
+    missing = str(exc).rsplit("/", 1)[-1].strip()
+    manager = {lockfile: name for name, lockfile in NODE_LOCKFILES.items()}.get(missing)
+    return f": run {manager} install in the source folder to write {missing}" if manager else ""
 
 
 def caps_base_configuration(*, region: str, base_image_version: str, artifact_uri: str,

@@ -333,6 +333,30 @@ def test_a_runtime_the_product_cannot_install(release) -> None:
     assert message.startswith("runtime: the product cannot build this project")
 
 
+def test_a_folder_the_products_build_refuses_is_refused_in_its_words(tmp_path, release) -> None:
+    """A TypeScript project without its lockfile: the product's build runs ``npm ci`` and its
+    context collection refuses the folder (``BuildException``, ``context_path_missing``); so do we,
+    in one line with its reason, whether the image is composed at synth or at deploy."""
+    from rayito.exceptions import BuildException
+
+    from rayito_constructs.image_composer import PublishedBaseImage
+    from rayito_constructs.image_composition import agent_template, template_overlay
+
+    from .projects import scaffold as product_scaffold
+
+    folder = product_scaffold(tmp_path / "ts", "strands", "typescript", "anthropic")
+    (folder / "package-lock.json").unlink(missing_ok=True)
+    project = AgentProject.load(folder)
+    with pytest.raises(BuildException) as product:  # the product's own refusal, as its build meets it
+        template_overlay(agent_template(project.product))
+    expected = (f"source: the product cannot build this project's image ({product.value}; context_path_missing): "
+                "run npm install in the source folder to write package-lock.json")
+    assert refusal(lambda: synth_image(project, release)) == expected
+    assert refusal(lambda: synth_image(project, PublishedBaseImage())) == expected
+    (folder / "package-lock.json").write_text('{"lockfileVersion": 3, "packages": {}}\n')
+    synth_image(AgentProject.load(folder), release)  # with it, the product builds it and so do we
+
+
 def test_a_dockerfile_in_the_folder_is_ignored_with_an_info_line(tmp_path, release) -> None:
     folder = copy_example(tmp_path)
     (folder / "Dockerfile").write_text("FROM scratch\n")

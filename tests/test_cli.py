@@ -195,6 +195,23 @@ def test_a_folder_the_product_cannot_detect(capsys, tmp_path) -> None:
     assert line.startswith("source: ") and "(not_detected)" in line
 
 
+def test_plan_warns_of_a_folder_the_products_build_refuses(tmp_path) -> None:
+    """``plan`` reads no app's context (it plans a stack that runs a published image), so a
+    folder whose image the product cannot build is a warning there, with the product's reason."""
+    from .projects import scaffold
+
+    folder = scaffold(tmp_path / "ts", "strands", "typescript", "anthropic")
+    (folder / "package-lock.json").unlink(missing_ok=True)
+    code, out = run("plan", str(folder), "--json")
+    warnings = {w["code"]: w["message"] for w in json.loads(out)["warnings"]}
+    assert code == 0
+    assert warnings["image_unbuildable"].startswith(
+        "source: the product cannot build this project's image (la ruta de contexto no existe: app/package-lock.json")
+    (folder / "package-lock.json").write_text("{}\n")
+    code, out = run("plan", str(folder), "--json")
+    assert code == 0 and "image_unbuildable" not in {w["code"] for w in json.loads(out)["warnings"]}
+
+
 def test_closed_pipe_is_quiet(tmp_path) -> None:
     """``plan ... | head -1``: the reader is gone before the command writes; no traceback."""
     read_end, write_end = os.pipe()
