@@ -101,3 +101,11 @@ def test_make_synth_installs_only_what_synthesis_needs() -> None:
     assert "-r requirements.txt" in dev and "-r requirements-synth.txt" in dev
     for tool in ("pytest", "cfn-lint", "moto", "hypothesis", "ruff"):
         assert tool not in (ROOT / "requirements-synth.txt").read_text()
+
+
+def test_the_testing_guides_first_example_runs_as_written() -> None:
+    """docs/testing.md's emulator example, executed as a user pastes it."""
+    text = (ROOT / "docs" / "testing.md").read_text()
+    block = re.search(r"```python\n(import boto3\nfrom rayito_constructs.testing import .*?)```", text, re.S)
+    assert block is not None
+    exec(compile(block.group(1), "docs/testing.md", "exec"), {})
