@@ -91,7 +91,11 @@ def main(app: "Optional[object]" = None) -> int:
                 problems.append(Problem("project", f"-c project: {problem.message.split(': ', 1)[1]}") if typed else problem)
         if problems:
             raise ProjectError(problems)
-        options = {**stack_options(project), **options}
+        from_file = stack_options(project)
+        if {"base_artifact", "base_image"} & set(options):  # the context names rayd: the file's goes
+            from_file = {k: v for k, v in from_file.items() if not k.startswith(("base_artifact", "base_image"))
+                         or k == "base_image_version"}
+        options = {**from_file, **options}
         FleetStack(
             app,
             project.stack_name,

@@ -105,6 +105,36 @@ def test_mistakes_are_one_line_each_and_exit_2(monkeypatch, tmp_path, capsys, co
     assert "Traceback" not in err
 
 
+@pytest.mark.parametrize(("stack", "line"), [
+    ({"log_retention": 13}, "rayito-constructs.toml: stack.log_retention: 13 is not a retention CloudWatch Logs offers: "
+                            "1, 3, 5, 7, 14, 30, "),
+    ({"base_artifact": "x.zip", "base_image": "rayito-base-caps"},
+     "rayito-constructs.toml: stack.base_artifact, stack.base_image: give one of them (a release zip composed at synth"),
+    ({"base_artifact_sha256": "a" * 64}, "rayito-constructs.toml: stack.base_artifact_sha256: give base_artifact with it"),
+], ids=["retention", "two-rayds", "sha-alone"])
+def test_stack_table_mistakes_are_one_line_at_plan_and_at_synth(monkeypatch, tmp_path, capsys, agent, stack, line) -> None:
+    """``[stack]`` is checked where the file is read, as ``-c`` is: ``plan`` refuses what synth
+    would, and both name the file and the key."""
+    from rayito_constructs.cli import main as cli
+
+    folder = agent("filed", stack=stack)
+    code, err, outdir = synth(monkeypatch, tmp_path, capsys, project=str(folder))
+    assert code == 2 and len(err.splitlines()) == 1 and err.startswith(line), err
+    assert cli(["plan", str(folder)]) == 2
+    assert capsys.readouterr().err.startswith(line)
+
+
+def test_the_context_names_rayd_over_the_stack_table(monkeypatch, tmp_path, capsys, agent) -> None:
+    """``-c base_artifact`` wins over the file's ``base_image`` (context wins, key by key; the
+    two name one thing, so the file's goes): composed at synth, no image composer."""
+    folder = agent("based", stack={"base_image": "rayito-base-caps"})
+    code, err, outdir = synth(monkeypatch, tmp_path, capsys, project=str(folder))  # gives -c base_artifact
+    assert code == 0, err
+    (template,) = stacks(outdir).values()
+    types = {r["Type"] for r in template["Resources"].values()}
+    assert "AWS::Lambda::MicrovmImage" in types and "Custom::RayitoImageArtifact" not in types
+
+
 def test_env_with_commas_reaches_the_recipe_not_the_image(monkeypatch, tmp_path, capsys, agent) -> None:
     """The project's [env] is the run payload's (the recipe's project), never baked in the image."""
     code, err, outdir = synth(monkeypatch, tmp_path, capsys, project=str(agent("imaged")), **{"env.URL": "https://a,b"})

@@ -30,10 +30,11 @@ import tomllib
 from pathlib import Path
 from typing import Any, ClassVar, Mapping, Optional
 
-from pydantic import Field
+from pydantic import Field, field_validator, model_validator
 
+from .cloudwatch_limits import RETENTION_DAYS
 from .errors import Problem, ProjectError
-from .options import EgressOptions, ValidatedModel, _Options
+from .options import EgressOptions, Rule, ValidatedModel, _Options, rules_error, value_error
 
 FLEET_FILE = "rayito-constructs.toml"
 
@@ -59,6 +60,30 @@ class StackOptions(_Options):
     base_image: Optional[str] = Field(None, pattern=r"^[A-Za-z0-9_-]{1,64}$")
     base_image_version: Optional[str] = None
     build_image: bool = True
+
+    @field_validator("log_retention")
+    @classmethod
+    def _retention(cls, value: Optional[int]) -> Optional[int]:
+        """Days CloudWatch Logs offers (0: never expire), as ``-c log_retention`` takes them."""
+        offered = sorted(v for v in RETENTION_DAYS.values() if v is not None)
+        if value is not None and value != 0 and value not in offered:
+            raise value_error(f"{value} is not a retention CloudWatch Logs offers: {', '.join(map(str, offered))} "
+                              "days, or 0 for never expire")
+        return value
+
+    @model_validator(mode="after")
+    def _one_base(self) -> "StackOptions":
+        """``rayd`` from one place, as the context takes it: a release zip or a published base."""
+        problems: list[Rule] = []
+        if self.base_artifact and self.base_image:
+            problems.append(("stack.base_image", "stack.base_artifact, stack.base_image: give one of them (a release "
+                             "zip composed at synth, or the base published in the account, composed at deploy)",
+                             ("stack.base_artifact",)))
+        if self.base_artifact_sha256 and not self.base_artifact:
+            problems.append(("stack.base_artifact_sha256", "stack.base_artifact_sha256: give base_artifact with it", ()))
+        if problems:
+            raise rules_error(problems)
+        return self
 
 
 class FleetFile(ValidatedModel):
