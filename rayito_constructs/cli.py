@@ -145,7 +145,9 @@ def plan_document(project: AgentProject) -> dict[str, Any]:
     # the image ``rayito agent deploy`` published (the product ignores a folder's Dockerfile).
     recipe = plan_recipe(project)
     warnings = [*project.warnings, *recipe.warnings, *_reconciler_warnings(project, recipe), *_image_warnings(project)]
-    cost = estimate(project, has_recipe=recipe.encoded is not None)
+    reconciler = project.fleet.stack.reconciler
+    kept = reconciler if reconciler is not None else recipe.encoded is not None  # as AgentFleet decides
+    cost = estimate(project, has_recipe=recipe.encoded is not None, kept=kept)
     serve = dataclasses.asdict(project.serve)
     serve["idle_seconds"] = serve.pop("idle")
     scaling = dataclasses.asdict(project.scaling)
@@ -261,6 +263,8 @@ def _render_cost(cost: dict[str, Any], out: TextIO) -> None:
         if idle
         else f"{cost['base_vm_hours']:.1f} VM-hours running, no idle suspension"
     )
+    if not cost["assumptions"]["kept_by_the_stack"]:
+        how = "no reconciler: the stack keeps no VM, clients start them"
     out.write(f"  base VMs          {_usd(cost['base_vms_monthly_usd'])}  ({how})\n")
     if idle:
         out.write(f"    without idle    {_usd(cost['base_vms_without_idle_monthly_usd'])}\n")

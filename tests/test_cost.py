@@ -117,3 +117,31 @@ def test_less_idle_costs_less(idle) -> None:
     shorter = estimate(_NEVER.with_flags(idle=idle), has_recipe=True).base_vms_monthly_usd
     never = estimate(_NEVER, has_recipe=True).base_vms_monthly_usd
     assert shorter <= never
+
+
+@pytest.mark.parametrize("how", [["--no-save-recipe"], "reconciler-off"])
+def test_a_fleet_no_reconciler_keeps_costs_nothing_idle(tmp_path, how) -> None:
+    """Without the reconciler the stack keeps no VM: an idle month runs and parks nothing (the
+    recipe aside), and the peak is every VM a client starts, as the plan prints it."""
+    from rayito_constructs.cli import main
+
+    from .projects import write_project
+
+    tables = {"scaling": {"min_vms": 2, "max_vms": 3, "warm_vms": 1}, "serve": {"idle_seconds": 600}}
+    if how == "reconciler-off":
+        tables["stack"] = {"reconciler": False}
+    folder = write_project(tmp_path / "kept", name="kept", tables=tables)
+    out = io.StringIO()
+    assert main(["plan", str(folder), "--json", *(how if isinstance(how, list) else [])], out=out) == 0
+    import json
+
+    cost = json.loads(out.getvalue())["cost"]
+    assert cost["assumptions"]["kept_by_the_stack"] is False
+    assert cost["base_vms_monthly_usd"] == cost["warm_slots_monthly_usd"] == 0
+    assert cost["baseline_monthly_usd"] == cost["recipe_kms_monthly_usd"]
+    kept = estimate(AgentProject.load(folder), has_recipe=True)
+    assert kept.base_vms_monthly_usd > 0 and kept.warm_slots_monthly_usd > 0  # what the reconciler keeps
+    assert cost["peak_monthly_usd"] == round(3 * 730 * cost["vm_hour_usd"], 2)
+    text = io.StringIO()
+    _render_cost(cost, text)
+    assert "no reconciler: the stack keeps no VM" in text.getvalue()

@@ -148,20 +148,24 @@ def estimate(
     recipe_reads_per_day: int = DEFAULT_RECIPE_READS_PER_DAY,
     vm_lifetime_seconds: int = MICROVM_MAX_LIFETIME_SECONDS,
     successor_lead_seconds: int = DEFAULT_SUCCESSOR_LEAD_SECONDS,
+    kept: bool = True,
 ) -> CostEstimate:
     """Estimate a month of the project's fleet at list prices.
 
     ``recipe_reads_per_day`` counts processes that reconnect by name and read the recipe.
+    ``kept``: the stack's reconciler keeps ``min_vms`` and ``warm_vms``; without it the stack
+    keeps no VM (an idle fleet runs none, and parks none) and only clients start them.
     """
     memory = project.image.memory_mib
     hourly = vm_hour_usd(memory)
     suspended_day = SUSPENDED_DAY_USD if hourly is not None else None
     scaling = project.scaling
     lifetimes = dict(vm_lifetime_seconds=vm_lifetime_seconds, successor_lead_seconds=successor_lead_seconds)
-    running, suspended = base_vm_seconds(scaling.min_vms, scaling.idle, **lifetimes)
-    running_without_idle, _ = base_vm_seconds(scaling.min_vms, None, **lifetimes)
-    warm_days = scaling.warm_vms * DAYS_PER_MONTH
-    peak_hours = running_without_idle / 3600 + (scaling.max_vms - scaling.min_vms) * HOURS_PER_MONTH
+    base_slots, warm_slots = (scaling.min_vms, scaling.warm_vms) if kept else (0, 0)
+    running, suspended = base_vm_seconds(base_slots, scaling.idle, **lifetimes)
+    running_without_idle, _ = base_vm_seconds(base_slots, None, **lifetimes)
+    warm_days = warm_slots * DAYS_PER_MONTH
+    peak_hours = running_without_idle / 3600 + (scaling.max_vms - base_slots) * HOURS_PER_MONTH
     base_running = _money(running / 3600, hourly)
     base_parked = _money(suspended / 86400, suspended_day)
     base = None if base_running is None or base_parked is None else round(base_running + base_parked, 2)
@@ -184,6 +188,7 @@ def estimate(
             "successor_lead_seconds": successor_lead_seconds,
             "idle_seconds": project.scaling.idle,
             "recipe_reads_per_day": recipe_reads_per_day if has_recipe else 0,
+            "kept_by_the_stack": kept,
             "traffic": "none for the idle fleet; every VM busy all month for the peak",
         },
     )
