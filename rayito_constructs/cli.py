@@ -168,6 +168,7 @@ def plan_document(project: AgentProject) -> dict[str, Any]:
             for b in project.egress.budgets
         ],
         "gateways": list(project.gateways),
+        "secrets": _secrets(project),
         "sources": dict(sorted(project.sources.items())),
         "recipe": recipe.to_dict(),
         "warnings": [w.to_dict() for w in warnings],
@@ -185,6 +186,15 @@ def _reconciler_warnings(project: AgentProject, recipe: RecipePlan) -> list[Flee
     if reconciler and recipe.encoded is None:
         raise ProjectError([Problem("reconciler", f"{FLEET_FILE}: stack.{reconciler_needs_recipe(recipe)}")])
     return []
+
+
+def _secrets(project: AgentProject) -> dict[str, list[str]]:
+    """The Secrets Manager ids the fleet's sessions read (the gateways' keys, ``secret_env``), as
+    the product reads them: the stack grants them and never creates them."""
+    from .model.secrets import session_secrets
+
+    secrets = session_secrets(project)
+    return {"gateways": list(secrets.gateways), "secret_env": list(secrets.secret_env)}
 
 
 def _image_warnings(project: AgentProject) -> list[FleetWarning]:
@@ -225,6 +235,12 @@ def _render(doc: dict[str, Any], out: TextIO) -> None:
     out.write(f"  {'option'.ljust(width)}  {'value'.ljust(vwidth)}  from\n")
     for key, value, origin in rows:
         out.write(f"  {key.ljust(width)}  {str(value).ljust(vwidth)}  {origin}\n")
+    needed = [*doc["secrets"]["gateways"], *doc["secrets"]["secret_env"]]
+    if needed:
+        out.write("\nSecrets the sessions read (the stack grants them and never creates them: create each "
+                  "before the first session, as rayito agent deploy --create-secret would)\n")
+        for secret_id in dict.fromkeys(needed):
+            out.write(f"  {secret_id}\n")
     recipe = doc["recipe"]
     out.write("\nRecipe\n")
     if not recipe["saved"]:

@@ -53,6 +53,23 @@ def test_plan_json_of_the_example() -> None:
     assert cost["checked"] == {"fleet": "2026-10-06", "recipe": "2026-10-22"}
     assert cost["assumptions"]["hours_per_month"] == 730 and cost["assumptions"]["idle_seconds"] == 600
     assert doc["stack_name"] == "RayitoFleet-mi-agente"
+    # The secrets its sessions read, as the product names them (its gateway's key under rayito/).
+    assert doc["secrets"] == {"gateways": ["rayito/provider-key"], "secret_env": []}
+
+
+def test_plan_lists_the_secrets_to_create(tmp_path) -> None:
+    """The stack grants the secrets the sessions read and never creates one: ``plan`` lists each
+    as the product reads it (a gateway's key under ``rayito/``, a ``secret_env`` id as written)."""
+    from .projects import write_project
+
+    folder = write_project(tmp_path / "secreto", name="secreto",
+                           tables={"secret_env": {"DB_PASSWORD": "prod/db-password"}})
+    code, text = run("plan", str(folder), "--json")
+    assert code == 0
+    assert json.loads(text)["secrets"] == {"gateways": ["rayito/provider-key"], "secret_env": ["prod/db-password"]}
+    code, text = run("plan", str(folder))
+    listed = text.split("\nSecrets the sessions read", 1)[1].split("\n\n", 1)[0].splitlines()[1:]
+    assert code == 0 and listed == ["  rayito/provider-key", "  prod/db-password"]
 
 
 def test_flags_of_rayito_agent_deploy() -> None:

@@ -114,7 +114,7 @@ def _session_secrets(ctx: Context) -> Any:
     rules, :func:`~rayito_constructs.permissions.session_secrets`); none when it has no recipe."""
     from types import SimpleNamespace
 
-    from ..permissions import SessionSecrets, session_secrets
+    from ..model.secrets import SessionSecrets, session_secrets
     from ..model.product import decode
 
     try:
