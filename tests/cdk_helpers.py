@@ -10,13 +10,13 @@ import aws_cdk as cdk
 import cdk_nag
 from aws_cdk.assertions import Template
 
+from rayito_constructs.testing.snapshots import neutralize_asset_hashes
+
 from .conftest import ROOT
 
 #: The feature flags of cdk.json, so tests synthesize what `cdk synth` does.
 FLAGS: dict[str, Any] = json.loads((ROOT / "cdk.json").read_text())["context"]
 ENV = cdk.Environment(account="123456789012", region="us-east-1")
-ASSET_HASH = re.compile(r"^[0-9a-f]{64}(\.zip)?$")
-HASH_INSIDE = re.compile(r"[0-9a-f]{64}")
 #: The product's hooks of rayito-base (_images_publish_domain.IMAGE_HOOKS), in CloudFormation's names.
 PRODUCT_HOOKS = {
     "Port": 9000,
@@ -113,13 +113,8 @@ def nag(app: cdk.App, *, gate: bool = True) -> list[str]:
     return sorted(found)
 
 
-def neutralize(data: Any, path: Any = None) -> Any:
-    """syrupy matcher: asset hashes change with any byte of handler code or any CDK upgrade."""
-    if isinstance(data, str) and ASSET_HASH.match(data):
-        return "<asset-hash>.zip" if data.endswith(".zip") else "<asset-hash>"
-    if isinstance(data, str) and HASH_INSIDE.search(data):
-        return HASH_INSIDE.sub("<asset-hash>", data)  # s3://bucket/<hash>.zip in an image's code URI
-    return data
+#: The library's syrupy matcher, as users import it.
+neutralize = neutralize_asset_hashes
 
 
 # ------------------------------------------------------------------ reading a template
