@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 from typing import Mapping, Optional
 
 # jsii starts Node.js when aws_cdk is imported and prints a banner on Node 20 (end of life since
@@ -87,8 +88,12 @@ def main(app: "Optional[object]" = None) -> int:
             project = AgentProject.load(folder, fleet_file=fleet_file, **overrides)
         except ProjectError as exc:
             for problem in name_what_was_typed(exc.problems, set(overrides), context=True):
-                typed = "project" in options and problem.key == "folder"
-                problems.append(Problem("project", f"-c project: {problem.message.split(': ', 1)[1]}") if typed else problem)
+                if problem.key == "folder" and "project" in options:
+                    problem = Problem("project", f"-c project: {problem.message.split(': ', 1)[1]}")
+                elif problem.key == "folder" and not Path(folder).is_dir():  # the example, from elsewhere
+                    problem = Problem("project", f"-c project: not given, and the example {folder!r} is not a folder "
+                                                 "here: give -c project=<your agent folder>")
+                problems.append(problem)
         if problems:
             raise ProjectError(problems)
         from_file = stack_options(project)

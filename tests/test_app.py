@@ -63,9 +63,10 @@ def test_names_plan_accepts_synthesize(monkeypatch, tmp_path, capsys, agent, fol
             "(arn:<partition>:lambda:<region>:<account>:microvm-image:<name>)"
         ]),
         ({"env": "GITHUB_TOKEN=x"}, None),
+        ({"env": "{bad"}, ["-c env: '{bad' is not valid JSON (Expecting property name enclosed in double quotes at character 1)"]),
         ({"keep_image_versions": "50", "retain_vms_on_delete": "perhaps"}, [
             "-c retain_vms_on_delete: 'perhaps' is not true or false",
-            "-c keep_image_versions: '50' is not a whole number of image versions from 1 to 49 (5), or none",
+            "-c keep_image_versions: '50' is not a whole number of image versions from 1 to 49 (default 5), or none",
         ]),
         ({"keep_image_versions": "٣"}, None),
         ({"keep_image_versions": "2.5"}, None),
@@ -90,7 +91,7 @@ def test_names_plan_accepts_synthesize(monkeypatch, tmp_path, capsys, agent, fol
         ({"egress.default_burts": "3"}, ["-c egress.default_burts: unknown context key; did you mean 'egress.default_burst'?"]),
         ({"egress.budgets": '[{"target": "ftp://x", "rate": "1/s"}]', "max_vms": "65"}, None),
     ],
-    ids=["unknown-key", "idle", "flag-and-limit", "project", "image-arn", "env-secret",
+    ids=["unknown-key", "idle", "flag-and-limit", "project", "image-arn", "env-secret", "env-not-json",
          "lifecycle", "versions-unicode-digit", "versions-fraction", "memory", "two-rayds", "not-the-base",
          "egress-scalars", "egress-not-json", "egress-budget-rate", "egress-not-a-list", "egress-unknown",
          "egress-and-a-flag"],
@@ -133,6 +134,14 @@ def test_the_context_names_rayd_over_the_stack_table(monkeypatch, tmp_path, caps
     (template,) = stacks(outdir).values()
     types = {r["Type"] for r in template["Resources"].values()}
     assert "AWS::Lambda::MicrovmImage" in types and "Custom::RayitoImageArtifact" not in types
+
+
+def test_without_project_away_from_the_example_says_to_give_one(monkeypatch, tmp_path, capsys) -> None:
+    monkeypatch.chdir(tmp_path)  # cdk synth run from another folder: the example is not there
+    code, err, _ = synth(monkeypatch, tmp_path, capsys)
+    assert code == 2 and err.splitlines() == [
+        "-c project: not given, and the example 'examples/mi-agente' is not a folder here: "
+        "give -c project=<your agent folder>"]
 
 
 def test_env_with_commas_reaches_the_recipe_not_the_image(monkeypatch, tmp_path, capsys, agent) -> None:

@@ -137,7 +137,7 @@ APP_CONTEXT: dict[str, str] = {
     "alarm_actions": "SNS topic ARNs, comma-separated",
     "log_retention": "a CloudWatch Logs retention in days (90), 0 for never expire",
     "retain_vms_on_delete": "true or false",
-    "keep_image_versions": "a whole number of image versions from 1 to 49 (5), or none",
+    "keep_image_versions": "a whole number of image versions from 1 to 49 (default 5), or none",
     "base_artifact": "the path of the product's rayito-image.zip (as rayito agent deploy --base-artifact)",
     "base_artifact_sha256": "the sha256 of base_artifact, 64 hexadecimal digits",
     "base_image": "the base image published in the account to compose on at deploy, the project's [image] base "
@@ -211,8 +211,9 @@ def read_context(context: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, 
     for key, value in raw.items():
         try:
             overrides.update(read_overrides({key: value}))
-        except ProjectError as exc:
-            problems.extend(name_what_was_typed(exc.problems, {key}, context=True))
+        except ProjectError as exc:  # a value the flag's reader cannot read: named as typed, -c key
+            problems.extend(Problem(p.key, f"-c {p.message}" if p.message.startswith(f"{key}: ") else p.message,
+                                    p.related) for p in exc.problems)
     return overrides, app, problems
 
 
