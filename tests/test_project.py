@@ -209,6 +209,12 @@ def test_our_own_file_holds_what_the_product_does_not(tmp_path) -> None:
     (folder / FLEET_FILE).write_text('[stak]\nmetrics = true\n')
     with pytest.raises(ProjectError, match=r"^rayito-constructs.toml: stak: unknown option; did you mean 'stack'\?"):
         AgentProject.load(folder)
+    for key, table in (("metrics = true", "stack"), ("default_burst = 3", "egress"), ("build_image = false", "stack")):
+        (folder / FLEET_FILE).write_text(f"{key}\n")  # a table's key at the top: where it goes
+        name = key.split(" ")[0]
+        with pytest.raises(ProjectError, match=rf"^rayito-constructs.toml: {name}: unknown option; "
+                                               rf"did you mean \[{table}\] {name}\?$"):
+            AgentProject.load(folder)
 
 
 def test_our_refusals_beyond_the_products(tmp_path) -> None:

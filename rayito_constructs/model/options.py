@@ -206,7 +206,7 @@ def _nested_model(model: type[BaseModel], loc: Sequence[Any]) -> tuple[type[Base
     return model, rest
 
 
-def _option_model_of(annotation: Any) -> Optional[type[BaseModel]]:
+def _option_model_of(annotation: Any) -> Optional[type["_Options"]]:
     candidates = [annotation, *getattr(annotation, "__args__", ())]
     for candidate in candidates:
         if isinstance(candidate, type) and issubclass(candidate, _Options):
@@ -251,6 +251,11 @@ def _unknown_key(key: str, loc: Sequence[Any], inner: type[BaseModel], rest: Seq
     if issubclass(inner, _Options):
         qualified = f"{inner.SECTION}.{field}"
         return Problem(qualified, f"{qualified}: unknown key in [{inner.SECTION}]{hint}")
+    # A table's key written at the top (``metrics = true`` for ``[stack] metrics``): say where it goes.
+    tables = [table for table in map(_option_model_of, (f.annotation for f in inner.model_fields.values()))
+              if table is not None and field in table.model_fields]
+    if tables and not hint:
+        hint = f"; did you mean [{tables[0].SECTION}] {field}?"
     return Problem(field, f"{field}: unknown option{hint}")
 
 
