@@ -85,7 +85,7 @@ def main(app: "Optional[object]" = None) -> int:
         folder = options.get("project", DEFAULT_PROJECT)
         fleet_file = fleet_file_of(folder, options.pop("egress", None), problems)
         try:
-            project = AgentProject.load(folder, fleet_file=fleet_file, **overrides)
+            project = AgentProject.from_flags(folder, fleet_file=fleet_file, flags=overrides)
         except ProjectError as exc:
             for problem in name_what_was_typed(exc.problems, set(overrides), context=True):
                 if problem.key == "folder" and "project" in options:

@@ -203,6 +203,8 @@ def _image_warnings(project: AgentProject) -> list[FleetWarning]:
     ``rayito agent deploy`` does at its build; one that runs a published image does not need it."""
     from .image_composition import image_problem
 
+    if project.folder is None:  # a recipe's project: no folder to build from here
+        return []
     problem = image_problem(project)
     if problem is None:
         return []
@@ -306,7 +308,7 @@ def _plan(args: argparse.Namespace, out: TextIO) -> int:
             if key not in {"command", "folder", "json", "recipe"} and value is not None
         }
         try:
-            project = AgentProject.load(args.folder, **read_overrides(raw))
+            project = AgentProject.from_flags(args.folder, flags=read_overrides(raw))
         except ProjectError as exc:
             raise ProjectError(name_what_was_typed(exc.problems, set(raw), context=False)) from None
     for warning in project.warnings:

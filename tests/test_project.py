@@ -80,7 +80,7 @@ def test_flags_apply_as_the_product_applies_them(tmp_path) -> None:
 def test_max_sessions_is_checked_against_the_files_memory_as_deploy_does(tmp_path) -> None:
     folder = write_project(tmp_path / "m", name="m")  # 2048 MiB: at most 7 sessions
     with pytest.raises(ProjectError) as info:
-        AgentProject.load(folder, memory=4096, max_sessions=15)
+        AgentProject.from_flags(folder, flags={"memory": 4096, "max_sessions": 15})
     (line,) = str(info.value).splitlines()
     assert line.startswith("--max-sessions: 15: ") and "7" in line
 
@@ -133,9 +133,9 @@ def test_the_env_flag_rule_is_the_products(tmp_path, name, rejected) -> None:
     folder = write_project(tmp_path / "e", name="e")
     if rejected:
         with pytest.raises(ProjectError, match=rf"^--env: {name}: "):
-            AgentProject.load(folder, env=[f"{name}=v"])
+            AgentProject.from_flags(folder, flags={"env": [f"{name}=v"]})
     else:
-        assert AgentProject.load(folder, env=[f"{name}=v"]).env[name] == "v"
+        assert AgentProject.from_flags(folder, flags={"env": [f"{name}=v"]}).env[name] == "v"
 
 
 @pytest.mark.parametrize("value", ["sk-proj-abcdef", "AKIAABCDEFGHIJKLMNOP", "ghp_short", "Bearer x", "xoxb-123",
@@ -143,7 +143,7 @@ def test_the_env_flag_rule_is_the_products(tmp_path, name, rejected) -> None:
 def test_credential_shaped_values_are_refused_as_the_product_refuses_them(tmp_path, value) -> None:
     folder = write_project(tmp_path / "c", name="c")
     with pytest.raises(ProjectError) as info:
-        AgentProject.load(folder, env=[f"CONFIG={value}"])
+        AgentProject.from_flags(folder, flags={"env": [f"CONFIG={value}"]})
     assert str(info.value).startswith("--env: CONFIG: ") and value not in str(info.value)
 
 
@@ -171,11 +171,30 @@ def test_credential_shaped_values_are_refused_as_the_product_refuses_them(tmp_pa
                                               "superar a max_vms - min_vms (max_vms - min_vms is 4 - 2 = 2)"),
 ])
 def test_flag_errors_name_the_flag_and_the_value(tmp_path, flags, start) -> None:
+    """As plan and app.py get them (``from_flags``: the product's flag names, each then renamed
+    to what was typed), and as ``AgentProject.load``'s keywords name them (``max_vms: ...``)."""
+    from rayito_constructs.model.product import FLAG_NAMES
+
     folder = write_project(tmp_path / "fl", name="fl")
+    with pytest.raises(ProjectError) as info:
+        AgentProject.from_flags(folder, flags=flags)
+    lines = str(info.value).splitlines()
+    assert len(lines) == 1 and lines[0].startswith(start), lines
+    for key in flags:
+        start = start.replace(f"{FLAG_NAMES.get(key, key)}: ", f"{key}: ")
     with pytest.raises(ProjectError) as info:
         AgentProject.load(folder, **flags)
     lines = str(info.value).splitlines()
-    assert len(lines) == 1 and lines[0].startswith(start), lines
+    assert len(lines) == 1 and lines[0].startswith(start) and "--" not in lines[0].split(": ")[0], lines
+
+
+def test_load_takes_env_and_secret_env_as_mappings(tmp_path) -> None:
+    """``env={"A": "1"}`` as ``-c env='{"A": "1"}'`` takes it (and NAME=VALUE strings)."""
+    folder = write_project(tmp_path / "m", name="m")
+    project = AgentProject.load(folder, env={"A": "1", "URL": "https://a,b"}, secret_env={"DB": "prod/db"})
+    assert project.env["A"] == "1" and project.env["URL"] == "https://a,b"
+    assert project.secret_env["DB"] == "prod/db"
+    assert AgentProject.load(folder, env=["A=1"]).env["A"] == "1"
 
 
 def test_folders_the_product_cannot_read(tmp_path) -> None:

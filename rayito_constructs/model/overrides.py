@@ -337,18 +337,21 @@ def _retention(value: Any, problems: list[Problem]) -> Any:
     return days
 
 
-def name_what_was_typed(problems: Iterable[Problem], given: set[str], *, context: bool) -> list[Problem]:
+def name_what_was_typed(problems: Iterable[Problem], given: set[str], *, context: bool,
+                        keyword: bool = False) -> list[Problem]:
     """Problems about flags start with the flag (``--max-vms: ...``); for ``cdk synth`` context
-    they start with what was typed there (``-c max_vms: ...``). The others are unchanged."""
+    they start with what was typed there (``-c max_vms: ...``), for ``AgentProject.load``'s
+    keywords with the keyword (``max_vms: ...``). The others are unchanged."""
     named: list[Problem] = []
     for problem in problems:
         flag = FLAG_NAMES.get(problem.key)
-        if not context or flag is None or problem.key not in given or not problem.message.startswith(f"{flag}: "):
+        if not (context or keyword) or flag is None or problem.key not in given \
+                or not problem.message.startswith(f"{flag}: "):
             named.append(problem)
             continue
         message = problem.message
         for key in dict.fromkeys((problem.key, *problem.related)):  # a rule two flags broke names both
             if key in FLAG_NAMES and key in given:
-                message = message.replace(f"{FLAG_NAMES[key]}: ", f"-c {key}: ", 1)
+                message = message.replace(f"{FLAG_NAMES[key]}: ", f"-c {key}: " if context else f"{key}: ", 1)
         named.append(Problem(problem.key, message, problem.related))
     return named

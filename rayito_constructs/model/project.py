@@ -30,6 +30,7 @@ from .errors import FleetWarning, Problem, ProjectError, did_you_mean, show
 from .fleet_file import FleetFile
 from .names import fleet_name_problem, stack_name_for
 from .options import EgressOptions, max_concurrency_limit, vcpus_for
+from .overrides import name_what_was_typed
 from .product import (
     FLAG_NAMES,
     PRODUCT_VERSION,
@@ -128,6 +129,20 @@ class AgentProject:
         :param fleet_file: this library's settings. Default: ``rayito-constructs.toml`` in the
             folder when there is one, else none.
         """
+        # env and secret_env as a mapping too (NAME -> value or id), as -c env='{"A": "1"}' takes them.
+        flags = {name: tuple(f"{k}={v}" for k, v in value.items())
+                 if name in ("env", "secret_env") and isinstance(value, Mapping) else value
+                 for name, value in flags.items()}
+        try:
+            return cls.from_flags(folder, region=region, fleet_file=fleet_file, flags=flags)
+        except ProjectError as exc:  # named by the keyword given here (max_vms: ...), not --max-vms
+            raise ProjectError(name_what_was_typed(exc.problems, set(flags), context=False, keyword=True)) from None
+
+    @classmethod
+    def from_flags(cls, folder: Union[str, os.PathLike[str]], *, region: Optional[str] = None,
+                   fleet_file: Optional[FleetFile] = None, flags: Mapping[str, Any]) -> "AgentProject":
+        """:meth:`load`, its problems naming ``rayito agent deploy``'s flags (``--max-vms: ...``),
+        as ``plan`` and ``app.py`` report them (each then names what was typed there)."""
         path = Path(folder)
         if not path.is_dir():
             raise ProjectError([Problem("folder", f"folder: {str(folder)!r} is not a folder")])
