@@ -28,6 +28,7 @@ from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
 from .access_token import FleetAccessToken, token_secret_name
+from .image_pruner import check_keep
 from .agent_image import (
     DEFAULT_BASE_IMAGE_VERSION,
     DEFAULT_LOG_RETENTION,
@@ -406,6 +407,8 @@ class AgentFleet(_FleetGrants):
         _check_watched(project, reconciler=reconciler, reconciler_alarms=reconciler_alarms,
                        egress_alarms=egress_alarms, saved_queries=saved_queries)
         retention_days(log_retention)  # a logs.RetentionDays, or a one-line error
+        if keep_image_versions is not None:
+            check_keep(keep_image_versions)  # whether or not this fleet builds an image: a typo is a typo
         retention_days(microvm_log_retention, "microvm_log_retention")
         check_alarm_actions(alarm_actions, region=cdk.Stack.of(scope).region)  # before anything is built
         check_same_environment(scope, "artifact_bucket", artifact_bucket)

@@ -90,11 +90,14 @@ def test_keep_image_versions_limits(keep) -> None:
         synth(keep_image_versions=keep)
 
 
+@pytest.mark.parametrize("builds", [True, False], ids=["builds-the-image", "builds-none"])
 @pytest.mark.parametrize("keep", [0, -5, 51, float("nan"), "3"])
-def test_a_bad_keep_is_one_line_from_the_stack(keep) -> None:
-    """Through ``FleetStack``, as a user's app meets it: one line that names the option and its value."""
+def test_a_bad_keep_is_one_line_from_the_stack(keep, builds) -> None:
+    """Through ``FleetStack``, as a user's app meets it: one line that names the option and its
+    value, whether or not the stack builds an image (a typo is not silently kept for later)."""
     with pytest.raises(ValueError) as caught:
-        FleetStack(new_app(), "S", project=AgentProject.load(EXAMPLE), keep_image_versions=keep, **stack_props())
+        FleetStack(new_app(**({} if builds else {"base_artifact": None})), "S", project=AgentProject.load(EXAMPLE),
+                   keep_image_versions=keep, **stack_props())
     message = str(caught.value)
     assert "\n" not in message and message.startswith(f"keep_image_versions: {keep!r} ")
 
