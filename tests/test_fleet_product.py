@@ -202,6 +202,24 @@ def test_the_reconciler_starts_and_serves_the_products_vms(world, monkeypatch) -
     print(f"converged (base serving, parked slot parked) in {time.monotonic() - started:.1f} s")
 
 
+def ping_status(emulator, vm_id: str) -> str:
+    """The agent host's ``/ping`` on the VM (``Healthy``, ``HealthyBusy`` when every session
+    slot runs), through the VM's endpoint as the AWS proxy routes it."""
+    from .testing.helpers import host_request
+
+    jwe = emulator.client().create_microvm_auth_token(microvmIdentifier=vm_id, expirationInMinutes=5,
+                                                      allowedPorts=[{"port": 8088}])["authToken"]["X-aws-proxy-auth"]
+    status, _, body = host_request(emulator.vm_host.guest(vm_id).endpoint, emulator.vm_host.seams.port, jwe, "GET", "/ping")
+    return json.loads(body).get("status", "") if status == 200 else f"HTTP {status}"
+
+
+def wait_for(predicate, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"not true after {timeout} s"
+        time.sleep(0.05)
+
+
 def test_the_products_client_reads_invokes_and_takes_the_parked_slot(world, monkeypatch) -> None:
     for key, value in world["aws_env"].items():
         monkeypatch.setenv(key, value)
@@ -213,11 +231,11 @@ def test_the_products_client_reads_invokes_and_takes_the_parked_slot(world, monk
     assert (status.min_vms, status.max_vms, status.warm_vms, status.scaling_source) == (1, 3, 1, "recipe")
     assert {m.sandbox_id for m in status.members} == {base, parked}
     assert fleet.invoke("Hello").text == "Hola: Hello"
-    # max_concurrency 2 and queue_max 4 on each VM, max_vms 3: two long sessions fill the base VM,
-    # the next one takes the parked slot (resumed, its gateway opened, served by the client).
+    # Three sessions at once: the product's client puts each on the free member with the fewest
+    # of its sessions in flight (choose_member), the parked slot among them, so one takes the
+    # parked slot (resumed, its gateway opened, served by the client) whatever their order.
     with concurrent.futures.ThreadPoolExecutor(3) as pool:
         long = [pool.submit(fleet.invoke, "sleep 8") for _ in range(2)]
-        time.sleep(2)
         third = pool.submit(fleet.invoke, "tercera")
         assert third.result(timeout=120).text == "Hola: tercera"
         assert [f.result(timeout=120).text for f in long] == ["Hola: sleep 8"] * 2
@@ -250,11 +268,14 @@ def test_past_the_queue_a_vm_answers_429_with_retry_after(world, monkeypatch) ->
 
     with concurrent.futures.ThreadPoolExecutor(7) as pool:
         held = [pool.submit(invocation, "sleep 6") for _ in range(6)]  # 2 running, 4 queued
-        time.sleep(2)
-        status, headers, body = invocation("una de más")
-        assert status == 429 and headers.get("retry-after"), (status, headers, body)
-        assert json.loads(body)["error"] == "busy"
-        assert sorted(f.result(timeout=60)[0] for f in held) == [200] * 6
+        wait_for(lambda: ping_status(emulator, base) == "HealthyBusy", timeout=6)
+        time.sleep(0.5)  # the four behind them reach the queue; whichever comes seventh is refused
+        late = invocation("una de más")
+        answers = [late, *(f.result(timeout=60) for f in held)]
+    refused = [a for a in answers if a[0] != 200]
+    assert sorted(a[0] for a in answers) == [200] * 6 + [429], [a[0] for a in answers]
+    (status, headers, body), = refused
+    assert headers.get("retry-after") and json.loads(body)["error"] == "busy", (status, headers, body)
 
 
 def test_an_ask_again_for_a_vm_served_or_being_served_starts_no_second_host(world, monkeypatch) -> None:
