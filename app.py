@@ -80,6 +80,7 @@ def main(app: "Optional[object]" = None) -> int:
 
     app = app or new_app()
     options: dict = {}
+    typed: dict = {}  # where each option was given: "-c " (context) or "rayito-constructs.toml: stack."
     try:
         overrides, options, problems = read_context(app.node.get_all_context())
         folder = options.get("project", DEFAULT_PROJECT)
@@ -96,11 +97,7 @@ def main(app: "Optional[object]" = None) -> int:
                 problems.append(problem)
         if problems:
             raise ProjectError(problems)
-        from_file = stack_options(project)
-        if {"base_artifact", "base_image"} & set(options):  # the context names rayd: the file's goes
-            from_file = {k: v for k, v in from_file.items() if not k.startswith(("base_artifact", "base_image"))
-                         or k == "base_image_version"}
-        options = {**from_file, **options}
+        options = merged_options(stack_options(project), options, folder, typed)
         FleetStack(
             app,
             project.stack_name,
@@ -132,10 +129,40 @@ def main(app: "Optional[object]" = None) -> int:
     except (ValueError, JSIIError) as exc:
         # A construct refusing its input (a bad image_arn, a name held twice...): its first line.
         lines = [line for line in str(exc).splitlines() if line.strip()] or [type(exc).__name__]
-        typed = next((key for key in options if lines[0].startswith(f"{key}: ")), None)
-        print(f"-c {lines[0]}" if typed else lines[0], file=sys.stderr)
+        given = next((key for key in options if lines[0].startswith(f"{key}: ")), None)
+        print(f"{typed.get(given, '-c ')}{lines[0]}" if given else lines[0], file=sys.stderr)
         return EXIT_INVALID
     return 0
+
+
+def merged_options(from_file: dict, context: dict, folder: str, typed: dict) -> dict:
+    """The switches of ``app.py``: the folder's ``[stack]`` with the context over it, key by key;
+    ``typed`` is filled with where each was given. ``-c base_artifact`` or ``-c base_image``
+    replaces the file's rayd keys together (they name one thing); the file's relative
+    ``base_artifact`` is the folder's. Rules across keys from both places are checked here."""
+    from pathlib import Path
+
+    from rayito_constructs import Problem, ProjectError
+    from rayito_constructs.model.fleet_file import FLEET_FILE
+
+    if {"base_artifact", "base_image"} & set(context):  # the context names rayd: the file's goes
+        from_file = {k: v for k, v in from_file.items() if not k.startswith(("base_artifact", "base_image"))
+                     or k == "base_image_version"}
+    if from_file.get("base_artifact") and not Path(from_file["base_artifact"]).is_absolute():
+        from_file = {**from_file, "base_artifact": str(Path(folder) / from_file["base_artifact"])}
+    typed.update({**dict.fromkeys(from_file, f"{FLEET_FILE}: stack."), **dict.fromkeys(context, "-c ")})
+    options = {**from_file, **context}
+    problems = []
+    if "base_artifact_sha256" in options and "base_artifact" not in options:
+        problems.append(Problem("base_artifact_sha256", f"{typed['base_artifact_sha256']}base_artifact_sha256: give "
+                                                        "base_artifact (the zip it is the sha256 of) with it"))
+    rayd = next((key for key in ("base_artifact", "base_image") if options.get(key)), None)
+    if options.get("image_arn") and rayd and options.get("build_image", True):
+        problems.append(Problem("image_arn", f"{typed['image_arn']}image_arn, {typed[rayd]}{rayd}: give one of them "
+                                             "(an image published elsewhere, or the one the stack builds)"))
+    if problems:
+        raise ProjectError(problems)
+    return options
 
 
 def fleet_file_of(folder: str, egress: "Optional[dict]", problems: list) -> "object":

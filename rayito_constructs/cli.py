@@ -198,18 +198,25 @@ def _secrets(project: AgentProject) -> dict[str, list[str]]:
 
 
 def _image_warnings(project: AgentProject) -> list[FleetWarning]:
-    """``image_unbuildable``: the product cannot build the folder's image (a file its build copies
-    is missing...). A stack that builds the image refuses the folder at synth with this line, as
-    ``rayito agent deploy`` does at its build; one that runs a published image does not need it."""
+    """When the folder's ``[stack]`` has the stack build the image (``base_artifact`` or
+    ``base_image``; ``plan`` reads no ``-c`` context), the folder is checked as synth checks it:
+    one the product's build refuses is refused here in the same line, and the product's notes on
+    what its build context holds (files that usually carry secrets) are warnings with a code."""
+    import warnings
+
     from .image_composition import image_problem
 
-    if project.folder is None:  # a recipe's project: no folder to build from here
+    stack = project.fleet.stack
+    if project.folder is None or not stack.build_image or stack.image_arn or not (stack.base_artifact or stack.base_image):
         return []
-    problem = image_problem(project)
-    if problem is None:
-        return []
-    return [FleetWarning("image_unbuildable", f"{problem}; a stack that builds the image (base_artifact, "
-                         "base_image) refuses this folder at synth, as rayito agent deploy does at its build")]
+    with warnings.catch_warnings(record=True) as noted:
+        warnings.simplefilter("always")
+        problem = image_problem(project)
+    if problem is not None:
+        raise ProjectError([Problem("source", problem)])
+    # The product collects the context twice (its template, then the files it copies): one note.
+    notes = [" ".join(str(w.message).split()) for w in noted if issubclass(w.category, UserWarning)]
+    return [FleetWarning("build_context_secrets", f"the product's build: {note}") for note in notes[:1]]
 
 
 def _render(doc: dict[str, Any], out: TextIO) -> None:

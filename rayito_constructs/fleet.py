@@ -401,6 +401,10 @@ class AgentFleet(_FleetGrants):
                      "recipe_failure": (recipe_failure, ("warn", "fail")),
                      "teardown_failure": (teardown_failure, ("warn", "fail"))},
         )
+        if rayd is not None and (image is not None or image_arn is not None or not build_image):
+            other = "image" if image is not None else "image_arn" if image_arn is not None else "build_image=False"
+            raise ValueError(f"rayd, {other}: give one of them (rayd is for the image the fleet builds; {other} "
+                             "means it builds none)")
         image_name = image.image_name if image is not None else _image_name(image_arn, project.name)
         _check_operations(metrics, {"reconciler_alarms": reconciler_alarms, "recipe_alarm": recipe_alarm,
                                     "egress_alarms": egress_alarms, "dashboard": dashboard})

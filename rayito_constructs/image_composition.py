@@ -93,6 +93,8 @@ def build_context(project: Any, *, template_env: Optional[Mapping[str, str]] = N
         reason = getattr(exc, "reason", None)
         raise CompositionError(f"source: the product cannot build this project's image ({_line(exc)}"
                                f"{f'; {reason}' if reason else ''}){_hint(exc)}") from None
+    except (OSError, UnicodeError, ValueError) as exc:  # a file it cannot read, a name a zip cannot hold
+        raise CompositionError(f"source: the project's files cannot be packed into its image ({_line(exc)})") from None
 
 
 def image_problem(project: Any) -> Optional[str]:
@@ -109,7 +111,8 @@ def _hint(exc: BaseException) -> str:
     """A Node project's lockfile is the usual missing file: its build runs ``npm ci``."""
     missing = str(exc).rsplit("/", 1)[-1].strip()
     manager = {lockfile: name for name, lockfile in NODE_LOCKFILES.items()}.get(missing)
-    return f": run {manager} install in the source folder to write {missing}" if manager else ""
+    return (f": the source folder must hold {missing}, not excluded from the build context ({manager} install "
+            "writes it)") if manager else ""
 
 
 def caps_base_configuration(*, region: str, base_image_version: str, artifact_uri: str,

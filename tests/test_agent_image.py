@@ -350,11 +350,24 @@ def test_a_folder_the_products_build_refuses_is_refused_in_its_words(tmp_path, r
     with pytest.raises(BuildException) as product:  # the product's own refusal, as its build meets it
         template_overlay(agent_template(project.product))
     expected = (f"source: the product cannot build this project's image ({product.value}; context_path_missing): "
-                "run npm install in the source folder to write package-lock.json")
+                "the source folder must hold package-lock.json, not excluded from the build context "
+                "(npm install writes it)")
     assert refusal(lambda: synth_image(project, release)) == expected
     assert refusal(lambda: synth_image(project, PublishedBaseImage())) == expected
     (folder / "package-lock.json").write_text('{"lockfileVersion": 3, "packages": {}}\n')
     synth_image(AgentProject.load(folder), release)  # with it, the product builds it and so do we
+
+
+@pytest.mark.parametrize("other", [{"image_arn": "arn:aws:lambda:us-east-1:123456789012:microvm-image:otra"},
+                                   {"build_image": False}], ids=["image_arn", "build_image"])
+def test_rayd_with_an_image_made_elsewhere_is_refused_not_ignored(release, other) -> None:
+    """``rayd`` is for the image the fleet builds: given with ``image_arn`` or ``build_image=False``
+    it was silently dropped; it is one line naming both."""
+    (name,) = other
+    shown = "build_image=False" if name == "build_image" else name
+    message = refusal(lambda: AgentFleet(new_stack(new_app(base_artifact=None)), "F", project=AgentProject.load(EXAMPLE),
+                                         rayd=release, **other))
+    assert message.startswith(f"rayd, {shown}: give one of them"), message
 
 
 def test_a_dockerfile_in_the_folder_is_ignored_with_an_info_line(tmp_path, release) -> None:

@@ -58,7 +58,7 @@ def test_names_plan_accepts_synthesize(monkeypatch, tmp_path, capsys, agent, fol
         ({"idle": "30"}, None),
         ({"metadata_index": "maybe", "max_vms": "65"}, ["-c metadata_index: 'maybe' is not true or false", None]),
         ({"project": "/nonexistent"}, ["-c project: '/nonexistent' is not a folder"]),
-        ({"image_arn": "arn:aws:s3:::bucket"}, [
+        ({"image_arn": "arn:aws:s3:::bucket", "base_artifact": None}, [
             "-c image_arn: 'arn:aws:s3:::bucket' is not a MicroVM image ARN "
             "(arn:<partition>:lambda:<region>:<account>:microvm-image:<name>)"
         ]),
@@ -104,6 +104,28 @@ def test_mistakes_are_one_line_each_and_exit_2(monkeypatch, tmp_path, capsys, co
         assert len(got) == len(lines) and all(w is None or g == w for g, w in zip(got, lines)), got
     assert got and all(line.startswith("-c ") for line in got), got
     assert "Traceback" not in err
+
+
+@pytest.mark.parametrize(("stack", "context", "line"), [
+    ({"base_artifact": "rayd.zip"}, {"base_artifact_sha256": "0" * 64, "base_artifact": None},
+     "rayito-constructs.toml: stack.base_artifact: el sha256 de "),  # the file's zip (the folder's path), -c sha256
+    ({}, {"base_artifact_sha256": "0" * 64, "base_artifact": None},
+     "-c base_artifact_sha256: give base_artifact (the zip it is the sha256 of) with it"),
+    ({"image_arn": "arn:aws:lambda:us-east-1:123456789012:microvm-image:otra"}, {},  # synth() gives -c base_artifact
+     "rayito-constructs.toml: stack.image_arn, -c base_artifact: give one of them (an image published elsewhere, "
+     "or the one the stack builds)"),
+    ({"image_arn": "arn:aws:lambda:us-east-1:123456789012:microvm-image:otra", "base_image": "rayito-base-caps"},
+     {"base_artifact": None}, "rayito-constructs.toml: stack.image_arn, stack.base_image: give one of them"),
+], ids=["file-zip-context-sha", "sha-alone", "file-arn-context-rayd", "file-arn-file-rayd"])
+def test_rayd_rules_across_the_file_and_the_context(monkeypatch, tmp_path, capsys, agent, stack, context, line) -> None:
+    """Context wins key by key; a rule across keys holds whichever place gave each, and names it."""
+    from .cdk_helpers import stand_in_rayd
+
+    folder = agent("across", stack=stack)
+    if "base_artifact" in stack:
+        (folder / stack["base_artifact"]).write_bytes(open(stand_in_rayd(), "rb").read())  # relative: the folder's
+    code, err, _ = synth(monkeypatch, tmp_path, capsys, project=str(folder), **context)
+    assert code == 2 and len(err.splitlines()) == 1 and err.startswith(line), err
 
 
 @pytest.mark.parametrize(("stack", "line"), [

@@ -212,21 +212,64 @@ def test_a_folder_the_product_cannot_detect(capsys, tmp_path) -> None:
     assert line.startswith("source: ") and "(not_detected)" in line
 
 
-def test_plan_warns_of_a_folder_the_products_build_refuses(tmp_path) -> None:
-    """``plan`` reads no app's context (it plans a stack that runs a published image), so a
-    folder whose image the product cannot build is a warning there, with the product's reason."""
+def test_plan_checks_the_image_as_synth_when_the_folder_has_the_stack_build_it(tmp_path) -> None:
+    """``plan`` reads no ``-c`` context: when the folder's own ``[stack]`` has the stack build the
+    image, a folder the product's build refuses is refused there in synth's line (exit 2); a stack
+    that runs a published image builds nothing, and plan reads none of the folder's files for it."""
+    import contextlib
+
     from .projects import scaffold
 
     folder = scaffold(tmp_path / "ts", "strands", "typescript", "anthropic")
     (folder / "package-lock.json").unlink(missing_ok=True)
     code, out = run("plan", str(folder), "--json")
-    warnings = {w["code"]: w["message"] for w in json.loads(out)["warnings"]}
-    assert code == 0
-    assert warnings["image_unbuildable"].startswith(
-        "source: the product cannot build this project's image (la ruta de contexto no existe: app/package-lock.json")
+    assert code == 0 and not [w for w in json.loads(out)["warnings"] if w["code"] == "build_context_secrets"]
+    (folder / "rayito-constructs.toml").write_text('[stack]\nbase_image = "rayito-base-caps"\n')
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        code, out = run("plan", str(folder))
+    assert code == 2 and out == ""
+    assert err.getvalue().splitlines() == [
+        "source: the product cannot build this project's image (la ruta de contexto no existe: app/package-lock.json; "
+        "context_path_missing): the source folder must hold package-lock.json, not excluded from the build context "
+        "(npm install writes it)"]
     (folder / "package-lock.json").write_text("{}\n")
+    (folder / "server.pem").write_text("-----BEGIN CERTIFICATE-----\n")  # the product notes such files
     code, out = run("plan", str(folder), "--json")
-    assert code == 0 and "image_unbuildable" not in {w["code"] for w in json.loads(out)["warnings"]}
+    notes = [w["message"] for w in json.loads(out)["warnings"] if w["code"] == "build_context_secrets"]
+    assert code == 0 and len(notes) == 1 and "server.pem" in notes[0], notes
+
+
+def test_plan_of_files_a_zip_cannot_hold_is_one_line(tmp_path) -> None:
+    """A file name that is not UTF-8 cannot go into the image's zip: one line, not a traceback."""
+    import contextlib
+
+    from .projects import write_project
+
+    folder = write_project(tmp_path / "raro", name="raro", tables={"stack": {"base_image": "rayito-base-caps"}})
+    (folder / os.fsdecode(b"mal\xff.txt")).write_text("x")
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        code, _ = run("plan", str(folder))
+    (line,) = err.getvalue().splitlines()
+    assert code == 2 and line.startswith("source: the project's files cannot be packed into its image (")
+
+
+def test_a_gateway_on_a_webhook_secret_is_one_line_at_plan(tmp_path) -> None:
+    """The product never lets a session read its webhook signing secrets; plan refuses as synth does."""
+    from .projects import write_project
+
+    folder = write_project(tmp_path / "wh", name="wh", tables={"gateways": {"svc": {
+        "preset": "custom", "upstream": "https://api.example.com", "allow": [["POST", "/v1/*"]],
+        "headers": {"Authorization": "webhooks/x"}}}})
+    out, err = io.StringIO(), io.StringIO()
+    import contextlib
+
+    with contextlib.redirect_stderr(err):
+        code = main(["plan", str(folder)], out=out)
+    assert code == 2 and out.getvalue() == ""
+    assert err.getvalue().splitlines() == ["gateways.svc: 'rayito/webhooks/x' is under rayito/webhooks/, the product's "
+                                           "webhook signing secrets, which a session never reads; name another secret"]
 
 
 def test_closed_pipe_is_quiet(tmp_path) -> None:

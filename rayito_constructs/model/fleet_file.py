@@ -79,6 +79,10 @@ class StackOptions(_Options):
             problems.append(("stack.base_image", "stack.base_artifact, stack.base_image: give one of them (a release "
                              "zip composed at synth, or the base published in the account, composed at deploy)",
                              ("stack.base_artifact",)))
+        rayd = "base_artifact" if self.base_artifact else "base_image" if self.base_image else None
+        if self.image_arn and rayd and self.build_image:
+            problems.append(("stack.image_arn", f"stack.image_arn, stack.{rayd}: give one of them (an image published "
+                             "elsewhere, or the one the stack builds)", (f"stack.{rayd}",)))
         if self.base_artifact_sha256 and not self.base_artifact:
             problems.append(("stack.base_artifact_sha256", "stack.base_artifact_sha256: give base_artifact with it", ()))
         if problems:

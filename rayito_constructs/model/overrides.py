@@ -279,8 +279,7 @@ def _read_app_context(app: dict[str, Any], problems: list[Problem]) -> None:
     if "base_artifact_sha256" in app and not re.fullmatch(r"[0-9a-fA-F]{64}", str(app["base_artifact_sha256"])):
         problems.append(Problem("base_artifact_sha256", f"-c base_artifact_sha256: {show(app['base_artifact_sha256'])} "
                                                         f"is not {APP_CONTEXT['base_artifact_sha256']}"))
-    if "base_artifact_sha256" in app and "base_artifact" not in app:
-        problems.append(Problem("base_artifact_sha256", "-c base_artifact_sha256: give -c base_artifact=PATH with it"))
+    # base_artifact_sha256 without base_artifact: app.py, once the folder's [stack] is known (it may give the zip).
     if "base_image_version" in app:
         app["base_image_version"] = str(app["base_image_version"])
     if "base_image" in app and "base_artifact" in app:

@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from .errors import Problem, ProjectError
+
 
 @dataclass(frozen=True)
 class SessionSecrets:
@@ -40,8 +42,9 @@ def session_secrets(project: Any) -> SessionSecrets:
             if secret_id.startswith(WEBHOOK_SECRET_PREFIX) or f":secret:{WEBHOOK_SECRET_PREFIX}" in secret_id:
                 # The product refuses them too (SecretStore.read_value): a session that held a
                 # webhook signing secret could forge deliveries.
-                raise ValueError(f"gateways.{name}: {secret_id!r} is under {WEBHOOK_SECRET_PREFIX}, the product's "
-                                 "webhook signing secrets, which a session never reads; name another secret")
+                raise ProjectError([Problem(f"gateways.{name}", f"gateways.{name}: {secret_id!r} is under "
+                                            f"{WEBHOOK_SECRET_PREFIX}, the product's webhook signing secrets, which a "
+                                            "session never reads; name another secret")])
             gateways.append(secret_id)
     try:
         renewed = tuple(g.secret_id for g in renewable_gateways(product))
