@@ -171,11 +171,19 @@ def stop_trees(roots: Iterable[int], *, timeout: float = 5.0) -> set[int]:
     ``kill`` only queues the signal: a sleeping process wakes (``R``) to take it and stops when
     next scheduled, which on a loaded machine can be after the VM already reports SUSPENDED. A
     suspended VM runs nothing, so the freeze waits, ``timeout`` at most."""
+    roots = list(roots)
     pids = signal_trees(roots, signal.SIGSTOP)
     deadline = time.monotonic() + timeout
     waiting = set(pids)
     while waiting:
         waiting = {pid for pid in waiting if not frozen(pid)}
+        if not waiting:  # what forked while the trees were read is stopped too, until nothing new
+            born = descendants(roots) - pids
+            for pid in born:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGSTOP)
+            pids |= born
+            waiting = born
         if waiting and time.monotonic() >= deadline:
             _LOG.warning("guest processes %s not stopped %.1f s after SIGSTOP", sorted(waiting), timeout)
             break

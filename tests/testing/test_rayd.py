@@ -294,7 +294,9 @@ def _guest_tree(script: str) -> Any:
     "import collections, subprocess; subprocess.Popen(['sleep', '300']); collections.deque(iter(int, 1), maxlen=0)",
     # a parent forever spawning: caught between vfork and exec, it waits in the kernel (D)
     "import subprocess\nwhile True: subprocess.run(['true'])",
-], ids=["busy-and-sleeping", "spawning"])
+    # a parent starting children it leaves running: one born while the trees are read is stopped too
+    "import subprocess, time\nfor _ in range(400): subprocess.Popen(['sleep', '1000'])\ntime.sleep(1000)",
+], ids=["busy-and-sleeping", "spawning", "forking"])
 def test_a_freeze_returns_only_once_every_process_of_the_trees_is_frozen(script: str) -> None:
     """``kill(SIGSTOP)`` only queues the signal; a suspended VM runs nothing, so the emulator's
     freeze waits until ``/proc`` shows every process it signalled frozen, and no longer than it
@@ -310,6 +312,7 @@ def test_a_freeze_returns_only_once_every_process_of_the_trees_is_frozen(script:
             stopped = stop_trees([root.pid])
             assert time.monotonic() - started < 2.0 and root.pid in stopped
             assert all(frozen(pid) for pid in stopped)
+            assert all(frozen(pid) for pid in descendants([root.pid])), "a process of the tree still runs"
             if "sleep" in script:
                 assert {process_state(pid) for pid in stopped} == {"T"}
             for pid in stopped:
