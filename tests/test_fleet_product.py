@@ -202,13 +202,11 @@ def test_the_reconciler_starts_and_serves_the_products_vms(world, monkeypatch) -
     print(f"converged (base serving, parked slot parked) in {time.monotonic() - started:.1f} s")
 
 
-def ping_status(emulator, vm_id: str) -> str:
+def ping_status(emulator, vm_id: str, jwe: str) -> str:
     """The agent host's ``/ping`` on the VM (``Healthy``, ``HealthyBusy`` when every session
     slot runs), through the VM's endpoint as the AWS proxy routes it."""
     from .testing.helpers import host_request
 
-    jwe = emulator.client().create_microvm_auth_token(microvmIdentifier=vm_id, expirationInMinutes=5,
-                                                      allowedPorts=[{"port": 8088}])["authToken"]["X-aws-proxy-auth"]
     status, _, body = host_request(emulator.vm_host.guest(vm_id).endpoint, emulator.vm_host.seams.port, jwe, "GET", "/ping")
     return json.loads(body).get("status", "") if status == 200 else f"HTTP {status}"
 
@@ -267,8 +265,9 @@ def test_past_the_queue_a_vm_answers_429_with_retry_after(world, monkeypatch) ->
         return host_request(endpoint, port, jwe, "POST", "/invocations", {"prompt": prompt})
 
     with concurrent.futures.ThreadPoolExecutor(7) as pool:
-        held = [pool.submit(invocation, "sleep 6") for _ in range(6)]  # 2 running, 4 queued
-        wait_for(lambda: ping_status(emulator, base) == "HealthyBusy", timeout=6)
+        # 2 running, 4 queued, for 10 s: the seventh is sent within it, once the host says busy.
+        held = [pool.submit(invocation, "sleep 10") for _ in range(6)]
+        wait_for(lambda: ping_status(emulator, base, jwe) == "HealthyBusy", timeout=7)
         time.sleep(0.5)  # the four behind them reach the queue; whichever comes seventh is refused
         late = invocation("una de más")
         answers = [late, *(f.result(timeout=60) for f in held)]
