@@ -64,6 +64,10 @@ def test_names_plan_accepts_synthesize(monkeypatch, tmp_path, capsys, agent, fol
         ]),
         ({"env": "GITHUB_TOKEN=x"}, None),
         ({"env": "{bad"}, ["-c env: '{bad' is not valid JSON (Expecting property name enclosed in double quotes at character 1)"]),
+        ({"env": '{"A=B": "1"}'}, ["-c env: 'A=B': a name is a string without '='"]),
+        ({"env": '{"A": null}', "allow_out": 5, "secret_env": 7}, [
+            "-c env: A: None is not a value", "-c allow_out: 5 is not a comma-separated list of hosts",
+            "-c secret_env: 7 is not NAME=VALUE pairs"]),
         ({"keep_image_versions": "50", "retain_vms_on_delete": "perhaps"}, [
             "-c retain_vms_on_delete: 'perhaps' is not true or false",
             "-c keep_image_versions: '50' is not a whole number of image versions from 1 to 49 (default 5), or none",
@@ -92,6 +96,7 @@ def test_names_plan_accepts_synthesize(monkeypatch, tmp_path, capsys, agent, fol
         ({"egress.budgets": '[{"target": "ftp://x", "rate": "1/s"}]', "max_vms": "65"}, None),
     ],
     ids=["unknown-key", "idle", "flag-and-limit", "project", "image-arn", "env-secret", "env-not-json",
+         "env-name-with-equals", "values-of-the-wrong-shape",
          "lifecycle", "versions-unicode-digit", "versions-fraction", "memory", "two-rayds", "not-the-base",
          "egress-scalars", "egress-not-json", "egress-budget-rate", "egress-not-a-list", "egress-unknown",
          "egress-and-a-flag"],

@@ -195,6 +195,12 @@ def test_load_takes_env_and_secret_env_as_mappings(tmp_path) -> None:
     assert project.env["A"] == "1" and project.env["URL"] == "https://a,b"
     assert project.secret_env["DB"] == "prod/db"
     assert AgentProject.load(folder, env=["A=1"]).env["A"] == "1"
+    assert AgentProject.from_flags(folder, flags={"secret_env": {"DB": "prod/db"}}).secret_env["DB"] == "prod/db"
+    for env, line in (({"A=B": "1"}, "env: 'A=B': a name is a string without '='"),
+                      ({"A": None}, "env: A: None is not a string")):
+        with pytest.raises(ProjectError) as info:
+            AgentProject.load(folder, env=env)
+        assert str(info.value) == line
 
 
 def test_folders_the_product_cannot_read(tmp_path) -> None:

@@ -54,10 +54,15 @@ def _pairs(value: Any) -> Any:
     In the one-string form a comma separates two pairs only when ``NAME=`` follows it, so
     ``URL=https://a,b`` is one pair; a mapping stays as is.
     """
-    if isinstance(value, Mapping):
-        return dict(value)
-    if isinstance(value, str) and value.lstrip().startswith("{"):
-        return _json(value, dict, 'a JSON object of NAME to value ({"NAME": "value"})')
+    if isinstance(value, Mapping) or (isinstance(value, str) and value.lstrip().startswith("{")):
+        table = dict(value) if isinstance(value, Mapping) else _json(value, dict, 'a JSON object of NAME to value '
+                                                                                  '({"NAME": "value"})')
+        for name, given in table.items():
+            if "=" in str(name) or not str(name).strip():
+                raise ValueError(f"{show(name)}: a name is a string without '='")
+            if given is None or isinstance(given, (dict, list)):
+                raise ValueError(f"{name}: {show(given)} is not a value")
+        return table
     items: Iterable[Any] = _PAIR_SPLIT.split(value) if isinstance(value, str) else list(value)
     pairs: dict[str, str] = {}
     for item in items:
@@ -69,6 +74,8 @@ def _pairs(value: Any) -> Any:
 
 
 def _names(value: Any) -> Any:
+    if not isinstance(value, (str, list, tuple)):
+        raise ValueError(f"{show(value)} is not a comma-separated list of hosts")
     if isinstance(value, str):
         if value.lstrip().startswith("["):
             return tuple(_json(value, list, 'a JSON list of hosts (["a.example.com"])'))
@@ -100,10 +107,14 @@ def _pair_list(value: Any) -> Any:
     """``--env`` pairs as the product's flag takes them: ``("A=1", "B=2")``."""
     if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
         return tuple(value)
+    if not isinstance(value, (str, list, tuple, Mapping)):
+        raise ValueError(f"{show(value)} is not NAME=VALUE pairs")
     return tuple(f"{k}={v}" for k, v in _pairs(value).items())
 
 
 def _strings(value: Any) -> Any:
+    if not isinstance(value, (str, list, tuple)):
+        raise ValueError(f"{show(value)} is not a list")
     if isinstance(value, str) and value.lstrip().startswith("["):
         return tuple(_json(value, list, 'a JSON list (["a", "b"])'))
     return (value,) if isinstance(value, str) else tuple(value)

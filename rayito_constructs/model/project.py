@@ -129,10 +129,6 @@ class AgentProject:
         :param fleet_file: this library's settings. Default: ``rayito-constructs.toml`` in the
             folder when there is one, else none.
         """
-        # env and secret_env as a mapping too (NAME -> value or id), as -c env='{"A": "1"}' takes them.
-        flags = {name: tuple(f"{k}={v}" for k, v in value.items())
-                 if name in ("env", "secret_env") and isinstance(value, Mapping) else value
-                 for name, value in flags.items()}
         try:
             return cls.from_flags(folder, region=region, fleet_file=fleet_file, flags=flags)
         except ProjectError as exc:  # named by the keyword given here (max_vms: ...), not --max-vms
@@ -146,7 +142,7 @@ class AgentProject:
         path = Path(folder)
         if not path.is_dir():
             raise ProjectError([Problem("folder", f"folder: {str(folder)!r} is not a folder")])
-        deploy_flags = flags_from(flags)
+        deploy_flags = flags_from({name: _pairs(name, value) for name, value in flags.items()})
         loaded = load(path, deploy_flags, region=region)
         settings = fleet_file if fleet_file is not None else FleetFile.read(path)
         warnings = [] if has_project_file(path) else [FleetWarning(
@@ -279,6 +275,20 @@ class AgentProject:
     def to_product_dict(self) -> dict[str, object]:
         """The product's canonical project document (what the recipe's ``project`` holds)."""
         return self.product.to_dict()
+
+
+def _pairs(name: str, value: Any) -> Any:
+    """``env`` and ``secret_env`` as a mapping too (NAME -> value or secret id), as ``-c
+    env='{"A": "1"}'`` takes them: the flag's ``NAME=VALUE`` strings, each name and value checked."""
+    if name not in ("env", "secret_env") or not isinstance(value, Mapping):
+        return value
+    problems = [Problem(name, f"{FLAG_NAMES[name]}: {key!r}: a name is a string without '='")
+                for key in value if not isinstance(key, str) or "=" in key or not key.strip()]
+    problems += [Problem(name, f"{FLAG_NAMES[name]}: {key}: {show(given)} is not a string")
+                 for key, given in value.items() if not isinstance(given, str)]
+    if problems:
+        raise ProjectError(problems)
+    return tuple(f"{key}={given}" for key, given in value.items())
 
 
 def flags_from(flags: Mapping[str, Any]) -> DeployFlags:
