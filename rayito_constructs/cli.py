@@ -247,7 +247,8 @@ def _render(doc: dict[str, Any], out: TextIO) -> None:
     needed = [*doc["secrets"]["gateways"], *doc["secrets"]["secret_env"]]
     if needed:
         out.write("\nSecrets the sessions read (the stack grants them and never creates them: create each "
-                  "before the first session, as rayito agent deploy --create-secret would)\n")
+                  "named one before the first session, as rayito agent deploy --create-secret would; an ARN "
+                  "names one that exists)\n")
         for secret_id in dict.fromkeys(needed):
             out.write(f"  {secret_id}\n")
     recipe = doc["recipe"]

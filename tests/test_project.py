@@ -234,12 +234,19 @@ def test_our_own_file_holds_what_the_product_does_not(tmp_path) -> None:
     (folder / FLEET_FILE).write_text('[stak]\nmetrics = true\n')
     with pytest.raises(ProjectError, match=r"^rayito-constructs.toml: stak: unknown option; did you mean 'stack'\?"):
         AgentProject.load(folder)
-    for key, table in (("metrics = true", "stack"), ("default_burst = 3", "egress"), ("build_image = false", "stack")):
-        (folder / FLEET_FILE).write_text(f"{key}\n")  # a table's key at the top: where it goes
-        name = key.split(" ")[0]
-        with pytest.raises(ProjectError, match=rf"^rayito-constructs.toml: {name}: unknown option; "
-                                               rf"did you mean \[{table}\] {name}\?$"):
+    for text, line in (
+        ("metrics = true", "metrics: unknown option; did you mean [stack] metrics?"),  # a table's key at the top
+        ("default_burst = 3", "default_burst: unknown option; did you mean [egress] default_burst?"),
+        ("budgets = []", "budgets: unknown option; did you mean [[egress.budgets]]?"),
+        ('rate = "1/s"', "rate: unknown option; did you mean [[egress.budgets]] rate?"),
+        ("[stack]\ndefault_burst = 3", "stack.default_burst: unknown key in [stack]; default_burst is a key of [egress]"),
+        ("[egress]\nmetrics = true", "egress.metrics: unknown key in [egress]; metrics is a key of [stack]"),
+        ("nada = 1", "nada: unknown option"),
+    ):
+        (folder / FLEET_FILE).write_text(f"{text}\n")
+        with pytest.raises(ProjectError) as info:
             AgentProject.load(folder)
+        assert str(info.value) == f"rayito-constructs.toml: {line}"
 
 
 def test_our_refusals_beyond_the_products(tmp_path) -> None:

@@ -250,13 +250,34 @@ def _unknown_key(key: str, loc: Sequence[Any], inner: type[BaseModel], rest: Seq
         return Problem(key, f"{key}: unknown key{hint}")
     if issubclass(inner, _Options):
         qualified = f"{inner.SECTION}.{field}"
+        home = _table_of(field, exclude=inner)  # [stack] default_burst: a key of [egress]
+        if home and not hint:
+            hint = f"; {field} is a key of {home}"
         return Problem(qualified, f"{qualified}: unknown key in [{inner.SECTION}]{hint}")
     # A table's key written at the top (``metrics = true`` for ``[stack] metrics``): say where it goes.
-    tables = [table for table in map(_option_model_of, (f.annotation for f in inner.model_fields.values()))
-              if table is not None and field in table.model_fields]
-    if tables and not hint:
-        hint = f"; did you mean [{tables[0].SECTION}] {field}?"
+    home = _table_of(field)
+    if home and not hint:
+        hint = f"; did you mean {home}?" if home.endswith(f".{field}]]") else f"; did you mean {home} {field}?"
     return Problem(field, f"{field}: unknown option{hint}")
+
+
+def _table_of(field: str, exclude: Optional[type] = None) -> Optional[str]:
+    """The table of a file of ours that has ``field`` (``[stack]``; ``[[egress.budgets]]``, an
+    array of tables, for ``budgets``), or None."""
+    found = []
+    pending = list(_Options.__subclasses__())
+    while pending:
+        table = pending.pop()
+        pending.extend(table.__subclasses__())
+        if table is exclude or not table.SECTION:
+            continue
+        if field in table.model_fields:
+            inner = _option_model_of(table.model_fields[field].annotation)
+            array = inner is not None and getattr(table.model_fields[field].annotation, "__origin__", None) is tuple
+            member = "." in table.SECTION  # egress.budgets: an entry of an array of tables
+            found.append(f"[[{inner.SECTION}]]" if array and inner is not None
+                         else f"[[{table.SECTION}]]" if member else f"[{table.SECTION}]")
+    return sorted(found)[0] if found else None
 
 
 _Text = Callable[[Any, Mapping[str, Any], Mapping[str, Any]], str]
