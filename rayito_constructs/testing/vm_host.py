@@ -196,7 +196,8 @@ class Guest:
 
     def observe(self, vm: "Microvm", at: float, state: str) -> None:
         """A transition of the VM (called by the backend, under its lock: nothing here calls the
-        backend back or blocks)."""
+        backend back; the one wait is a suspend's, until the guest's processes are frozen, a few
+        milliseconds, 5 s at most: a suspended VM runs nothing)."""
         with self._lock:
             previous, self.state = self.state, state
             if state == "RUNNING" and self.ran_at is None:
