@@ -1,9 +1,13 @@
 """Snapshot tests of the stacks this library makes (pytest with syrupy, or any snapshot tool).
 
 A template names its assets by content hash: the functions' code zips, the product layer, the
-composed image's artifact. Each changes with any byte of the library, the product or the CDK, so a
-snapshot that keeps them fails on every upgrade for nothing. :func:`neutralize_asset_hashes`
-replaces them, and nothing else::
+composed image's artifact, the recipe's document. Each file's name changes with any byte of the
+library, the product or the CDK, so a snapshot that keeps them fails on every upgrade for nothing.
+:func:`neutralize_asset_hashes` replaces those names (``<sha256>.zip``, ``<sha256>.json``, wherever
+they appear: keys, ``s3://`` URIs, ARNs) and nothing else: the digests the library writes of what
+it deploys (the recipe's ``DocumentSha256``, the image's ``ImageDigest``, a build context's
+``BuildContextSha256``) are kept, so a change of the recipe (an ``allow_out``, a model) or of the
+image shows in the snapshot::
 
     from aws_cdk.assertions import Template
     from syrupy.extensions.json import JSONSnapshotExtension
@@ -22,17 +26,14 @@ from __future__ import annotations
 import re
 from typing import Any
 
-#: A whole value that is an asset's hash (an S3 key such as ``<sha256>.zip``).
-ASSET_HASH = re.compile(r"^[0-9a-f]{64}(\.zip)?$")
-#: A hash inside a longer value (``s3://bucket/<sha256>.zip`` in an image's code URI).
-HASH_INSIDE = re.compile(r"[0-9a-f]{64}")
+#: An asset's file name: its content hash and an extension (``<sha256>.zip``, ``<sha256>.json``).
+ASSET_FILE = re.compile(r"(?<![0-9a-f])[0-9a-f]{64}(\.[a-z]+)(?![0-9A-Za-z])")
 
 
 def neutralize_asset_hashes(data: Any, path: Any = None) -> Any:
-    """A syrupy matcher (``matcher=``; also a plain function of a value): a 64-hex asset hash
-    becomes ``<asset-hash>`` (``<asset-hash>.zip`` for a whole key), any other value is kept."""
-    if isinstance(data, str) and ASSET_HASH.match(data):
-        return "<asset-hash>.zip" if data.endswith(".zip") else "<asset-hash>"
-    if isinstance(data, str) and HASH_INSIDE.search(data):
-        return HASH_INSIDE.sub("<asset-hash>", data)
+    """A syrupy matcher (``matcher=``; also a plain function of a value): an asset's file name
+    becomes ``<asset-hash>.zip`` (its extension kept), in a whole value or inside one; a bare
+    digest (64 hex digits with no extension) is kept."""
+    if isinstance(data, str) and ASSET_FILE.search(data):
+        return ASSET_FILE.sub(lambda found: f"<asset-hash>{found.group(1)}", data)
     return data

@@ -7,13 +7,49 @@ from rayito_constructs.testing.snapshots import neutralize_asset_hashes
 HASH = "0123456789abcdef" * 4
 
 
-def test_asset_hashes_are_neutralized_and_nothing_else() -> None:
+def test_asset_file_names_are_neutralized_and_digests_kept() -> None:
     assert neutralize_asset_hashes(f"{HASH}.zip") == "<asset-hash>.zip"
-    assert neutralize_asset_hashes(HASH) == "<asset-hash>"
+    assert neutralize_asset_hashes(f"{HASH}.json") == "<asset-hash>.json"
     assert neutralize_asset_hashes(f"s3://cdk-assets/{HASH}.zip") == "s3://cdk-assets/<asset-hash>.zip"
-    for kept in ("mi-agente", HASH[:63], HASH.upper(), 5, None, {"S3Key": "x"}, ["a"]):
+    assert neutralize_asset_hashes(f"arn:aws:s3:::cdk-assets/{HASH}.json") == "arn:aws:s3:::cdk-assets/<asset-hash>.json"
+    # A digest the library writes of what it deploys (the recipe's DocumentSha256...) is kept:
+    # a change of the recipe must show in a snapshot.
+    for kept in (HASH, "mi-agente", f"{HASH[:63]}.zip", f"{HASH}0.zip", HASH.upper() + ".zip", 5, None,
+                 {"S3Key": "x"}, ["a"]):
         assert neutralize_asset_hashes(kept) == kept
-    assert neutralize_asset_hashes(HASH, path=("Resources", "Fn", "Properties", "Code", "S3Key")) == "<asset-hash>"
+    assert neutralize_asset_hashes(f"{HASH}.zip", path=("Resources", "Fn", "Properties", "Code", "S3Key")) == "<asset-hash>.zip"
+
+
+def test_a_recipe_change_shows_through_the_matcher() -> None:
+    """Two fleets whose recipes differ only in allow_out: their templates differ after the
+    matcher (the recipe's digest), where they used to be equal."""
+    import json
+
+    from aws_cdk.assertions import Template
+
+    from rayito_constructs import AgentFleet, AgentProject
+
+    from ..cdk_helpers import new_app, new_stack
+    from ..conftest import EXAMPLE
+
+    def template(**flags) -> str:
+        stack = new_stack(new_app(base_artifact=None))
+        AgentFleet(stack, "F", project=AgentProject.load(EXAMPLE, **flags))
+        return json.dumps(Template.from_stack(stack).to_json(), sort_keys=True)
+
+    def walk(value):  # as syrupy applies a matcher: to every value, in dicts and lists alike
+        if isinstance(value, dict):
+            return {k: walk(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [walk(v) for v in value]
+        return neutralize_asset_hashes(value)
+
+    def neutral(text: str) -> str:
+        return json.dumps(walk(json.loads(text)))
+
+    same = template()
+    assert neutral(template()) == neutral(same)
+    assert neutral(template(allow_out=["evil.example.com"])) != neutral(same)
 
 
 def test_two_synths_that_differ_only_in_asset_hashes_snapshot_alike() -> None:
