@@ -57,6 +57,7 @@ from .permissions import (
     FleetAccess,
     Statement,
     caller_statements,
+    checked_grant,
     check_same_environment,
     fleet_access,
     grant_all,
@@ -734,8 +735,9 @@ class AgentFleet(_FleetGrants):
         return reconciler
 
     def grant_read_access_token(self, grantee: iam.IGrantable) -> iam.Grant:
-        """Let ``grantee`` read the fleet's access token (and decrypt it with ``recipe_key``)."""
-        return self.access_token.grant_read(grantee)
+        """Let ``grantee`` read the fleet's access token (and decrypt it with ``recipe_key``);
+        refused, as every ``grant_*`` is, for a principal the grant cannot reach."""
+        return checked_grant(grantee, self, lambda: self.access_token.grant_read(grantee), what="grant_read_access_token")
 
     @property
     def alarms(self) -> list[cloudwatch.Alarm]:

@@ -44,7 +44,7 @@ from __future__ import annotations
 import functools
 import re
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 import aws_cdk as cdk
 from aws_cdk import aws_iam as iam
@@ -673,6 +673,14 @@ def grant_all(statements: Sequence[Statement], grantee: iam.IGrantable, scope: I
     A principal the statements cannot reach is an error, never a silent no-op: an imported role
     that is immutable (``mutable=False``) or of another account takes no statement (CDK pretends
     it did), and a principal that is not a construct (a service or an account) has no policy."""
+    return checked_grant(grantee, scope, lambda: functools.reduce(
+        lambda combined, grant: combined.combine(grant), [s.grant(grantee, scope) for s in statements]), what=what)
+
+
+def checked_grant(grantee: iam.IGrantable, scope: IConstruct, grant: "Callable[[], iam.Grant]",
+                  *, what: str) -> iam.Grant:
+    """``grant()`` (a CDK grant such as ``secret.grant_read(grantee)``) with :func:`grant_all`'s
+    checks: refused for a principal of another account, and when nothing landed on it."""
     principal = grantee.grant_principal
     foreign = _foreign_account(principal, scope)
     if foreign is not None:
@@ -680,7 +688,7 @@ def grant_all(statements: Sequence[Statement], grantee: iam.IGrantable, scope: I
             f"{what}: {foreign} is of another account than the stack's ({cdk.Stack.of(scope).account}); a grant "
             "would attach a policy to the same-named principal of the stack's account. Attach the fleet's managed "
             "policy in that account instead")
-    grants = [s.grant(grantee, scope) for s in statements]
+    granted = grant()
     if not _grant_landed(principal):
         name = getattr(principal, "role_arn", None) or getattr(getattr(principal, "node", None), "path", None) or principal
         raise ValueError(
@@ -689,7 +697,7 @@ def grant_all(statements: Sequence[Statement], grantee: iam.IGrantable, scope: I
             "policy to it where it is defined (the stack's CallerPolicyArn, ImagePublisherPolicyArn or "
             "SandboxLauncherPolicyArn output)")
     _check_inline_size(principal, what)
-    return functools.reduce(lambda combined, grant: combined.combine(grant), grants)
+    return granted
 
 
 def _foreign_account(principal: Any, scope: IConstruct) -> Optional[str]:

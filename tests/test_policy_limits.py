@@ -33,13 +33,24 @@ def one_line(info: pytest.ExceptionInfo) -> str:
     return line
 
 
-def test_an_immutable_imported_role_cannot_be_granted_to(fleet) -> None:
+@pytest.mark.parametrize("method", ["grant_launch", "grant_invoke", "grant_publish", "grant_read_access_token"])
+def test_an_immutable_imported_role_cannot_be_granted_to(fleet, method) -> None:
+    """Every grant_* method, the access token's included (it used the secret's own grant_read,
+    which CDK reports as a success on a principal that took nothing)."""
     stack, agent_fleet = fleet
     frozen = iam.Role.from_role_arn(stack, "Frozen", ROLE, mutable=False)
     with pytest.raises(ValueError) as info:
-        agent_fleet.grant_launch(frozen)
+        getattr(agent_fleet, method)(frozen)
     line = one_line(info)
-    assert ROLE in line and "cannot be granted to" in line and "SandboxLauncherPolicyArn" in line
+    assert line.startswith(f"{method}: {ROLE} cannot be granted to") and "SandboxLauncherPolicyArn" in line
+
+
+def test_the_access_token_is_granted_to_a_role_of_the_stack(fleet) -> None:
+    stack, agent_fleet = fleet
+    role = iam.Role(stack, "Reader", assumed_by=iam.AccountRootPrincipal())
+    assert agent_fleet.grant_read_access_token(role).success
+    with pytest.raises(ValueError, match="^grant_read_access_token: .* is of another account"):
+        agent_fleet.grant_read_access_token(iam.User.from_user_arn(stack, "Them", "arn:aws:iam::210987654321:user/them"))
 
 
 def test_a_role_of_another_account_cannot_be_granted_to(fleet) -> None:
