@@ -782,6 +782,9 @@ class AgentFleet(_FleetGrants):
         sessions read), ``artifact_bucket``, ``build_role`` and ``base_build_role``.
         """
         _image_name(image_arn, fleet_name)
+        if project is not None and project.name != fleet_name:
+            raise ValueError(f"project: {project.name!r} is not the fleet {fleet_name!r}; give the project the fleet "
+                             "was deployed from (its secrets are the ones granted)")
         check_same_environment(scope, "metadata_table", metadata_table)
         check_same_environment(scope, "artifact_bucket", artifact_bucket)
         access = fleet_access(

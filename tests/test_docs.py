@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 
 from rayito_constructs.cli import FLAGS, REPEATED_FLAGS
@@ -109,3 +110,21 @@ def test_the_testing_guides_first_example_runs_as_written() -> None:
     block = re.search(r"```python\n(import boto3\nfrom rayito_constructs.testing import .*?)```", text, re.S)
     assert block is not None
     exec(compile(block.group(1), "docs/testing.md", "exec"), {})
+
+
+def test_the_getting_started_app_runs_as_written(tmp_path, monkeypatch) -> None:
+    """docs/getting-started.md's own app, run as a user pastes it, next to a product project
+    named support-bot: every grant in it lands, and the remote fleet's grant matches the fleet's."""
+    from .projects import write_project
+
+    text = (ROOT / "docs" / "getting-started.md").read_text()
+    block = re.search(r"```python\n(from rayito_constructs import AgentFleet, AgentProject, SandboxLauncherPolicy.*?)```",
+                      text, re.S)
+    assert block is not None
+    write_project(tmp_path / "agents" / "support-bot", name="support-bot")
+    monkeypatch.chdir(tmp_path)
+    scope: dict = {}
+    exec(compile(block.group(1), "docs/getting-started.md", "exec"), scope)
+    reader = scope["other"].node.find_child("Reader")
+    statements = json.dumps(scope["other"].resolve(reader.node.find_child("DefaultPolicy").document.to_json()))
+    assert "rayito/provider-key" in statements and "dynamodb:" in statements  # the project's secrets, the index

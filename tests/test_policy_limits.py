@@ -187,3 +187,12 @@ def test_an_arn_of_the_stack_counts_as_long_as_its_type_allows(make, attribute, 
         actions=["s3:GetObject"], resources=[cdk.Fn.get_att("Elsewhere", "Arn").to_string()])])
     assert estimated_size(stack, literal) <= estimated_size(stack, document) <= estimated_size(stack, literal) + 2
     assert estimated_size(stack, document) < estimated_size(stack, unknown)
+
+
+def test_a_remote_fleet_with_another_fleets_project_is_refused() -> None:
+    """from_fleet_name grants the secrets of the project it is given: another fleet's project
+    would grant the wrong ones."""
+    stack = new_stack(new_app())
+    with pytest.raises(ValueError, match=r"^project: 'mi-agente' is not the fleet 'otra'; give the project"):
+        AgentFleet.from_fleet_name(stack, "Remote", "otra", project=AgentProject.load(EXAMPLE))
+    assert AgentFleet.from_fleet_name(stack, "Same", "mi-agente", project=AgentProject.load(EXAMPLE)) is not None
