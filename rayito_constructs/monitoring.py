@@ -218,6 +218,8 @@ class Operations:
         object.__setattr__(scope, self._ATTRIBUTE, self)
         if self.alarm_actions:
             cdk.Aspects.of(scope).add(AlarmActions(self.alarm_actions))
+        if not self.metrics:
+            cdk.Aspects.of(scope).add(SilentAlarms())
         return self
 
     @classmethod
@@ -289,6 +291,31 @@ class _Actions:
                 keys.add(key)
                 merged.append(arn)
         return merged or None
+
+
+#: The namespaces of the custom metrics the fleet's parts send when metrics are on.
+OWN_NAMESPACE_PREFIX = "Rayito/"
+
+
+@jsii.implements(cdk.IAspect)
+class SilentAlarms:
+    """With metrics off, an alarm below the fleet on one of its custom metrics (a user's own,
+    ``fleet.reconciler.metric_deficit().create_alarm(fleet, ...)``) is a synth error, as the
+    library's own are (:func:`create_alarm`): it would watch a metric nobody sends and never fire."""
+
+    def visit(self, node: IConstruct) -> None:
+        if not isinstance(node, cloudwatch.CfnAlarm):
+            return
+        stack = cdk.Stack.of(node)
+        watched = [(node.namespace, node.metric_name)]
+        for query in stack.resolve(node.metrics) or []:
+            metric = ((query or {}).get("metricStat") or {}).get("metric") or {}
+            watched.append((metric.get("namespace"), metric.get("metricName")))
+        silent = [f"{ns} {name}" for ns, name in watched if isinstance(ns, str) and ns.startswith(OWN_NAMESPACE_PREFIX)]
+        if silent:
+            cdk.Annotations.of(node).add_error(
+                f"metrics: the alarm {node.node.path} watches {silent[0]}, a custom metric the fleet sends only "
+                "with metrics=True; it would never fire (custom metrics and their cost: docs/operations.md)")
 
 
 @jsii.implements(cdk.IAspect)

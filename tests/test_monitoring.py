@@ -645,3 +645,30 @@ def test_at_most_five_actions_an_alarm() -> None:
     with pytest.raises(RuntimeError, match=r"alarm_actions: the alarm Test/Fleet/Crowded/Resource would have 6 "
                                            r"actions \(its own and the fleet's\); a CloudWatch alarm takes at most 5"):
         Template.from_stack(stack)
+
+
+def test_a_users_alarm_on_a_custom_metric_with_metrics_off_fails_synth() -> None:
+    """The library refuses its own alarms on custom metrics when metrics are off; one a user adds
+    below the fleet (math alarms too) is a synth error the same way. AWS metrics, an alarm outside
+    the fleet, and metrics on are left alone."""
+    stack = new_stack(new_app())
+    fleet = AgentFleet(stack, "Fleet", project=AgentProject.load(EXAMPLE), build_image=False)
+    fleet.reconciler.metric_deficit().create_alarm(fleet, "Mine", threshold=1, evaluation_periods=1)
+    with pytest.raises(RuntimeError, match=r"metrics: the alarm Test/Fleet/Mine/Resource watches Rayito/Fleet "
+                                           r"Deficit, a custom metric the fleet sends only with metrics=True"):
+        Template.from_stack(stack)
+    stack = new_stack(new_app())
+    fleet = AgentFleet(stack, "Fleet", project=AgentProject.load(EXAMPLE), build_image=False)
+    math = cloudwatch.MathExpression(expression="d * 2", using_metrics={"d": fleet.reconciler.metric_deficit()})
+    math.create_alarm(fleet, "Math", threshold=1, evaluation_periods=1)
+    with pytest.raises(RuntimeError, match=r"the alarm Test/Fleet/Math/Resource watches Rayito/Fleet Deficit"):
+        Template.from_stack(stack)
+    stack = new_stack(new_app())
+    fleet = AgentFleet(stack, "Fleet", project=AgentProject.load(EXAMPLE), build_image=False)
+    fleet.reconciler.function.metric_errors().create_alarm(fleet, "Errors", threshold=1, evaluation_periods=1)
+    fleet.reconciler.metric_deficit().create_alarm(stack, "Outside", threshold=1, evaluation_periods=1)
+    assert Template.from_stack(stack).find_resources("AWS::CloudWatch::Alarm")
+    stack = new_stack(new_app())
+    fleet = AgentFleet(stack, "Fleet", project=AgentProject.load(EXAMPLE), build_image=False, metrics=True)
+    fleet.reconciler.metric_deficit().create_alarm(fleet, "Mine", threshold=1, evaluation_periods=1)
+    assert Template.from_stack(stack).find_resources("AWS::CloudWatch::Alarm")
