@@ -682,6 +682,7 @@ def checked_grant(grantee: iam.IGrantable, scope: IConstruct, grant: "Callable[[
     """``grant()`` (a CDK grant such as ``secret.grant_read(grantee)``) with :func:`grant_all`'s
     checks: refused for a principal of another account, and when nothing landed on it."""
     principal = grantee.grant_principal
+    _check_same_stack_environment(principal, scope, what)
     foreign = _foreign_account(principal, scope)
     if foreign is not None:
         raise ValueError(
@@ -698,6 +699,32 @@ def checked_grant(grantee: iam.IGrantable, scope: IConstruct, grant: "Callable[[
             "SandboxLauncherPolicyArn output)")
     _check_inline_size(principal, what)
     return granted
+
+
+def _check_same_stack_environment(principal: Any, scope: IConstruct, what: str) -> None:
+    """A grantee in a stack of another environment is refused: the statements name the fleet's
+    resources with the pseudo parameters (``AWS::Region``, ``AWS::AccountId``) of the stack they
+    land in, so they would name the grantee's region and account. Two environment-agnostic
+    stacks are not judged (one deploy target for both is the usual case)."""
+    node = getattr(principal, "node", None)
+    if node is None:
+        return
+    theirs, ours = cdk.Stack.of(principal), cdk.Stack.of(scope)
+    if theirs is ours:
+        return
+
+    def where(stack: cdk.Stack) -> tuple[Optional[str], Optional[str]]:
+        known = [None if cdk.Token.is_unresolved(v) else v for v in (stack.account, stack.region)]
+        return known[0], known[1]
+
+    mine, other = where(ours), where(theirs)
+    if mine == other or (mine == (None, None) and other == (None, None)):
+        return
+    shown = {k: "/".join(v or "any" for v in env) for k, env in (("mine", mine), ("other", other))}
+    raise ValueError(
+        f"{what}: {node.path} is in stack {theirs.stack_name} ({shown['other']}), the fleet in {ours.stack_name} "
+        f"({shown['mine']}); its statements would name the grantee's account and region. Grant from a stack of the "
+        "fleet's environment (AgentFleet.from_fleet_name there), or give both stacks one env")
 
 
 def _foreign_account(principal: Any, scope: IConstruct) -> Optional[str]:

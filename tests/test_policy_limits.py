@@ -196,3 +196,24 @@ def test_a_remote_fleet_with_another_fleets_project_is_refused() -> None:
     with pytest.raises(ValueError, match=r"^project: 'mi-agente' is not the fleet 'otra'; give the project"):
         AgentFleet.from_fleet_name(stack, "Remote", "otra", project=AgentProject.load(EXAMPLE))
     assert AgentFleet.from_fleet_name(stack, "Same", "mi-agente", project=AgentProject.load(EXAMPLE)) is not None
+
+
+def test_a_grantee_in_a_stack_of_another_environment_is_refused() -> None:
+    """The statements name the fleet's resources with the pseudo parameters of the stack they land
+    in: a grantee in another region's stack would be granted that region's image."""
+    import aws_cdk as cdk
+
+    app = new_app()
+    fleet = AgentFleet(cdk.Stack(app, "Agnostic"), "Fleet", project=AgentProject.load(EXAMPLE), build_image=False)
+    eu = cdk.Stack(app, "Eu", env=cdk.Environment(account="123456789012", region="eu-west-1"))
+    role = iam.Role(eu, "Worker", assumed_by=iam.AccountRootPrincipal())
+    with pytest.raises(ValueError, match=r"^grant_launch: Eu/Worker is in stack Eu \(123456789012/eu-west-1\), the "
+                                         r"fleet in Agnostic \(any/any\); its statements would name"):
+        fleet.grant_launch(role)
+    # Two environment-agnostic stacks, or two of one environment: granted across stacks.
+    other = cdk.Stack(app, "AlsoAgnostic")
+    assert fleet.grant_invoke(iam.Role(other, "Reader", assumed_by=iam.AccountRootPrincipal())).success
+    app = new_app()
+    env = cdk.Environment(account="123456789012", region="us-east-1")
+    fleet = AgentFleet(cdk.Stack(app, "A", env=env), "Fleet", project=AgentProject.load(EXAMPLE), build_image=False)
+    assert fleet.grant_launch(iam.Role(cdk.Stack(app, "B", env=env), "W", assumed_by=iam.AccountRootPrincipal())).success
