@@ -219,7 +219,7 @@ class Operations:
         if self.alarm_actions:
             cdk.Aspects.of(scope).add(AlarmActions(self.alarm_actions))
         if not self.metrics:
-            cdk.Aspects.of(scope).add(SilentAlarms())
+            cdk.Aspects.of(scope).add(SilentAlarms(self.fleet_name))
         return self
 
     @classmethod
@@ -293,29 +293,39 @@ class _Actions:
         return merged or None
 
 
-#: The namespaces of the custom metrics the fleet's parts send when metrics are on.
-OWN_NAMESPACE_PREFIX = "Rayito/"
+#: The namespaces of the custom metrics a fleet's parts send when metrics are on (dimension ``fleet``).
+FLEET_NAMESPACES = ("Rayito/Fleet", "Rayito/Egress")
 
 
 @jsii.implements(cdk.IAspect)
 class SilentAlarms:
-    """With metrics off, an alarm below the fleet on one of its custom metrics (a user's own,
-    ``fleet.reconciler.metric_deficit().create_alarm(fleet, ...)``) is a synth error, as the
-    library's own are (:func:`create_alarm`): it would watch a metric nobody sends and never fire."""
+    """With metrics off, an alarm below the fleet on one of the fleet's own custom metrics (a
+    user's, ``fleet.reconciler.metric_deficit().create_alarm(fleet, ...)``) is a synth error, as
+    the library's own are (:func:`create_alarm`): it would watch a metric nobody sends and never
+    fire. Its metrics are those of :data:`FLEET_NAMESPACES` whose ``fleet`` is this fleet (or
+    unset); another namespace, another fleet's metrics, and a SEARCH expression are not judged."""
+
+    def __init__(self, fleet_name: Optional[str]) -> None:
+        self.fleet_name = fleet_name
 
     def visit(self, node: IConstruct) -> None:
         if not isinstance(node, cloudwatch.CfnAlarm):
             return
         stack = cdk.Stack.of(node)
-        watched = [(node.namespace, node.metric_name)]
+        watched = [(node.namespace, node.metric_name, stack.resolve(node.dimensions) or [])]
         for query in stack.resolve(node.metrics) or []:
             metric = ((query or {}).get("metricStat") or {}).get("metric") or {}
-            watched.append((metric.get("namespace"), metric.get("metricName")))
-        silent = [f"{ns} {name}" for ns, name in watched if isinstance(ns, str) and ns.startswith(OWN_NAMESPACE_PREFIX)]
+            watched.append((metric.get("namespace"), metric.get("metricName"), metric.get("dimensions") or []))
+        silent = [f"{ns} {name}" for ns, name, dimensions in watched
+                  if ns in FLEET_NAMESPACES and self._ours(dimensions)]
         if silent:
             cdk.Annotations.of(node).add_error(
                 f"metrics: the alarm {node.node.path} watches {silent[0]}, a custom metric the fleet sends only "
                 "with metrics=True; it would never fire (custom metrics and their cost: docs/operations.md)")
+
+    def _ours(self, dimensions: Sequence[Any]) -> bool:
+        fleet = next((d.get("value") for d in dimensions if isinstance(d, dict) and d.get("name") == "fleet"), None)
+        return fleet is None or self.fleet_name is None or fleet == self.fleet_name
 
 
 @jsii.implements(cdk.IAspect)

@@ -691,7 +691,8 @@ def checked_grant(grantee: iam.IGrantable, scope: IConstruct, grant: "Callable[[
             "policy in that account instead")
     granted = grant()
     if not _grant_landed(principal):
-        name = getattr(principal, "role_arn", None) or getattr(getattr(principal, "node", None), "path", None) or principal
+        name = (getattr(principal, "role_arn", None) or getattr(getattr(principal, "node", None), "path", None)
+                or type(principal).__name__)
         raise ValueError(
             f"{what}: {name} cannot be granted to (an imported role that is immutable or of another account, or a "
             "principal without a policy), so the statements would be dropped silently; attach the fleet's managed "
@@ -702,10 +703,12 @@ def checked_grant(grantee: iam.IGrantable, scope: IConstruct, grant: "Callable[[
 
 
 def _check_same_stack_environment(principal: Any, scope: IConstruct, what: str) -> None:
-    """A grantee in a stack of another environment is refused: the statements name the fleet's
-    resources with the pseudo parameters (``AWS::Region``, ``AWS::AccountId``) of the stack they
-    land in, so they would name the grantee's region and account. Two environment-agnostic
-    stacks are not judged (one deploy target for both is the usual case)."""
+    """A grantee in a stack of a known environment is refused when the fleet's stack leaves its
+    account or region to the deploy (environment-agnostic): the statements then name the fleet's
+    resources with the pseudo parameters (``AWS::Region``, ``AWS::AccountId``) of the stack they land
+    in, the grantee's. A fleet of a known environment writes its ARNs out in full (IAM is global:
+    any stack may hold them), and two agnostic stacks are not judged (one deploy target for both
+    is the usual case)."""
     node = getattr(principal, "node", None)
     if node is None:
         return
@@ -713,18 +716,19 @@ def _check_same_stack_environment(principal: Any, scope: IConstruct, what: str) 
     if theirs is ours:
         return
 
-    def where(stack: cdk.Stack) -> tuple[Optional[str], Optional[str]]:
-        known = [None if cdk.Token.is_unresolved(v) else v for v in (stack.account, stack.region)]
-        return known[0], known[1]
+    def known(value: str) -> Optional[str]:
+        return None if cdk.Token.is_unresolved(value) else value
 
-    mine, other = where(ours), where(theirs)
-    if mine == other or (mine == (None, None) and other == (None, None)):
+    pairs = [(known(ours.account), known(theirs.account)), (known(ours.region), known(theirs.region))]
+    if not any(mine is None and other is not None for mine, other in pairs):
         return
-    shown = {k: "/".join(v or "any" for v in env) for k, env in (("mine", mine), ("other", other))}
+    shown = {k: "/".join(v or "any" for v in env) for k, env in
+             (("mine", [m for m, _ in pairs]), ("other", [o for _, o in pairs]))}
     raise ValueError(
-        f"{what}: {node.path} is in stack {theirs.stack_name} ({shown['other']}), the fleet in {ours.stack_name} "
-        f"({shown['mine']}); its statements would name the grantee's account and region. Grant from a stack of the "
-        "fleet's environment (AgentFleet.from_fleet_name there), or give both stacks one env")
+        f"{what}: {node.path} is in stack {theirs.node.path} ({shown['other']}), the fleet in the "
+        f"environment-agnostic {ours.node.path} ({shown['mine']}); its statements would name the grantee's "
+        "account and region. Give the fleet's stack an env, or grant from AgentFleet.from_fleet_name in the "
+        "grantee's stack")
 
 
 def _foreign_account(principal: Any, scope: IConstruct) -> Optional[str]:

@@ -667,7 +667,12 @@ def test_a_users_alarm_on_a_custom_metric_with_metrics_off_fails_synth() -> None
     fleet = AgentFleet(stack, "Fleet", project=AgentProject.load(EXAMPLE), build_image=False)
     fleet.reconciler.function.metric_errors().create_alarm(fleet, "Errors", threshold=1, evaluation_periods=1)
     fleet.reconciler.metric_deficit().create_alarm(stack, "Outside", threshold=1, evaluation_periods=1)
-    assert Template.from_stack(stack).find_resources("AWS::CloudWatch::Alarm")
+    # A namespace of the user's own under Rayito/, and another fleet's metric: not this fleet's to judge.
+    cloudwatch.Metric(namespace="Rayito/MyApp", metric_name="Orders").create_alarm(fleet, "Own", threshold=1,
+                                                                                 evaluation_periods=1)
+    cloudwatch.Metric(namespace="Rayito/Fleet", metric_name="Deficit", dimensions_map={"fleet": "otra"}).create_alarm(
+        fleet, "Other", threshold=1, evaluation_periods=1)
+    assert len(Template.from_stack(stack).find_resources("AWS::CloudWatch::Alarm")) >= 4
     stack = new_stack(new_app())
     fleet = AgentFleet(stack, "Fleet", project=AgentProject.load(EXAMPLE), build_image=False, metrics=True)
     fleet.reconciler.metric_deficit().create_alarm(fleet, "Mine", threshold=1, evaluation_periods=1)

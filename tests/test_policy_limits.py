@@ -4,6 +4,8 @@ over IAM's size limits."""
 
 from __future__ import annotations
 
+import json
+
 import aws_cdk as cdk
 import pytest
 from aws_cdk import aws_dynamodb as dynamodb
@@ -199,8 +201,10 @@ def test_a_remote_fleet_with_another_fleets_project_is_refused() -> None:
 
 
 def test_a_grantee_in_a_stack_of_another_environment_is_refused() -> None:
-    """The statements name the fleet's resources with the pseudo parameters of the stack they land
-    in: a grantee in another region's stack would be granted that region's image."""
+    """An environment-agnostic fleet's statements name its resources with the pseudo parameters
+    of the stack they land in: a grantee in a stack of a known region would be granted that
+    region's image. A fleet of a known environment writes its ARNs out in full: any stack may
+    hold them."""
     import aws_cdk as cdk
 
     app = new_app()
@@ -208,12 +212,30 @@ def test_a_grantee_in_a_stack_of_another_environment_is_refused() -> None:
     eu = cdk.Stack(app, "Eu", env=cdk.Environment(account="123456789012", region="eu-west-1"))
     role = iam.Role(eu, "Worker", assumed_by=iam.AccountRootPrincipal())
     with pytest.raises(ValueError, match=r"^grant_launch: Eu/Worker is in stack Eu \(123456789012/eu-west-1\), the "
-                                         r"fleet in Agnostic \(any/any\); its statements would name"):
+                                         r"fleet in the environment-agnostic Agnostic \(any/any\); its statements"):
         fleet.grant_launch(role)
-    # Two environment-agnostic stacks, or two of one environment: granted across stacks.
+    nested = cdk.NestedStack(eu, "Nested")  # named by its path, not its token name
+    with pytest.raises(ValueError, match=r"^grant_invoke: Eu/Nested/R is in stack Eu/Nested \("):
+        fleet.grant_invoke(iam.Role(nested, "R", assumed_by=iam.AccountRootPrincipal()))
+    # Two environment-agnostic stacks: granted across stacks.
     other = cdk.Stack(app, "AlsoAgnostic")
     assert fleet.grant_invoke(iam.Role(other, "Reader", assumed_by=iam.AccountRootPrincipal())).success
+    # A fleet of a known environment: granted to a stack of another region, or an agnostic one,
+    # with its ARNs written out (no pseudo parameter of the grantee's stack).
     app = new_app()
     env = cdk.Environment(account="123456789012", region="us-east-1")
     fleet = AgentFleet(cdk.Stack(app, "A", env=env), "Fleet", project=AgentProject.load(EXAMPLE), build_image=False)
-    assert fleet.grant_launch(iam.Role(cdk.Stack(app, "B", env=env), "W", assumed_by=iam.AccountRootPrincipal())).success
+    for other in (cdk.Stack(app, "B", env=env), cdk.Stack(app, "C", env=cdk.Environment(account="123456789012",
+                                                                                         region="eu-west-1")),
+                  cdk.Stack(app, "D")):
+        role = iam.Role(other, "W", assumed_by=iam.AccountRootPrincipal())
+        assert fleet.grant_launch(role).success
+        text = json.dumps(other.resolve(role.node.find_child("DefaultPolicy").document.to_json()))
+        assert "microvm-image" in text and "AWS::Region" not in text and "AWS::AccountId" not in text
+
+
+def test_a_principal_with_no_policy_is_named_by_its_kind(fleet) -> None:
+    """The account's root takes no statement from a same-account grant: refused, named readably."""
+    _, agent_fleet = fleet
+    with pytest.raises(ValueError, match=r"^grant_read_access_token: AccountRootPrincipal cannot be granted to"):
+        agent_fleet.grant_read_access_token(iam.AccountRootPrincipal())

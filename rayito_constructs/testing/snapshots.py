@@ -7,7 +7,8 @@ library, the product or the CDK, so a snapshot that keeps them fails on every up
 they appear: keys, ``s3://`` URIs, ARNs) and nothing else: the digests the library writes of what
 it deploys (the recipe's ``DocumentSha256``, the image's ``ImageDigest``, a build context's
 ``BuildContextSha256``) are kept, so a change of the recipe (an ``allow_out``, a model) or of the
-image shows in the snapshot::
+image shows in the snapshot (a new product version changes the image the stack builds, and so its
+``ImageDigest``: that snapshot changes on a product upgrade, as the deploy would)::
 
     from aws_cdk.assertions import Template
     from syrupy.extensions.json import JSONSnapshotExtension
@@ -26,14 +27,20 @@ from __future__ import annotations
 import re
 from typing import Any
 
-#: An asset's file name: its content hash and an extension (``<sha256>.zip``, ``<sha256>.json``).
-ASSET_FILE = re.compile(r"(?<![0-9a-f])[0-9a-f]{64}(\.[a-z]+)(?![0-9A-Za-z])")
+#: An asset's name: its content hash as a file (``<sha256>.zip``, ``<sha256>.json``) or as the
+#: staged directory ``asset.<sha256>`` (the ``aws:asset:path`` metadata the CDK CLI turns on).
+ASSET_FILE = re.compile(r"(?<![0-9A-Za-z-])(asset\.)?([0-9a-f]{64})(\.(?:zip|json))?(?![0-9A-Za-z-])")
 
 
 def neutralize_asset_hashes(data: Any, path: Any = None) -> Any:
-    """A syrupy matcher (``matcher=``; also a plain function of a value): an asset's file name
-    becomes ``<asset-hash>.zip`` (its extension kept), in a whole value or inside one; a bare
-    digest (64 hex digits with no extension) is kept."""
-    if isinstance(data, str) and ASSET_FILE.search(data):
-        return ASSET_FILE.sub(lambda found: f"<asset-hash>{found.group(1)}", data)
-    return data
+    """A syrupy matcher (``matcher=``; also a plain function of a value): an asset's name becomes
+    ``<asset-hash>.zip`` (``.json``, ``asset.<asset-hash>``), in a whole value or inside one; a
+    bare digest (64 hex digits, neither a file nor a staged directory) is kept."""
+    if not isinstance(data, str):
+        return data
+
+    def replace(found: "re.Match[str]") -> str:
+        prefix, digest, extension = found.group(1) or "", found.group(2), found.group(3) or ""
+        return f"{prefix}<asset-hash>{extension}" if prefix or extension else digest
+
+    return ASSET_FILE.sub(replace, data)

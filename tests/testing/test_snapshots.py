@@ -12,6 +12,9 @@ def test_asset_file_names_are_neutralized_and_digests_kept() -> None:
     assert neutralize_asset_hashes(f"{HASH}.json") == "<asset-hash>.json"
     assert neutralize_asset_hashes(f"s3://cdk-assets/{HASH}.zip") == "s3://cdk-assets/<asset-hash>.zip"
     assert neutralize_asset_hashes(f"arn:aws:s3:::cdk-assets/{HASH}.json") == "arn:aws:s3:::cdk-assets/<asset-hash>.json"
+    assert neutralize_asset_hashes(f"asset.{HASH}") == "asset.<asset-hash>"  # aws:asset:path, the CLI's metadata
+    for kept in (f"{HASH}.com", f"{HASH}.txt", f"x{HASH}.zip", f"{HASH}-{HASH}.zip"):  # not an asset's name
+        assert neutralize_asset_hashes(kept) == kept
     # A digest the library writes of what it deploys (the recipe's DocumentSha256...) is kept:
     # a change of the recipe must show in a snapshot.
     for kept in (HASH, "mi-agente", f"{HASH[:63]}.zip", f"{HASH}0.zip", HASH.upper() + ".zip", 5, None,
