@@ -30,7 +30,7 @@ from .model.fleet_file import FLEET_FILE
 from .model.overrides import name_what_was_typed, read_overrides
 from .model.product import PRODUCT_VERSION
 from .model.project import AgentProject
-from .model.recipe import RecipePlan, no_reconciler, plan_recipe, reconciler_needs_recipe
+from .model.recipe import RecipePlan, no_reconciler, plan_recipe, reconciler_needs_recipe, reconciler_on
 from .verify.parser import add_parser as add_verify_parser
 
 EXIT_INVALID = 2
@@ -145,8 +145,7 @@ def plan_document(project: AgentProject) -> dict[str, Any]:
     # the image ``rayito agent deploy`` published (the product ignores a folder's Dockerfile).
     recipe = plan_recipe(project)
     warnings = [*project.warnings, *recipe.warnings, *_reconciler_warnings(project, recipe), *_image_warnings(project)]
-    reconciler = project.fleet.stack.reconciler
-    kept = reconciler if reconciler is not None else recipe.encoded is not None  # as AgentFleet decides
+    kept = reconciler_on(project.fleet.stack.reconciler, recipe)
     cost = estimate(project, has_recipe=recipe.encoded is not None, kept=kept)
     serve = dataclasses.asdict(project.serve)
     serve["idle_seconds"] = serve.pop("idle")
@@ -206,8 +205,7 @@ def _image_warnings(project: AgentProject) -> list[FleetWarning]:
 
     from .image_composition import image_problem
 
-    stack = project.fleet.stack
-    if project.folder is None or not stack.build_image or stack.image_arn or not (stack.base_artifact or stack.base_image):
+    if project.folder is None or not project.fleet.stack.builds_image:
         return []
     with warnings.catch_warnings(record=True) as noted:
         warnings.simplefilter("always")

@@ -68,7 +68,8 @@ from .permissions import (
 from .policies import CallerPolicy, ImagePublisherPolicy, SandboxLauncherPolicy
 from .model.project import AgentProject
 from .queries import FleetQueries
-from .model.recipe import RecipePlan, no_reconciler, parameter_name, plan_recipe, reconciler_needs_recipe
+from .model.recipe import (RecipePlan, no_reconciler, parameter_name, plan_recipe, reconciler_needs_recipe,
+                           reconciler_on)
 from .recipe_parameter import RecipeParameter
 from .reconciler import FleetReconciler, _check_whole
 
@@ -632,13 +633,13 @@ class AgentFleet(_FleetGrants):
         for warning in (*project.warnings, *plan.warnings):
             cdk.Annotations.of(self).add_warning_v2(f"rayito:{warning.code}", f"{warning.code}: {warning.message}")
         if reconciler is None:
-            reconciler = plan.encoded is not None
             told = no_reconciler(plan)
             if told is not None:
                 cdk.Annotations.of(self).add_warning_v2(f"rayito:{told.code}", f"{told.code}: {told.message}")
                 if reconciler_alarms is True:
                     raise ValueError(f"reconciler_alarms=True: {plan.reason}, so there is no reconciler to watch; "
                                      "leave reconciler_alarms unset or save the recipe")
+        reconciler = reconciler_on(reconciler, plan)
         if reconciler and plan.encoded is None:
             # The reconciler starts and serves every VM from the project the recipe embeds, and reads
             # the fleet's scaling from it, as the product's client does: without one it starts nothing.

@@ -38,6 +38,7 @@ from .cdk_helpers import new_app, stack_props
 from .conftest import EXAMPLE
 from .lambda_invoke import lambda_functions
 from .moto_server import client, moto_server, put_secret
+from .testing.helpers import wait_until
 
 ROOT = Path(__file__).resolve().parents[1]
 FLEET = "mi-agente"
@@ -211,13 +212,6 @@ def ping_status(emulator, vm_id: str, jwe: str) -> str:
     return json.loads(body).get("status", "") if status == 200 else f"HTTP {status}"
 
 
-def wait_for(predicate, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"not true after {timeout} s"
-        time.sleep(0.05)
-
-
 def test_the_products_client_reads_invokes_and_takes_the_parked_slot(world, monkeypatch) -> None:
     for key, value in world["aws_env"].items():
         monkeypatch.setenv(key, value)
@@ -267,7 +261,7 @@ def test_past_the_queue_a_vm_answers_429_with_retry_after(world, monkeypatch) ->
     with concurrent.futures.ThreadPoolExecutor(7) as pool:
         # 2 running, 4 queued, for 10 s: the seventh is sent within it, once the host says busy.
         held = [pool.submit(invocation, "sleep 10") for _ in range(6)]
-        wait_for(lambda: ping_status(emulator, base, jwe) == "HealthyBusy", timeout=7)
+        wait_until(lambda: ping_status(emulator, base, jwe) == "HealthyBusy", timeout=7, every=0.05)
         time.sleep(0.5)  # the four behind them reach the queue; whichever comes seventh is refused
         late = invocation("una de más")
         answers = [late, *(f.result(timeout=60) for f in held)]

@@ -61,6 +61,12 @@ class StackOptions(_Options):
     base_image_version: Optional[str] = None
     build_image: bool = True
 
+    @property
+    def builds_image(self) -> bool:
+        """Whether these switches alone have the stack build the image (a ``rayd`` given, no
+        image from elsewhere), as ``AgentFleet`` decides with them; ``-c`` context may add one."""
+        return self.build_image and not self.image_arn and bool(self.base_artifact or self.base_image)
+
     @field_validator("log_retention")
     @classmethod
     def _retention(cls, value: Optional[int]) -> Optional[int]:

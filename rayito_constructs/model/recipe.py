@@ -143,6 +143,12 @@ def no_reconciler(plan: RecipePlan) -> Optional[FleetWarning]:
                                          "from the project the recipe holds); VMs start when a client connects")
 
 
+def reconciler_on(reconciler: Optional[bool], plan: RecipePlan) -> bool:
+    """Whether the stack runs the reconciler: as told, else when a recipe is saved (it starts
+    VMs from the project the recipe holds). ``AgentFleet`` and ``plan`` decide it here."""
+    return plan.encoded is not None if reconciler is None else reconciler
+
+
 def reconciler_needs_recipe(plan: RecipePlan) -> str:
     """Why ``reconciler=True`` is refused for a fleet that saves no recipe."""
     return (f"reconciler: True needs the fleet's recipe, and {plan.reason}; the reconciler starts the fleet's "
@@ -150,4 +156,4 @@ def reconciler_needs_recipe(plan: RecipePlan) -> str:
 
 
 __all__ = ["PRODUCT_VERSION", "EncodedRecipe", "RecipePlan", "VERSION_STAND_IN", "no_reconciler", "parameter_name",
-           "plan_recipe", "reconciler_needs_recipe"]
+           "plan_recipe", "reconciler_needs_recipe", "reconciler_on"]

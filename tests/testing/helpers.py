@@ -96,3 +96,16 @@ def host_request(endpoint: str, port: int, jwe: str, method: str, path: str, bod
         return response.status, {k.lower(): v for k, v in response.getheaders()}, response.read()
     finally:
         connection.close()
+
+
+def wait_until(predicate: Any, timeout: float = 15.0, every: float = 0.1) -> Any:
+    """``predicate()``'s first true value, polled every ``every`` s; fails after ``timeout`` s."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(every)
+    raise AssertionError(f"not true after {timeout} s: {predicate}")

@@ -21,23 +21,13 @@ from rayito_constructs.testing import MicrovmsEmulator, VirtualClock
 from rayito_constructs.testing.guest_process import descendants, frozen, kill_trees, process_state, stop_trees
 from rayito_constructs.testing.secret_gateway import Route, SecretGateway
 
-from .helpers import host_request, raw_health
+from .helpers import host_request, raw_health, wait_until
 
 
 def _token() -> str:
     from rayito._payload import generate_access_token
 
     return generate_access_token()
-
-
-def _wait(predicate: Any, timeout: float = 15.0, every: float = 0.1) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(every)
-    raise AssertionError(f"not true after {timeout} s: {predicate}")
 
 
 def _create(hosted: MicrovmsEmulator, session: Any, image: str, token: str, **options: Any) -> Any:
@@ -162,8 +152,8 @@ def test_an_image_whose_run_hook_is_off_refuses_the_payload(hosted, session) -> 
         hosted.client().run_microvm(imageIdentifier=run_off, runHookPayload="{}")
     # Without a payload it runs, but rayd never gets /run: no sandbox_id, never ready for the client.
     vm = hosted.client().run_microvm(imageIdentifier=off)
-    _wait(lambda: hosted.state_of(vm["microvmId"]) == "RUNNING")
-    health = _wait(lambda: not isinstance(h := raw_health(vm["endpoint"], hosted.vm_host.seams.port), grpc.RpcError) and h)
+    wait_until(lambda: hosted.state_of(vm["microvmId"]) == "RUNNING")
+    health = wait_until(lambda: not isinstance(h := raw_health(vm["endpoint"], hosted.vm_host.seams.port), grpc.RpcError) and h)
     assert health.agent_ready and health.sandbox_id == "" and not health.HasField("lifecycle")
 
 
@@ -203,7 +193,7 @@ def test_the_admin_api_makes_rayd_images_and_shows_a_vms_rpcs(hosted, tmp_path) 
     (tmp_path / "app").mkdir()
     image = admin("POST", "images", {"name": "eco", "rayd": True, "app_dir": str(tmp_path / "app")})["imageArn"]
     vm = hosted.client().run_microvm(imageIdentifier=image, runHookPayload=json.dumps({"v": 1}))
-    _wait(lambda: not isinstance(raw_health(vm["endpoint"], hosted.vm_host.seams.port), grpc.RpcError))
+    wait_until(lambda: not isinstance(raw_health(vm["endpoint"], hosted.vm_host.seams.port), grpc.RpcError))
     shown = admin("GET", f"microvms/{vm['microvmId']}/rpcs")
     assert shown["items"][0]["rpc"] == "Health" and shown["rewrites"][0][:2] == ["path", "/opt/agents/app"]
 
@@ -245,12 +235,12 @@ def test_files_and_foreground_and_background_processes(hosted, session) -> None:
                                       background=True, timeout=None)
         handle.disconnect()  # the stream is cancelled; the process keeps running
         beat = guest.root / "home/user/latido"
-        size = _wait(lambda: beat.exists() and beat.stat().st_size)
-        _wait(lambda: beat.stat().st_size > size)
+        size = wait_until(lambda: beat.exists() and beat.stat().st_size)
+        wait_until(lambda: beat.stat().st_size > size)
         assert guest.processes[handle.pid].running
     finally:
         sandbox.kill()
-    _wait(lambda: not guest.processes[handle.pid].running)  # terminate ends the VM's processes
+    wait_until(lambda: not guest.processes[handle.pid].running)  # terminate ends the VM's processes
     size = beat.stat().st_size
     time.sleep(0.5)
     assert beat.stat().st_size == size
@@ -266,7 +256,7 @@ def test_suspend_freezes_the_processes_and_a_new_connection_resumes_them(hosted,
     try:
         handle = sandbox.commands.run("sleep 300", background=True, timeout=None)
         handle.disconnect()
-        pids = _wait(lambda: [p for p in guest.processes if guest.processes[p].running])
+        pids = wait_until(lambda: [p for p in guest.processes if guest.processes[p].running])
         sandbox.pause(wait=True)
         assert hosted.state_of(sandbox.sandbox_id) == "SUSPENDED"
         assert all(frozen(pid) for pid in pids)  # SIGSTOP
@@ -306,7 +296,7 @@ def test_a_freeze_returns_only_once_every_process_of_the_trees_is_frozen(script:
 
     root = _guest_tree(script)
     try:
-        _wait(lambda: len(descendants([root.pid])) > 1)
+        wait_until(lambda: len(descendants([root.pid])) > 1)
         for _ in range(20):
             started = time.monotonic()
             stopped = stop_trees([root.pid])
@@ -318,7 +308,7 @@ def test_a_freeze_returns_only_once_every_process_of_the_trees_is_frozen(script:
             for pid in stopped:
                 with contextlib.suppress(ProcessLookupError):  # a spawned `true` that ended
                     os.kill(pid, signal.SIGCONT)
-            _wait(lambda: not any(process_state(pid) == "T" for pid in stopped), every=0.01)
+            wait_until(lambda: not any(process_state(pid) == "T" for pid in stopped), every=0.01)
     finally:
         kill_trees([root.pid])
         root.wait(timeout=10)
@@ -383,9 +373,9 @@ def test_set_timeout_kill_ends_the_vm_at_its_deadline(hosted, session) -> None:
     sandbox.set_timeout(1)
     assert [c.detail for c in guest.calls("Lifecycle.SetTimeout")][1:] == [
         "timeout_ms=700000 mode=TIMEOUT_MODE_EXACT", "timeout_ms=1000 mode=TIMEOUT_MODE_EXACT"]
-    _wait(lambda: guest.halted)  # rayd exits at the deadline: the endpoint stops answering
+    wait_until(lambda: guest.halted)  # rayd exits at the deadline: the endpoint stops answering
     assert isinstance(raw_health(guest.endpoint, hosted.vm_host.seams.port, timeout=1), grpc.RpcError)
-    _wait(lambda: hosted.state_of(sandbox.sandbox_id) == "TERMINATED", timeout=10)
+    wait_until(lambda: hosted.state_of(sandbox.sandbox_id) == "TERMINATED", timeout=10)
     (vm,) = [v for v in hosted.microvms() if v["microvmId"] == sandbox.sandbox_id]
     from rayito._models import TIMEOUT_STATE_REASON
 
