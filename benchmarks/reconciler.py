@@ -955,6 +955,7 @@ def report(side: Side, ledger_claims: dict[str, set[str]]) -> dict[str, Any]:
         "refill_seconds_median": _quantile(refills, 0.5),
         "refill_seconds_p99": _quantile(refills, 0.99),
         "refill_seconds_max": max(refills) if refills else None,
+        "refill_seconds": sorted(refills),  # every take's, for figures pooled over runs (reconciler_table)
         "refills_unfinished": refills_unfinished,
         "refills_held_by_max_vms": refills_held,
         "abandoned_takes": len(side.abandoned),
@@ -1010,6 +1011,7 @@ class _Timeline:
                  lifetime: int = 28_800, ready: Optional[dict[str, float]] = None) -> None:
         self.fleet, self.start, self.linger, self.dips, self.lifetime = fleet, start, linger, dips, lifetime
         self.takes: list[float] = []  # when a client took one of the side's parked VMs
+        self.parks: list[tuple[float, float]] = []  # (first parked at, started at) of the side's VMs
         # A VM is retiring for its successor's lead (the reconciler's rule, with the 900 s lead the
         # fleets are given and the minute's schedule) and 300 s more, up to RETIRING_WINDOW.
         from lambdas.reconciler.core.lifetimes import successor_lead
@@ -1028,6 +1030,9 @@ class _Timeline:
                 self._span(a, b, what)
             if vm["microvmId"] in taken and any(state == "SUSPENDED" for _, state, _ in vm["history"]):
                 self.takes.append(cut)
+            parked = next((a for a, _, what in _own_spans(vm, ready, cut) if what == "parked"), None)
+            if parked is not None:
+                self.parks.append((parked, vm["startedAt"]))
             for a, b, state in _intervals(vm):
                 b = min(b, cut)
                 if a >= b:
@@ -1051,7 +1056,8 @@ class _Timeline:
         # The deploy's invocation at the start lists too (nothing can be started before a list:
         # the image may hold others' VMs): one list is owed there as well as at each minute after.
         marks = sorted([(t, 0, "sample", 0) for t in samples] + [(t, 0, "change", 0) for t in changes]
-                       + [(start, 0, "first_list", 0)] + [(t, 0, "take", 0) for t in self.takes])
+                       + [(start, 0, "first_list", 0)] + [(t, 0, "take", 0) for t in self.takes]
+                       + [(t, 0, "parked_new", started) for t, started in self.parks])
         out = {"samples": 0, "violations": 0, "violations_by_others": 0, "dips": 0.0, "duplicates_peak": 0, "duplicate_minutes": 0,
                "list_pages": 0, "converged_at": None, "dip_spans": [], "dips_no_headroom": 0.0,
                "dips_at_max": 0.0, "refills": [], "refills_unfinished": 0, "refills_held_by_max_vms": 0}
@@ -1099,9 +1105,11 @@ class _Timeline:
                 i += 1
                 self._refilled(out, takes, counts, t)
             else:
-                _, _, what, _ = marks[j]
+                _, _, what, value = marks[j]
                 j += 1
-                if what == "change":
+                if what == "parked_new":
+                    self._parked_new(out, takes, value, t)
+                elif what == "change":
                     shrink_until, shrink_extra = self._change(t, shrink_until, shrink_extra)
                 else:
                     self._mark(what, out, counts, takes, t, shrink_extra if t < shrink_until else 0)
@@ -1127,21 +1135,40 @@ class _Timeline:
             self._sample(out, counts, t, shrink_extra)
 
     def _held(self, takes: list[list[float]], counts: Counter, last: float, t: float) -> None:
-        """From ``last`` to ``t``, no room for a parked VM (the image's live VMs, the side's on their
-        way left out, at ``max_vms``: clients' VMs count): the refills waiting are held."""
+        """From ``last`` to ``t``, the takes waiting beyond the room under ``max_vms`` (the image's
+        live VMs, the side's own on their way left out: clients' VMs count) are held: with room for
+        one new VM and two takes, the later take's refill waits for a VM to end whatever the side
+        does. Each take needs a VM of its own; the oldest get the room first (refills in order)."""
+        if not takes:
+            return
         starting = counts["own"] - counts["running"] - counts["parked"]
-        if takes and counts["live"] - starting >= self.fleet.max_allowed(last - self.start):
-            for take in takes:
-                take[1] += t - last
+        room = max(0, self.fleet.max_allowed(last - self.start) - (counts["live"] - starting))
+        for take in takes[room:]:
+            take[1] += t - last
 
     def _refilled(self, out: dict[str, Any], takes: list[list[float]], counts: Counter, t: float) -> None:
-        """Parked slots back to ``warm_vms`` at ``t``: every take waiting is refilled."""
+        """Parked VMs back at ``warm_vms`` at ``t``: every take waiting is refilled."""
         if takes and counts["parked"] >= self.fleet.spec_at(t - self.start)[2]:
-            # A take whose refill had no room for a while (max_vms held it) is counted apart: how
-            # soon the room came back is the clients', and how soon it was seen, the schedule's.
-            out["refills"] += [round(t - taken, 3) for taken, blocked in takes if blocked <= 0]
-            out["refills_held_by_max_vms"] += sum(1 for _, blocked in takes if blocked > 0)
-            takes.clear()
+            self._count_refills(out, takes, len(takes), t)
+
+    def _parked_new(self, out: dict[str, Any], takes: list[list[float]], started: float, t: float) -> None:
+        """A VM of the side, started at ``started``, parked for the first time at ``t``: the refill
+        of the oldest take waiting from before that start (one of a client's several takes is
+        refilled by the first new parked VM, not by the last of them; a VM on its way before the
+        take refills nothing)."""
+        first = next((k for k, (taken, _) in enumerate(takes) if taken <= started), None)
+        if first is not None:
+            takes[first], takes[0] = takes[0], takes[first]
+            self._count_refills(out, takes, 1, t)
+
+    @staticmethod
+    def _count_refills(out: dict[str, Any], takes: list[list[float]], done: int, t: float) -> None:
+        """The first ``done`` takes waiting, refilled at ``t``. A take whose refill had no room for a
+        while (max_vms held it) is counted apart: how soon the room came back is the clients', and
+        how soon it was seen, the schedule's."""
+        out["refills"] += [round(t - taken, 3) for taken, blocked in takes[:done] if blocked <= 0]
+        out["refills_held_by_max_vms"] += sum(1 for _, blocked in takes[:done] if blocked > 0)
+        del takes[:done]
 
 
     def _change(self, t: float, shrink_until: float, shrink_extra: int) -> tuple[float, int]:
@@ -1336,7 +1363,7 @@ def main(argv: Optional[list[str]] = None) -> None:
         return
     sides = [k for k in ("ours", "naive") if k in out]
     print(f"{'':32}" + "".join(f"{k:>14}" for k in sides))
-    for key in [k for k in out[sides[0]] if not k.startswith("_")]:
+    for key in [k for k in out[sides[0]] if not k.startswith("_") and not isinstance(out[sides[0]][k], list)]:
         print(f"{key:32}" + "".join(f"{str(out[k][key]):>14}" for k in sides))
 
 

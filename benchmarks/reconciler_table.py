@@ -20,6 +20,8 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
+from benchmarks.reconciler import _quantile
+
 KEYS = [
     ("hours", "h"), ("convergence_seconds", "conv s"), ("lower_bound_seconds", "bound s"),
     ("convergence_ratio", "conv/bound"), ("violations_max_vms", "> max"), ("violations_max_vms_by_others", "of which others"),
@@ -69,6 +71,24 @@ def markdown(rows: list[dict[str, Any]]) -> str:
                 value = f"{value:,}"
             cells.append("–" if value is None else f"**{value}**" if over else str(value))
         lines.append(f"| {row['fleets']} | {row['seed']} | {row['side']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines + ["", pooled(rows)])
+
+
+def pooled(rows: list[dict[str, Any]]) -> str:
+    """Issue #33's refill goals are per fleet count: every take's refill of every seed run at that
+    count, pooled (a run at 1 fleet sees 0-20 takes with room, too few for a percentile of its own)."""
+    lines = ["| fleets | side | runs | refills | refill p50 s | refill p99 s | refill max s | held at max |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    groups: dict[tuple[int, str], list[dict[str, Any]]] = {}
+    for row in rows:
+        if "error" not in row:
+            groups.setdefault((row["fleets"], row["side"]), []).append(row)
+    for (fleets, side), runs in sorted(groups.items()):
+        seconds = sorted(x for r in runs for x in r.get("refill_seconds") or [])
+        held = sum(r.get("refills_held_by_max_vms") or 0 for r in runs)
+        cells = [_quantile(seconds, 0.5), _quantile(seconds, 0.99), seconds[-1] if seconds else None]
+        lines.append(f"| {fleets} | {side} | {len(runs)} | {len(seconds)} | "
+                     + " | ".join("–" if c is None else str(c) for c in cells) + f" | {held} |")
     return "\n".join(lines)
 
 

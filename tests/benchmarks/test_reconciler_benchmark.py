@@ -123,6 +123,33 @@ def test_a_take_is_refilled_when_the_pool_is_back_to_warm_vms_less_the_time_with
     assert never["refills"] == [] and never["refills_unfinished"] == 1
 
 
+def parked(vm_id: str, at: float = 0.0) -> dict[str, Any]:
+    return vm("rec-0-1", [(at, "PENDING"), (at + 2, "RUNNING"), (at + 4, "SUSPENDING"), (at + 5, "SUSPENDED")], vm_id)
+
+
+def refill_of(at: float) -> dict[str, Any]:
+    return vm("rec-0-1", [(at, "PENDING"), (at + 2, "RUNNING"), (at + 4, "SUSPENDING"), (at + 5.5, "SUSPENDED")])
+
+
+@pytest.mark.parametrize("max_vms,refills,held", [
+    # Room for both: each take's latency runs to the parked VM that makes up for it, oldest first.
+    (5, [pytest.approx(12.5), pytest.approx(45.5)], 0),
+    # Room for one new VM: the first take is refilled in 12.5 s; the second waits for a VM to end
+    # whatever the side does (the image is at max_vms with the first refill), so it is held.
+    (4, [pytest.approx(12.5)], 1),
+])
+def test_two_takes_are_refilled_in_order_and_the_one_beyond_the_room_is_held(max_vms, refills, held) -> None:
+    base = vm("rec-0-1", [(0, "PENDING"), (2, "RUNNING")], "microvm-base")
+    took = {"microvm-a": START + 1000, "microvm-b": START + 1000}
+    a, b = parked("microvm-a"), parked("microvm-b")
+    for one in (a, b):
+        one["history"].append((START + 1000, "RUNNING", None))
+        one["state"] = "RUNNING"
+    result = measure(fleet(min_vms=1, warm=2, max_vms=max_vms), [base, a, b, refill_of(1007), refill_of(1040)], took,
+                     {"microvm-base": START + 4})
+    assert result["refills"] == refills and result["refills_held_by_max_vms"] == held
+
+
 def test_a_base_vm_counts_from_its_agent_host_ready_and_while_its_idle_policy_suspends_it() -> None:
     """Serving, not RUNNING: a base VM counts once the server said its agent host is ready, and
     suspended by its idle policy it still serves (a request wakes it); a VM never served counts
@@ -303,3 +330,15 @@ def test_a_day_of_shorter_lifetimes_runs_them_and_measures_them() -> None:
     for bad in ("59", "28801"):
         with pytest.raises(SystemExit):
             bench.main(["--lifetime", bad])
+
+
+def test_the_table_pools_every_runs_refills_per_fleet_count() -> None:
+    from benchmarks import reconciler_table
+
+    rows = [{"fleets": 1, "seed": 1, "side": "ours", "refill_seconds": [9.0, 12.0], "refills_held_by_max_vms": 2},
+            {"fleets": 1, "seed": 2, "side": "ours", "refill_seconds": [8.0], "refills_held_by_max_vms": 1},
+            {"fleets": 1, "seed": 3, "side": "ours", "error": "boom"},
+            {"fleets": 10, "seed": 1, "side": "ours", "refill_seconds": [], "refills_held_by_max_vms": 0}]
+    table = reconciler_table.pooled(rows).splitlines()
+    assert table[2] == "| 1 | ours | 2 | 3 | 9.0 | 12.0 | 12.0 | 3 |"
+    assert table[3] == "| 10 | ours | 1 | 0 | – | – | – | 0 |"
