@@ -330,3 +330,24 @@ def test_the_handover_at_its_lead(aws, stack, monkeypatch, before) -> None:
     assert_no_duplicates(fleet)
     assert peak_live(fleet) <= 2
     assert seconds_below(fleet, 1, start, fleet.clock.now()) == 0.0
+
+
+@pytest.mark.parametrize("before, own_list", [(0.6, False), (1.5, True)])
+def test_the_deadline_step_plans_on_a_list_made_a_moment_before(aws, stack, monkeypatch, before, own_list) -> None:
+    """A tick whose first list lands ``before`` s ahead of the base VM's deadline (a base VM a
+    tick's first step started ends a launch after a later tick's first list): within
+    ``END_LOOK_TTL_SECONDS`` (1 s) the deadline step ends the VM and runs its successor on that
+    list, with no ListMicrovms of its own; further ahead it lists. Either way never above max_vms,
+    no duplicate, the successor serves."""
+    from lambdas.reconciler.looks import END_LOOK_TTL_SECONDS
+
+    assert (before > END_LOOK_TTL_SECONDS) == own_list
+    fleet, base, start, _ = taken_before_a_base_end(aws, stack, monkeypatch, before)
+    ends = [r for r in terminates(fleet, start) if r.microvm_id == base["microvmId"]]
+    assert ends and ends[0].status == 200, ends
+    lists = [round(r.time - start, 2) for r in lists_since(fleet, start, ends[0].time)]
+    assert lists == ([0.0, round(ends[0].time - start, 2)] if own_list else [0.0]), lists
+    assert runs_since(fleet, ends[0].time, ok=True), "the successor never ran"
+    settle(fleet, monkeypatch, start)
+    assert_no_duplicates(fleet)
+    assert runs_over_max(fleet, start) == []

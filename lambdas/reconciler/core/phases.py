@@ -333,13 +333,13 @@ def end_past_deadline(d: Draft, slot: Slot, current: Optional[Observed], expires
         if expires <= d.now:
             d.intents.append(Intent(IntentKind.TERMINATE, slot.slot_id, slot.microvm_id, reason="past_deadline"))
         else:
-            d.wake(expires, Reason.REPLACE)
+            d.wake(expires, Reason.DEADLINE)
     retiring = d.seen.get(slot.retiring_id or "")
     end = slot.retiring_ends_at
     if retiring is None or retiring.ended or end is None:
         return
     if end > d.now:
-        d.wake(end, Reason.REPLACE)
+        d.wake(end, Reason.DEADLINE)
     elif slot.retiring_end_asked_at is None or d.now - slot.retiring_end_asked_at >= CONSISTENCY_SECONDS:
         d.intents.append(Intent(IntentKind.TERMINATE, slot.slot_id, slot.retiring_id, reason="past_deadline"))
 
@@ -515,7 +515,8 @@ def place_successor(d: Draft, room: Room, intent: Intent) -> None:
             d.wake(max(free + EXPIRY_WAKE_SECONDS, d.now + LATE_END_POLL_SECONDS))
         return
     if expires - d.now > HANDOVER_LEAD_SECONDS:
-        d.wake(expires - HANDOVER_LEAD_SECONDS, Reason.HANDOVER)
+        if handover_needs_wake(room):
+            d.wake(expires - HANDOVER_LEAD_SECONDS, Reason.HANDOVER)
         return
     lead = successor_lead(d.spec)
     usable = [s for s in room.donors if (s.vm_started_at or d.now) + (s.lifetime or d.spec.max_lifetime_seconds) - d.now > lead]
@@ -532,6 +533,15 @@ def place_successor(d: Draft, room: Room, intent: Intent) -> None:
         paid_successor(d, intent)
     else:
         no_room_at_all(d, expires)
+
+
+def handover_needs_wake(room: Room) -> bool:
+    """Whether a step must wake when a base VM without headroom comes within the handover lead of
+    its end: only to hand a parked VM over (or end one for room). With nothing parked none can
+    park before a VM ends (no headroom), the step would only plan the end's own wakes, past its
+    tick, which the scheduled looks plan again: a ListMicrovms for nothing (at one fleet, a
+    quarter of the lists above the schedule's: seed 23, no parked slot, 10 of 21)."""
+    return bool(room.donors)
 
 
 def paid_successor(d: Draft, intent: Intent) -> None:
