@@ -1033,6 +1033,7 @@ class _Timeline:
             parked = next((a for a, _, what in _own_spans(vm, ready, cut) if what == "parked"), None)
             if parked is not None:
                 self.parks.append((parked, vm["startedAt"]))
+                self._span(vm["history"][0][0], parked, "warming")  # a parked slot's VM on its way
             for a, b, state in _intervals(vm):
                 b = min(b, cut)
                 if a >= b:
@@ -1136,13 +1137,13 @@ class _Timeline:
 
     def _held(self, takes: list[list[float]], counts: Counter, last: float, t: float) -> None:
         """From ``last`` to ``t``, the takes waiting beyond the room under ``max_vms`` (the image's
-        live VMs, the side's own on their way left out: clients' VMs count) are held: with room for
-        one new VM and two takes, the later take's refill waits for a VM to end whatever the side
-        does. Each take needs a VM of its own; the oldest get the room first (refills in order)."""
+        live VMs, the side's parked slots' VMs on their way left out: clients' VMs and base VMs
+        starting count) are held: with room for one new VM and two takes, the later take's refill
+        waits for a VM to end whatever the side does. Each take needs a VM of its own; the oldest
+        get the room first (refills in order)."""
         if not takes:
             return
-        starting = counts["own"] - counts["running"] - counts["parked"]
-        room = max(0, self.fleet.max_allowed(last - self.start) - (counts["live"] - starting))
+        room = max(0, self.fleet.max_allowed(last - self.start) - (counts["live"] - counts["warming"]))
         for take in takes[room:]:
             take[1] += t - last
 

@@ -137,6 +137,8 @@ def refill_of(at: float) -> dict[str, Any]:
     # Room for one new VM: the first take is refilled in 12.5 s; the second waits for a VM to end
     # whatever the side does (the image is at max_vms with the first refill), so it is held.
     (4, [pytest.approx(12.5)], 1),
+    # ... and a base VM's successor starting meanwhile takes that room too: both are held.
+    (-4, [], 2),
 ])
 def test_two_takes_are_refilled_in_order_and_the_one_beyond_the_room_is_held(max_vms, refills, held) -> None:
     base = vm("rec-0-1", [(0, "PENDING"), (2, "RUNNING")], "microvm-base")
@@ -145,8 +147,13 @@ def test_two_takes_are_refilled_in_order_and_the_one_beyond_the_room_is_held(max
     for one in (a, b):
         one["history"].append((START + 1000, "RUNNING", None))
         one["state"] = "RUNNING"
-    result = measure(fleet(min_vms=1, warm=2, max_vms=max_vms), [base, a, b, refill_of(1007), refill_of(1040)], took,
-                     {"microvm-base": START + 4})
+    vms = [base, a, b, refill_of(1007), refill_of(1040)]
+    if max_vms < 0:  # the base successor runs at 1001 s (serving from 1050 s), its VM ends at 1100 s
+        max_vms = -max_vms
+        vms.append(vm("rec-0-1", [(1001, "PENDING"), (1003, "RUNNING")], "microvm-successor"))
+        base["history"] += [(START + 1100, "TERMINATING", None)]
+    result = measure(fleet(min_vms=1, warm=2, max_vms=max_vms), vms, took,
+                     {"microvm-base": START + 4, "microvm-successor": START + 1050})
     assert result["refills"] == refills and result["refills_held_by_max_vms"] == held
 
 
