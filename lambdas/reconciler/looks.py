@@ -52,13 +52,6 @@ from .timing import MIN_WAIT_SECONDS, Deadline, StepResult
 #: the VMs it started since): reserved calls go out on time instead of waiting for a list of their
 #: own, which would bunch them up behind others'.
 OBSERVATION_TTL_SECONDS = 2.0
-#: A step woken only for a base VM's deadline (ended at max_vms, its successor run in its room)
-#: acts on the last list if it is at most this old. A base VM started by a tick's first step ends a
-#: launch after a later tick's first list (whole-minute lifetimes; 0.6 s in the benchmark: 9 of 1
-#: fleet seed 22's 25 lists above the schedule's), and the step decides on what a client did since
-#: the last look (a session started: no run above max_vms): a list this young sees the service as
-#: of 1.5 s before the deadline at worst (reads lag 0.5 s), against 0.5 s for one of its own.
-END_LOOK_TTL_SECONDS = 1.0
 #: ... and, when the shared ListMicrovms budget has no token for a step holding due tokens, at most
 #: this old (our own VMs come from the ledger and the run answers; only others' are older). Such a
 #: step ends and resumes nothing: a parked VM it shows SUSPENDED a client may have resumed since.
@@ -202,12 +195,11 @@ class Looks:
 
     # ------------------------------------------------------------------ choosing a look
 
-    def choose(self, now: float, ready: bool, answers_only: bool = False, end_only: bool = False) -> Choice:
+    def choose(self, now: float, ready: bool, answers_only: bool = False) -> Choice:
         """The look a step plans on: a list a step may reuse when reserved tokens came due (at
         most ``OBSERVATION_TTL_SECONDS`` old, or ``PEEK_TTL_SECONDS`` when only suspends came due:
         the VMs to park are our own, seen RUNNING by it, and a suspend of one that ended since is
-        refused), or when it woke only for a base VM's deadline (``end_only``) at most
-        ``END_LOOK_TTL_SECONDS`` after a list; a peek when the last step waited only for parked slots' VMs; else a list. With
+        refused); a peek when the last step waited only for parked slots' VMs; else a list. With
         no list to be had (the shared budget is empty) and tokens due, the last list at most
         ``STALE_OBSERVATION_SECONDS`` old, ending and resuming nothing."""
         listed_age = now - self.listed_at if self.listed_at is not None else None
@@ -216,8 +208,7 @@ class Looks:
             # Woken only for the server's answers (the ledger, read already): the last list with
             # them, ending and resuming nothing on it (a client may have taken a parked VM since).
             return Choice(self.list_view(), suspends_only=True)
-        reuse = OBSERVATION_TTL_SECONDS if ready else END_LOOK_TTL_SECONDS if end_only else None
-        if reuse is not None and listed_age is not None and listed_age <= reuse:
+        if ready and listed_age is not None and listed_age <= OBSERVATION_TTL_SECONDS:
             return Choice(self.list_view())
         if ready and (looked := self.last_look(now, parking_only)) is not None:
             return Choice(looked, suspends_only=parking_only)

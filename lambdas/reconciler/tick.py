@@ -65,7 +65,6 @@ class TickState:
     answers_at: Optional[float] = None  # when the last plan expects the server's next answer
     parked: dict[str, Slot] = field(default_factory=dict)  # the VMs the watch looks at, with their slots (core.watched_vms)
     woken_for_watch: bool = False  # this step woke only to watch them
-    woken_for_end: bool = False  # this step woke only for a base VM's deadline (Reason.DEADLINE)
     watched_at: Optional[float] = None  # when a watch last read them (a fresh list reads them too)
     watched: list[Observed] = field(default_factory=list)  # ... and what the watch saw change
     waits: list[Wait] = field(default_factory=list)  # the last step's waits but the watch's (a watch step keeps them)
@@ -231,7 +230,6 @@ class Reconciler:
                 due = [w.reason for w in result.waits if w.at <= self.now() + 1e-6 and wakes(w.reason)]
                 state.woken_for_answers = bool(due) and set(due) <= {Reason.SERVE, Reason.SERVED}
                 state.woken_for_watch = bool(due) and set(due) == {Reason.WATCH}
-                state.woken_for_end = bool(due) and set(due) == {Reason.DEADLINE}
         except FencedOut:
             outcome["lease_lost"] = True
             self.emit({"event": "lease_lost", "reason": "another tick took the lease; this one stops"})
@@ -352,8 +350,7 @@ class Reconciler:
         slots, stats = loaded or self.ledger.load(self.spec.fleet)
         facts = stats.get("facts") or {}
         looks.facts_seen(facts, slots, now)
-        choice = looks.choose(now, admission.ready(now), answers_only=state.woken_for_answers,
-                              end_only=state.woken_for_end)
+        choice = looks.choose(now, admission.ready(now), answers_only=state.woken_for_answers)
         if choice.observed is None:
             assert choice.deferral is not None
             admission.drop_due(now)  # reserved calls cannot wait for a list: given up, never sent late

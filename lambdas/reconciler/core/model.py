@@ -278,7 +278,6 @@ class Reason(StrEnum):
     PENDING = "pending"  # a parked slot's PENDING VM, to park it once it runs (the plan's poll)
     LOOK = "look"  # a parked slot's VM the step started, or a look missed: looked at to park it
     REPLACE = "replace"  # a VM of ours ends that something waits for
-    DEADLINE = "deadline"  # a base VM of ours (or the one it replaces) reaches its deadline at max_vms: ended
     HANDOVER = "handover"  # a base VM comes within the handover lead of its end
     TRANSITION = "transition"  # our own resume or suspend, to see it land
     BUDGET = "budget"  # a RunMicrovm token of the shared budget comes due
@@ -306,7 +305,7 @@ class Reason(StrEnum):
         return self in _OWED
 
 
-_OWED = frozenset({Reason.REPLACE, Reason.DEADLINE, Reason.SHORT, Reason.PARK, Reason.PARK_DUE, Reason.OWED, Reason.SERVE})
+_OWED = frozenset({Reason.REPLACE, Reason.SHORT, Reason.PARK, Reason.PARK_DUE, Reason.OWED, Reason.SERVE})
 #: The watch goes on past ``tick_seconds`` too: a take in the rest of the schedule period would
 #: otherwise wait for the next tick's list (:mod:`.watch`).
 _OVERTIME = _OWED | {Reason.WATCH}
