@@ -330,32 +330,3 @@ def test_the_handover_at_its_lead(aws, stack, monkeypatch, before) -> None:
     assert_no_duplicates(fleet)
     assert peak_live(fleet) <= 2
     assert seconds_below(fleet, 1, start, fleet.clock.now()) == 0.0
-
-
-@pytest.mark.parametrize("session", [False, True])
-@pytest.mark.parametrize("before, early", [(0.6, True), (1.0, True), (1.5, False)])
-def test_a_deadline_a_moment_after_a_list_is_met_by_that_step(aws, stack, monkeypatch, before, early, session) -> None:
-    """A tick whose first list lands ``before`` s ahead of the base VM's deadline (a base VM a
-    tick's first step started ends a launch after a later tick's first list): within
-    ``END_EARLY_SECONDS`` (1 s) that step ends the VM and runs its successor on its own list, with
-    no step and no ListMicrovms at the deadline; further ahead the step at the deadline does, on a
-    list of its own. Either way never above max_vms (a client's session started 0.05 s after the
-    tick's list included), no duplicate, the successor runs."""
-    from lambdas.reconciler.core.phases import END_EARLY_SECONDS
-
-    def start_session(f: Any) -> None:
-        client_of(f).run_microvm(imageIdentifier=f.image, clientToken="session-0")
-
-    assert (before <= END_EARLY_SECONDS) == early
-    fleet, base, start, _ = taken_before_a_base_end(aws, stack, monkeypatch, before,
-                                                    arm=_in_sleep(0.05, start_session) if session else None)
-    ends = [r for r in terminates(fleet, start) if r.microvm_id == base["microvmId"]]
-    assert ends and ends[0].status == 200, ends
-    ended = round(ends[0].time - start, 2)
-    lists = [round(r.time - start, 2) for r in lists_since(fleet, start, ends[0].time)]
-    assert (ended, lists) == ((0.0, [0.0]) if early else (before, [0.0, before])), (ended, lists)
-    if not session:
-        assert runs_since(fleet, ends[0].time, ok=True), "the successor never ran"
-    settle(fleet, monkeypatch, start)
-    assert_no_duplicates(fleet)
-    assert runs_over_max(fleet, start) == []

@@ -289,21 +289,6 @@ def test_a_successor_without_headroom(end_in, donor_life, expect, wake) -> None:
         assert plan.wake_at(core.Reason(reason)) == NOW + at
 
 
-def test_a_step_wakes_for_the_handover_only_with_a_parked_vm_to_hand_over() -> None:
-    """Nothing parked (taken by clients, not refilled under max_vms): no VM can park before an
-    end without headroom, so no step wakes at the lead (a ListMicrovms for nothing) while a
-    scheduled look is sure to come within it; the end's own wakes come from the looks nearer it."""
-    rows, look = successor_rows(500)
-    rows["warm-0"] = warm(0)  # its VM taken: a client's now, holding the room
-    plan = core.plan(spec(1, 2, 1), rows, look + [seen("RUNNING", "taken")], NOW)
-    assert SUCCESSOR in intents(plan) and plan.wake_at(core.Reason.HANDOVER) is None
-    # A five-minute schedule could look only after the end: woken at the lead all the same.
-    plan = core.plan(spec(1, 2, 1, look_period_seconds=300), rows, look + [seen("RUNNING", "taken")], NOW)
-    assert plan.wake_at(core.Reason.HANDOVER) == NOW + 500 - 120
-    rows, look = successor_rows(500, 20_000)
-    assert core.plan(spec(1, 2, 1), rows, look, NOW).wake_at(core.Reason.HANDOVER) == NOW + 500 - 120
-
-
 def test_successors_that_wait_for_room_run_at_ends_of_ours() -> None:
     """Two base VMs end 100 s and 300 s from now; one slot of headroom: the first successor takes
     it, and the second runs when the first VM ends (its own end is later), woken for that end when

@@ -65,13 +65,6 @@ from .transitions import (
 PENDING_POLL_SECONDS = 2.6
 #: A base successor without headroom takes a parked VM this long before the old VM's end.
 HANDOVER_LEAD_SECONDS = 120.0
-#: A base VM this close to its deadline at ``max_vms`` is ended (its successor run in its room) by
-#: the step at hand, on that step's own list, rather than by a step woken at the deadline with a
-#: list of its own: a base VM a tick's first step started ends a launch after a later tick's first
-#: list (whole-minute lifetimes; 0.6 s in the benchmark: 9 of 1 fleet seed 22's 25 lists above the
-#: schedule's were the deadline step's). rayd's own deadline comes a launch after ours (its
-#: ``/run``), so the VM is ended at most this much plus a launch early.
-END_EARLY_SECONDS = 1.0
 #: A VM still listed after its expected end (a list that lags, a clock a little off) is looked at
 #: again this long after, not at once.
 LATE_END_POLL_SECONDS = 0.5
@@ -334,11 +327,10 @@ def end_past_deadline(d: Draft, slot: Slot, current: Optional[Observed], expires
     no room left under ``max_vms``: rayd stops its agents there, yet the service lists the VM
     RUNNING ~15 s more while its app exits, holding the room a successor waits for. It is ended
     then (``past_deadline``), the slot's VM or the one it is replacing, and the step wakes for
-    that end, or ended by the step at hand up to ``END_EARLY_SECONDS`` before it. The end is
-    reckoned from the VM's start, rayd's from ``/run``: a launch (about 2 s) earlier, a cut
-    accepted only when the room is needed (with room, rayd ends it)."""
+    that end. The end is reckoned from the VM's start, rayd's from ``/run``: a launch (about 2 s)
+    earlier, a cut accepted only when the room is needed (with room, rayd ends it)."""
     if current is not None and not current.ended and slot.phase == RUNNING and not slot.ending:
-        if expires <= d.now + END_EARLY_SECONDS:
+        if expires <= d.now:
             d.intents.append(Intent(IntentKind.TERMINATE, slot.slot_id, slot.microvm_id, reason="past_deadline"))
         else:
             d.wake(expires, Reason.REPLACE)
@@ -346,7 +338,7 @@ def end_past_deadline(d: Draft, slot: Slot, current: Optional[Observed], expires
     end = slot.retiring_ends_at
     if retiring is None or retiring.ended or end is None:
         return
-    if end > d.now + END_EARLY_SECONDS:
+    if end > d.now:
         d.wake(end, Reason.REPLACE)
     elif slot.retiring_end_asked_at is None or d.now - slot.retiring_end_asked_at >= CONSISTENCY_SECONDS:
         d.intents.append(Intent(IntentKind.TERMINATE, slot.slot_id, slot.retiring_id, reason="past_deadline"))
@@ -523,8 +515,7 @@ def place_successor(d: Draft, room: Room, intent: Intent) -> None:
             d.wake(max(free + EXPIRY_WAKE_SECONDS, d.now + LATE_END_POLL_SECONDS))
         return
     if expires - d.now > HANDOVER_LEAD_SECONDS:
-        if handover_needs_wake(d, room):
-            d.wake(expires - HANDOVER_LEAD_SECONDS, Reason.HANDOVER)
+        d.wake(expires - HANDOVER_LEAD_SECONDS, Reason.HANDOVER)
         return
     lead = successor_lead(d.spec)
     usable = [s for s in room.donors if (s.vm_started_at or d.now) + (s.lifetime or d.spec.max_lifetime_seconds) - d.now > lead]
@@ -541,17 +532,6 @@ def place_successor(d: Draft, room: Room, intent: Intent) -> None:
         paid_successor(d, intent)
     else:
         no_room_at_all(d, expires)
-
-
-def handover_needs_wake(d: Draft, room: Room) -> bool:
-    """Whether a step must wake when a base VM without headroom comes within the handover lead of
-    its end: to hand a parked VM over (or end one for room), or when the schedule could look too
-    late. With nothing parked and a scheduled look sure to come within the lead (a period under
-    the lead less a start), no VM can park before a VM ends (no headroom), and that look plans
-    what the step would (a ListMicrovms for nothing: 1 fleet seed 23, no parked slot, 10 of its
-    21 lists above the schedule's). A 5-minute schedule keeps the wake: a client's VM ended in
-    the lead is room for the successor then (1.98 s below min_vms without it)."""
-    return bool(room.donors) or HANDOVER_LEAD_SECONDS - d.spec.look_period_seconds < SUCCESSOR_START_SECONDS
 
 
 def paid_successor(d: Draft, intent: Intent) -> None:
