@@ -1033,7 +1033,7 @@ class _Timeline:
             parked = next((a for a, _, what in _own_spans(vm, ready, cut) if what == "parked"), None)
             if parked is not None:
                 self.parks.append((parked, vm["startedAt"]))
-                self._span(vm["history"][0][0], parked, "warming")  # a parked slot's VM on its way
+                self._span(vm["startedAt"], parked, "warming")  # a parked slot's VM on its way
             for a, b, state in _intervals(vm):
                 b = min(b, cut)
                 if a >= b:
@@ -1154,12 +1154,10 @@ class _Timeline:
 
     def _parked_new(self, out: dict[str, Any], takes: list[list[float]], started: float, t: float) -> None:
         """A VM of the side, started at ``started``, parked for the first time at ``t``: the refill
-        of the oldest take waiting from before that start (one of a client's several takes is
-        refilled by the first new parked VM, not by the last of them; a VM on its way before the
-        take refills nothing)."""
-        first = next((k for k, (taken, _) in enumerate(takes) if taken <= started), None)
-        if first is not None:
-            takes[first], takes[0] = takes[0], takes[first]
+        of the oldest take waiting (takes wait in the order they came), if that take came before
+        the VM started (one of a client's several takes is refilled by the first new parked VM, not
+        by the last of them; a VM on its way before the take refills nothing)."""
+        if takes and takes[0][0] <= started:
             self._count_refills(out, takes, 1, t)
 
     @staticmethod
